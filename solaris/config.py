@@ -1,0 +1,284 @@
+"""The one config tree: frozen dataclasses, checked on construction, loaded from YAML at the edge.
+
+Every field has a comment; every check raises ``ConfigError`` naming the field and the value.
+Sub-configs are passed whole (``FMConfig`` to the FM, ``VMConfig`` to a VM, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from solaris.errors import ConfigError
+
+
+def _check(cond: bool, name: str, value: Any, why: str) -> None:
+    if not cond:
+        raise ConfigError(f"{name}={value!r}: {why}")
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """The embedded default data generator."""
+
+    seed: int = 0  # generator seed; same seed -> byte-identical output
+    num_users: int = 1500  # users over the whole horizon (some arrive late: cold users)
+    num_items: int = 800  # catalogue size
+    latent_dim: int = 8  # dimension of the hidden user-interest / item vectors
+    num_categories: int = 12  # item categories (an item attribute, derived from its vector)
+    num_tags: int = 24  # multi-hot item tag vocabulary
+    num_surfaces: int = 2  # surfaces (e.g. feed and search); interests differ per surface
+    days: float = 30.0  # event-time horizon
+    target_interactions: int = 60_000  # approximate labelled (impressed) pairs to emit
+    candidates_per_request: int = 100  # retrieval-stage output size (100..500)
+    impressions_per_request: int = 6  # candidates shown (and labelled) per request
+    late_user_share: float = 0.3  # share of users whose first session falls in the last half
+    drift: float = 0.35  # per-day random-walk scale of user interests
+    zipf_a: float = 1.1  # item popularity exponent
+    chunk_rows: int = 1_000_000  # rows per Parquet chunk when streaming large outputs
+
+    def __post_init__(self) -> None:
+        _check(self.num_users >= 2, "synthetic.num_users", self.num_users, "need at least 2 users")
+        _check(self.num_items >= 2, "synthetic.num_items", self.num_items, "need at least 2 items")
+        _check(self.latent_dim >= 1, "synthetic.latent_dim", self.latent_dim, "must be >= 1")
+        _check(self.num_surfaces >= 2, "synthetic.num_surfaces", self.num_surfaces, "must be >= 2")
+        _check(self.days > 0, "synthetic.days", self.days, "must be > 0")
+        _check(self.target_interactions >= 1000, "synthetic.target_interactions",
+               self.target_interactions, "must be >= 1000")
+        _check(100 <= self.candidates_per_request <= 500, "synthetic.candidates_per_request",
+               self.candidates_per_request, "must be within 100..500")
+        _check(1 <= self.impressions_per_request <= self.candidates_per_request,
+               "synthetic.impressions_per_request", self.impressions_per_request,
+               "must be within 1..candidates_per_request")
+        _check(0.0 <= self.late_user_share < 1.0, "synthetic.late_user_share",
+               self.late_user_share, "must be in [0, 1)")
+        _check(self.zipf_a > 0, "synthetic.zipf_a", self.zipf_a, "must be > 0")
+        _check(self.chunk_rows >= 1000, "synthetic.chunk_rows", self.chunk_rows, "must be >= 1000")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the data comes from."""
+
+    dataset: str = "synthetic"  # synthetic | movielens | generic
+    data_dir: str | None = None  # MovieLens / generic input directory or file
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+    def __post_init__(self) -> None:
+        _check(self.dataset in ("synthetic", "movielens", "generic"), "data.dataset", self.dataset,
+               "must be one of synthetic, movielens, generic")
+        if self.dataset in ("movielens", "generic"):
+            _check(self.data_dir is not None, "data.data_dir", self.data_dir,
+                   f"required for dataset {self.dataset!r}")
+
+
+@dataclass(frozen=True)
+class SplitConfig:
+    """Global-time periods (DESIGN.md, honest teacher outputs) and the VM's vertical slice."""
+
+    fm_frac: float = 0.5  # earliest share of rows: the FM's training period
+    vm_frac: float = 0.25  # next share: the VM's training period (teacher outputs out-of-sample)
+    val_frac: float = 0.1  # next share: validation (early stopping, grid, calibration)
+    # the remaining rows (1 - fm - vm - val) are the test period
+    vm_surface: int | None = None  # the VM's vertical slice: only this surface (None = all)
+    vm_user_share: float = 1.0  # the VM's vertical slice: this share of users (hashed)
+    vm_trains_on_fm_period: bool = True  # FM-period rows also train the VM, slots marked absent
+
+    def __post_init__(self) -> None:
+        for name in ("fm_frac", "vm_frac", "val_frac"):
+            v = getattr(self, name)
+            _check(0.0 < v < 1.0, f"split.{name}", v, "must be in (0, 1)")
+        rest = 1.0 - self.fm_frac - self.vm_frac - self.val_frac
+        _check(rest > 0.0, "split.fm_frac+vm_frac+val_frac",
+               self.fm_frac + self.vm_frac + self.val_frac, "must leave a test period (< 1)")
+        _check(0.0 < self.vm_user_share <= 1.0, "split.vm_user_share", self.vm_user_share,
+               "must be in (0, 1]")
+        if self.vm_surface is not None:
+            _check(self.vm_surface >= 0, "split.vm_surface", self.vm_surface, "must be >= 0")
+
+
+@dataclass(frozen=True)
+class FeatureConfig:
+    """How per-row model inputs are built."""
+
+    history_len: int = 50  # behaviour events the FM reads, most recent first (as of the row)
+    agg_window_s: int = 24 * 3600  # aggregated user embedding: pairs written in this window
+
+    def __post_init__(self) -> None:
+        _check(self.history_len >= 1, "features.history_len", self.history_len, "must be >= 1")
+        _check(self.agg_window_s > 0, "features.agg_window_s", self.agg_window_s, "must be > 0")
+
+
+@dataclass(frozen=True)
+class FMConfig:
+    """The foundation model (sized like one relative to the VM: >= 20x its compute per pair)."""
+
+    emb_dim: int = 48  # width of id / feature / history-token embeddings
+    seq_heads: int = 4  # attention heads of the sequence arch (candidate as query)
+    seq_layers: int = 1  # self-attention layers over the history before target attention
+    dense_hidden: int = 64  # dense arch (MLP over continuous features) width
+    cross_layers: int = 3  # DCNv2 cross layers in the shared interaction stack
+    shared_dim: int = 256  # width of the last shared layer (what the encoder compresses)
+    head_hidden: int = 64  # per-task head hidden width
+    dropout: float = 0.1  # dropout in the interaction stack
+    version: str = "fm-v1"  # travels with every embedding this FM (and its encoder) makes
+
+    def __post_init__(self) -> None:
+        for name in ("emb_dim", "seq_heads", "seq_layers", "dense_hidden", "cross_layers",
+                     "shared_dim", "head_hidden"):
+            v = getattr(self, name)
+            _check(isinstance(v, int) and v >= 1, f"fm.{name}", v, "must be an int >= 1")
+        _check(self.emb_dim % self.seq_heads == 0, "fm.emb_dim", self.emb_dim,
+               f"must be divisible by fm.seq_heads={self.seq_heads}")
+        _check(0.0 <= self.dropout < 1.0, "fm.dropout", self.dropout, "must be in [0, 1)")
+        _check(bool(self.version), "fm.version", self.version, "must be non-empty")
+
+
+@dataclass(frozen=True)
+class EncoderConfig:
+    """Autoencoder compressing the FM's last shared layer to the pair-embedding width."""
+
+    width: int = 32  # pair-embedding width (0 = ablation: use the raw shared layer)
+    hidden: int = 128  # encoder / decoder hidden width
+    logit_weight: float = 1.0  # weight of keeping the FM heads' logits through the bottleneck
+    epochs: int = 15  # training epochs over the FM period's shared-layer outputs
+    lr: float = 2e-3  # Adam learning rate
+
+    def __post_init__(self) -> None:
+        _check(self.width >= 0, "encoder.width", self.width, "must be >= 0 (0 = raw layer)")
+        _check(self.hidden >= 1, "encoder.hidden", self.hidden, "must be >= 1")
+        _check(self.logit_weight >= 0, "encoder.logit_weight", self.logit_weight, "must be >= 0")
+        _check(self.epochs >= 1, "encoder.epochs", self.epochs, "must be >= 1")
+        _check(self.lr > 0, "encoder.lr", self.lr, "must be > 0")
+
+
+@dataclass(frozen=True)
+class VMConfig:
+    """A small vertical model with the two SOLARIS input slots."""
+
+    emb_dim: int = 16  # user / item id and feature embedding width
+    hidden: tuple[int, ...] = (64, 32)  # MLP widths
+    slot_hidden: int = 32  # projection width of each SOLARIS slot before the MLP
+    use_pair: bool = False  # read the pair slot (z, presence, tier, age)
+    use_agg: bool = False  # read the user slot (aggregated embedding, presence)
+    dropout: float = 0.0  # MLP dropout
+
+    def __post_init__(self) -> None:
+        _check(self.emb_dim >= 1, "vm.emb_dim", self.emb_dim, "must be >= 1")
+        _check(len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden), "vm.hidden",
+               self.hidden, "must be a non-empty list of positive widths")
+        _check(self.slot_hidden >= 1, "vm.slot_hidden", self.slot_hidden, "must be >= 1")
+        _check(0.0 <= self.dropout < 1.0, "vm.dropout", self.dropout, "must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation shared by FM and VM training."""
+
+    batch_size: int = 512  # rows per step
+    fm_lr: float = 2e-3  # FM Adam learning rate
+    fm_epochs: int = 12  # FM max epochs (early stopping on the FM's own held-out tail)
+    vm_epochs: int = 25  # VM max epochs (early stopping on validation)
+    patience: int = 2  # epochs without validation improvement before stopping
+    weight_decay: float = 1e-6  # Adam L2
+    threads: int = 2  # torch intra-op threads
+
+    def __post_init__(self) -> None:
+        _check(self.batch_size >= 1, "train.batch_size", self.batch_size, "must be >= 1")
+        _check(self.fm_lr > 0, "train.fm_lr", self.fm_lr, "must be > 0")
+        _check(self.fm_epochs >= 1, "train.fm_epochs", self.fm_epochs, "must be >= 1")
+        _check(self.vm_epochs >= 1, "train.vm_epochs", self.vm_epochs, "must be >= 1")
+        _check(self.patience >= 1, "train.patience", self.patience, "must be >= 1")
+        _check(self.threads >= 1, "train.threads", self.threads, "must be >= 1")
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """The transfer report."""
+
+    seeds: int = 5  # seeds (FM, encoder and VMs retrained per seed)
+    coverages: tuple[float, ...] = (1.0, 0.6, 0.5, 0.2)  # pair coverages evaluated
+    vm_lrs: tuple[float, ...] = (3e-3, 1e-2)  # validation grid shared by every VM variant
+    kd_alphas: tuple[float, ...] = (0.3, 0.7)  # KD soft-label weights (extra grid for KD)
+    bootstrap: int = 1000  # paired bootstrap resamples for the FM-vs-VM gap
+    alpha: float = 0.05  # significance level of that test
+
+    def __post_init__(self) -> None:
+        _check(self.seeds >= 1, "report.seeds", self.seeds, "must be >= 1")
+        _check(all(0.0 < c <= 1.0 for c in self.coverages), "report.coverages", self.coverages,
+               "each must be in (0, 1]")
+        _check(len(self.vm_lrs) >= 1 and all(x > 0 for x in self.vm_lrs), "report.vm_lrs",
+               self.vm_lrs, "must be a non-empty list of positive rates")
+        _check(all(0.0 < a < 1.0 for a in self.kd_alphas), "report.kd_alphas", self.kd_alphas,
+               "each must be in (0, 1)")
+        _check(self.bootstrap >= 100, "report.bootstrap", self.bootstrap, "must be >= 100")
+        _check(0.0 < self.alpha < 1.0, "report.alpha", self.alpha, "must be in (0, 1)")
+
+
+@dataclass(frozen=True)
+class SolarisConfig:
+    """Root of the config tree."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    split: SplitConfig = field(default_factory=SplitConfig)
+    features: FeatureConfig = field(default_factory=FeatureConfig)
+    fm: FMConfig = field(default_factory=FMConfig)
+    encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    vm: VMConfig = field(default_factory=VMConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
+
+
+def _build(cls: type, values: dict[str, Any], where: str) -> Any:
+    """Build dataclass ``cls`` from a plain dict, recursing into nested dataclasses."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{where or 'config'}={values!r}: expected a mapping")
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, val in values.items():
+        if key not in known:
+            raise ConfigError(f"{where + '.' if where else ''}{key}={val!r}: unknown field "
+                              f"(known: {', '.join(sorted(known))})")
+        hint = hints[key]
+        name = f"{where + '.' if where else ''}{key}"
+        if dataclasses.is_dataclass(hint):
+            kwargs[key] = _build(hint, val, name)
+        elif isinstance(val, list):
+            kwargs[key] = tuple(val)
+        else:
+            kwargs[key] = val
+    return cls(**kwargs)
+
+
+def config_from_dict(values: dict[str, Any]) -> SolarisConfig:
+    """Build the config tree from nested dicts (e.g. parsed YAML)."""
+    return _build(SolarisConfig, values, "")
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> SolarisConfig:
+    """Load YAML (if given) and apply dotted ``overrides`` such as ``{"fm.emb_dim": 32}``."""
+    import yaml
+
+    values: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text()
+        loaded = yaml.safe_load(text) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: top level must be a mapping, got {type(loaded).__name__}")
+        values = loaded
+    for dotted, val in (overrides or {}).items():
+        node = values
+        parts = dotted.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = val
+    return config_from_dict(values)
+
+
+def config_to_dict(cfg: Any) -> dict[str, Any]:
+    """Plain nested dict of a config (for checkpoints and reports)."""
+    return dataclasses.asdict(cfg)

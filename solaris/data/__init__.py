@@ -1,0 +1,1 @@
+"""Data: schemas, the synthetic generator, loaders and time splits."""

@@ -1,0 +1,17 @@
+"""Project errors. Each names the bad value; HTTP mapping lives only in serve_app.py."""
+
+
+class SolarisError(Exception):
+    """Base class of every error the project raises on purpose."""
+
+
+class ConfigError(SolarisError, ValueError):
+    """A configuration field holds an invalid value."""
+
+
+class DataError(SolarisError, ValueError):
+    """An input file or table is malformed; the message names the file and column."""
+
+
+class CheckpointError(SolarisError):
+    """A checkpoint is missing, corrupt or of an incompatible version."""

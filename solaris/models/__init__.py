@@ -1,0 +1,1 @@
+"""Pure-torch models: the foundation model, the pair encoder, vertical models."""
