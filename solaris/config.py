@@ -39,6 +39,13 @@ class SyntheticConfig:
     drift: float = 0.35  # per-day random-walk scale of user interests
     zipf_a: float = 1.1  # item popularity exponent
     chunk_rows: int = 1_000_000  # rows per Parquet chunk when streaming large outputs
+    new_item_share: float = 0.1  # share of items released during the horizon (cold items)
+    click_rate: float = 0.15  # target base click rate of impressions (bias fitted on a pilot)
+    conversion_rate: float = 0.03  # target base conversion rate of impressions (needs a click)
+    affinity: float = 4.0  # weight of <user interest, item vector> in the click logit
+    session_intent: float = 1.0  # pull of in-session clicked items on the user's interest
+    surface_spread: float = 0.6  # scale of per-user, per-surface interest offsets (0 = none)
+    requests_per_session: float = 3.0  # mean requests per session (geometric-ish, >= 1)
 
     def __post_init__(self) -> None:
         _check(self.num_users >= 2, "synthetic.num_users", self.num_users, "need at least 2 users")
@@ -57,6 +64,27 @@ class SyntheticConfig:
                self.late_user_share, "must be in [0, 1)")
         _check(self.zipf_a > 0, "synthetic.zipf_a", self.zipf_a, "must be > 0")
         _check(self.chunk_rows >= 1000, "synthetic.chunk_rows", self.chunk_rows, "must be >= 1000")
+        _check(self.num_categories >= 1, "synthetic.num_categories", self.num_categories,
+               "must be >= 1")
+        _check(self.num_tags >= 1, "synthetic.num_tags", self.num_tags, "must be >= 1")
+        _check(self.drift >= 0, "synthetic.drift", self.drift, "must be >= 0")
+        _check(0.0 <= self.new_item_share < 1.0, "synthetic.new_item_share",
+               self.new_item_share, "must be in [0, 1)")
+        launch_items = self.num_items - int(self.num_items * self.new_item_share)
+        _check(launch_items >= self.candidates_per_request, "synthetic.num_items", self.num_items,
+               f"items available at launch ({launch_items}) must be >= "
+               f"candidates_per_request={self.candidates_per_request}")
+        _check(0.0 < self.click_rate < 1.0, "synthetic.click_rate", self.click_rate,
+               "must be in (0, 1)")
+        _check(0.0 < self.conversion_rate < self.click_rate, "synthetic.conversion_rate",
+               self.conversion_rate, f"must be in (0, click_rate={self.click_rate})")
+        _check(self.affinity >= 0, "synthetic.affinity", self.affinity, "must be >= 0")
+        _check(self.session_intent >= 0, "synthetic.session_intent", self.session_intent,
+               "must be >= 0")
+        _check(self.surface_spread >= 0, "synthetic.surface_spread", self.surface_spread,
+               "must be >= 0")
+        _check(self.requests_per_session >= 1, "synthetic.requests_per_session",
+               self.requests_per_session, "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -64,15 +92,15 @@ class DataConfig:
     """Where the data comes from."""
 
     dataset: str = "synthetic"  # synthetic | movielens | generic
-    data_dir: str | None = None  # MovieLens / generic input directory or file
+    data_dir: str | None = None  # MovieLens dir, generated synthetic Parquet dir, or generic YAML
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
     def __post_init__(self) -> None:
         _check(self.dataset in ("synthetic", "movielens", "generic"), "data.dataset", self.dataset,
                "must be one of synthetic, movielens, generic")
-        if self.dataset in ("movielens", "generic"):
+        if self.dataset == "generic":
             _check(self.data_dir is not None, "data.data_dir", self.data_dir,
-                   f"required for dataset {self.dataset!r}")
+                   "required for dataset 'generic' (a YAML mapping file)")
 
 
 @dataclass(frozen=True)

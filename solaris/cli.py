@@ -1,0 +1,206 @@
+"""The ``solaris`` command line: data generation, training, the transfer report, the demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from solaris.errors import SolarisError
+
+log = logging.getLogger("solaris")
+
+
+def _overrides(pairs: list[str]) -> dict[str, Any]:
+    out = {}
+    for p in pairs:
+        if "=" not in p:
+            raise SolarisError(f"--set {p!r}: expected KEY=VALUE, e.g. fm.emb_dim=32")
+        k, v = p.split("=", 1)
+        out[k] = yaml.safe_load(v)
+    return out
+
+
+def _config(args: argparse.Namespace, extra: dict[str, Any] | None = None):
+    from solaris.config import load_config
+
+    ov = dict(extra or {})
+    if getattr(args, "dataset", None):
+        ov["data.dataset"] = args.dataset
+    if getattr(args, "data_dir", None):
+        ov["data.data_dir"] = str(args.data_dir)
+    ov.update(_overrides(getattr(args, "set", None) or []))
+    return load_config(getattr(args, "config", None), ov)
+
+
+class _Bar:
+    """A tqdm bar that advances one step per reported stage."""
+
+    def __init__(self, total: int, desc: str):
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True)
+
+    def __call__(self, msg: str) -> None:
+        self.bar.set_postfix_str(msg[:60])
+        self.bar.update(1)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _steps(cfg, ablations_seeds: int = 0) -> int:
+    per_task = 3 + len(cfg.report.coverages)
+    per_seed = 1 + 2 * per_task
+    ab = ablations_seeds * 7
+    return cfg.report.seeds * per_seed + ab
+
+
+def _load(cfg, fetch: bool):
+    from solaris.data.load import load_dataset
+
+    return load_dataset(cfg.data, fetch=fetch)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from solaris.eval.render import coverage_plot, transfer_table
+    from solaris.eval.transfer import TransferExperiment, run_transfer
+
+    cfg = _config(args, {"report.seeds": args.seeds} if args.seeds else None)
+    ds = _load(cfg, args.fetch)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ab_seeds = (args.ablation_seeds or cfg.report.seeds) if args.ablations else 0
+    bar = _Bar(_steps(cfg, ab_seeds), f"transfer {ds.name}")
+    try:
+        report = run_transfer(cfg, ds, progress=bar)
+        if args.ablations:
+            from solaris.eval.ablations import run_ablations
+
+            report["ablations"] = run_ablations(TransferExperiment(cfg, ds, bar), ab_seeds)
+    finally:
+        bar.close()
+    (out / "transfer.json").write_text(json.dumps(report, indent=2))
+    png = coverage_plot(report, out / "transfer_coverage.png")
+    print(transfer_table(report))
+    print(f"wrote {out / 'transfer.json'} and {png}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from solaris.train.artifacts import train_artifacts
+
+    cfg = _config(args)
+    ds = _load(cfg, args.fetch)
+    bar = _Bar(1 + len(ds.tasks), f"train {ds.name}")
+    try:
+        manifest = train_artifacts(cfg, ds, args.out, seed=args.seed, coverage=args.coverage,
+                                   progress=bar)
+    finally:
+        bar.close()
+    for task, v in manifest["vms"].items():
+        print(f"{task}: VM test BCE {v['test_bce']:.4f} AUC {v['test_auc']:.4f} "
+              f"(FM {v['fm_test_bce']:.4f})")
+    print(f"wrote artifacts of version {manifest['version']} to {args.out}")
+    return 0
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from solaris.data.synthetic import generate_to_parquet
+
+    cfg = _config(args, {"data.synthetic.target_interactions": args.interactions,
+                         "data.synthetic.seed": args.seed})
+    bar = tqdm(total=cfg.data.synthetic.target_interactions, unit="rows", desc="generating")
+    last = [0]
+
+    def tick(n: int) -> None:
+        bar.update(n - last[0])
+        last[0] = n
+
+    try:
+        info = generate_to_parquet(cfg.data.synthetic, args.out, progress=tick)
+    finally:
+        bar.close()
+    print(json.dumps(info, indent=2, default=str))
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The README's main job: default synthetic data -> train -> transfer report."""
+    ns = argparse.Namespace(dataset="synthetic", data_dir=None, config=args.config, set=args.set,
+                            seeds=args.seeds, out=args.out, ablations=False,
+                            ablation_seeds=None, fetch=False)
+    print("SOLARIS demo: generating the embedded synthetic dataset, training the FM, its "
+          "encoder and the vertical models, and measuring transfer")
+    return cmd_report(ns)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="solaris", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    def common(sp: argparse.ArgumentParser, dataset: bool = True) -> None:
+        sp.add_argument("--config", help="YAML config (see configs/default.yaml)")
+        sp.add_argument("--set", action="append", metavar="KEY=VALUE",
+                        help="override a config field, e.g. --set fm.emb_dim=32")
+        if dataset:
+            sp.add_argument("--dataset", choices=["synthetic", "movielens", "generic"])
+            sp.add_argument("--data-dir", type=Path,
+                            help="MovieLens-100K dir (RecBole or GroupLens format) or generic YAML")
+            sp.add_argument("--fetch", action="store_true",
+                            help="movielens without --data-dir: fetch it into the cache dir")
+
+    rep = sub.add_parser("report", help="reports")
+    rsub = rep.add_subparsers(dest="report", required=True)
+    tr = rsub.add_parser("transfer", help="offline transfer report (temporal teacher protocol)")
+    common(tr)
+    tr.add_argument("--seeds", type=int, help="seeds (default: report.seeds)")
+    tr.add_argument("--out", required=True, type=Path)
+    tr.add_argument("--ablations", action="store_true", help="also run the ablations")
+    tr.add_argument("--ablation-seeds", type=int, help="seeds for the ablations")
+    tr.set_defaults(fn=cmd_report)
+
+    t = sub.add_parser("train", help="train FM, encoder and one serving VM per task")
+    common(t)
+    t.add_argument("--out", required=True, type=Path)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--coverage", type=float, default=0.5,
+                   help="pair coverage the serving VMs are trained for (feature dropout)")
+    t.set_defaults(fn=cmd_train)
+
+    d = sub.add_parser("data", help="generate synthetic data to Parquet (streams in chunks)")
+    common(d, dataset=False)
+    d.add_argument("--out", required=True, type=Path)
+    d.add_argument("--interactions", type=int, default=60_000)
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(fn=cmd_data)
+
+    demo = sub.add_parser("demo", help="end-to-end demo on the embedded synthetic data")
+    common(demo, dataset=False)
+    demo.add_argument("--out", type=Path, default=Path("runs/demo"))
+    demo.add_argument("--seeds", type=int, default=2)
+    demo.set_defaults(fn=cmd_demo)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.fn(args)
+    except SolarisError as e:
+        print(f"solaris: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""One entry point from a DataConfig to a validated Dataset."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from solaris.config import DataConfig
+from solaris.data.schema import Dataset
+from solaris.errors import DataError
+
+log = logging.getLogger(__name__)
+
+
+def load_dataset(cfg: DataConfig, fetch: bool = False) -> Dataset:
+    """Synthetic (generated in memory, or read back from a generated Parquet dir), MovieLens-100K
+    from ``data_dir`` (fetched into the cache when ``fetch`` and no dir is given), or a generic
+    log described by a YAML mapping file."""
+    if cfg.dataset == "synthetic":
+        if cfg.data_dir:
+            from solaris.data.synthetic import load_parquet_dir
+
+            ds = load_parquet_dir(cfg.data_dir)
+        else:
+            from solaris.data.synthetic import generate
+
+            ds = generate(cfg.synthetic)
+    elif cfg.dataset == "movielens":
+        from solaris.data.movielens import load_movielens
+
+        path = cfg.data_dir
+        if path is None:
+            if not fetch:
+                raise DataError("data.data_dir: MovieLens needs --data-dir (or --fetch)")
+            from solaris.data.fetch import default_cache_dir, fetch_movielens
+
+            path = fetch_movielens(default_cache_dir())
+        ds = load_movielens(path)
+    else:
+        from solaris.data.generic import load_generic_yaml
+
+        ds = load_generic_yaml(Path(cfg.data_dir))
+    ds.validate()
+    log.info("loaded %s: %d interactions, %d users, %d items", ds.name,
+             ds.interactions.num_rows, ds.num_users, ds.num_items)
+    return ds

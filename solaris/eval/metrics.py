@@ -1,0 +1,100 @@
+"""Metrics reported the same way everywhere (DESIGN.md, "Numbers everyone reports")."""
+
+from __future__ import annotations
+
+import numpy as np
+
+_EPS = 1e-7
+
+
+def _check(y: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    y = np.asarray(y, dtype=np.float64).ravel()
+    p = np.asarray(p, dtype=np.float64).ravel()
+    if y.shape != p.shape:
+        raise ValueError(f"labels {y.shape} and predictions {p.shape} differ in shape")
+    if not np.isfinite(p).all():
+        raise ValueError("predictions contain NaN or inf")
+    return y, p
+
+
+def bce_rows(y: np.ndarray, p: np.ndarray) -> np.ndarray:
+    """Per-row binary cross-entropy of probabilities ``p`` for labels ``y``."""
+    y, p = _check(y, p)
+    p = np.clip(p, _EPS, 1 - _EPS)
+    return -(y * np.log(p) + (1 - y) * np.log(1 - p))
+
+
+def bce(y: np.ndarray, p: np.ndarray) -> float:
+    return float(bce_rows(y, p).mean())
+
+
+def auc(y: np.ndarray, p: np.ndarray) -> float:
+    """ROC AUC by the rank-sum formula, ties counted half (NaN if one class is absent)."""
+    y, p = _check(y, p)
+    pos = y > 0.5
+    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
+    if n_pos == 0 or n_neg == 0:
+        return float("nan")
+    order = np.argsort(p, kind="mergesort")
+    ranks = np.empty(len(p), dtype=np.float64)
+    sp = p[order]
+    # average rank over ties
+    boundaries = np.flatnonzero(np.diff(sp)) + 1
+    starts = np.concatenate([[0], boundaries])
+    ends = np.concatenate([boundaries, [len(p)]])
+    avg = (starts + ends - 1) / 2.0 + 1.0
+    ranks[order] = np.repeat(avg, ends - starts)
+    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+
+
+def logit(p: np.ndarray) -> np.ndarray:
+    p = np.clip(np.asarray(p, dtype=np.float64), _EPS, 1 - _EPS)
+    return np.log(p) - np.log1p(-p)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.asarray(x, dtype=np.float64)))
+
+
+def fit_platt(y: np.ndarray, p: np.ndarray, iters: int = 50) -> tuple[float, float]:
+    """Platt scaling a * logit(p) + b fitted by Newton's method (on validation rows only)."""
+    y, p = _check(y, p)
+    x = logit(p)
+    a, b = 1.0, 0.0
+    for _ in range(iters):
+        q = sigmoid(a * x + b)
+        g = np.array([((q - y) * x).sum(), (q - y).sum()])
+        w = q * (1 - q)
+        h = np.array([[(w * x * x).sum(), (w * x).sum()], [(w * x).sum(), w.sum()]])
+        h += 1e-9 * np.eye(2)
+        step = np.linalg.solve(h, g)
+        a, b = a - step[0], b - step[1]
+        if np.abs(step).max() < 1e-10:
+            break
+    return float(a), float(b)
+
+
+def apply_platt(p: np.ndarray, ab: tuple[float, float]) -> np.ndarray:
+    return sigmoid(ab[0] * logit(p) + ab[1])
+
+
+def transfer_ratio(bce_vm: float, bce_vm_x: float, bce_fm: float) -> float:
+    """TR(X) = (BCE(VM) - BCE(VM+X)) / (BCE(VM) - BCE(FM)); NaN when there is no gap."""
+    gap = bce_vm - bce_fm
+    if gap <= 0:
+        return float("nan")
+    return float((bce_vm - bce_vm_x) / gap)
+
+
+def paired_bootstrap(loss_a: np.ndarray, loss_b: np.ndarray, resamples: int, alpha: float,
+                     seed: int = 0) -> dict[str, float]:
+    """Bootstrap over rows of mean(loss_a - loss_b): CI and whether it excludes zero (a > b)."""
+    d = np.asarray(loss_a, dtype=np.float64) - np.asarray(loss_b, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    n = len(d)
+    means = np.empty(resamples)
+    for k in range(resamples):
+        means[k] = d[rng.integers(0, n, n)].mean()
+    lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
+    return {"mean_diff": float(d.mean()), "ci_low": float(lo), "ci_high": float(hi),
+            "significant": bool(lo > 0)}

@@ -1,0 +1,82 @@
+"""Turn a transfer report into a text table and a PNG (the paper's Table 2 analogue)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+MODELS = ("fm", "vm", "vm_kd", "vm_agg", "vm_pair_100", "vm_pair_60", "vm_pair_50", "vm_pair_20")
+
+
+def _f(x: float | None, nd: int = 4) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:.{nd}f}"
+
+
+def transfer_table(report: dict) -> str:
+    """A fixed-width table: BCE / AUC raw and calibrated, TR per variant."""
+    lines = [f"transfer report: {report['dataset']} (task {report['task']}, "
+             f"protocol {report['teacher_protocol']}, seeds {report['seeds']}, "
+             f"test rows {report['test_rows']}, warm share {report['warm_share']:.2f})",
+             f"{'model':<14}{'BCE':>9}{'AUC':>9}{'BCE cal':>9}{'AUC cal':>9}"
+             f"{'TR':>8}{'TR cal':>8}{'TR std':>8}{'TR warm':>9}{'TR cold':>9}"]
+    warm = (report.get("warm") or {}).get("tr") or {}
+    cold = (report.get("cold") or {}).get("tr") or {}
+    for m in MODELS:
+        if m not in report["bce"]:
+            continue
+        k = m.removeprefix("vm_") if m not in ("fm", "vm") else None
+        lines.append(
+            f"{m:<14}{_f(report['bce'][m]):>9}{_f(report['auc'][m]):>9}"
+            f"{_f(report['bce_cal'][m]):>9}{_f(report['auc_cal'][m]):>9}"
+            f"{_f(report['tr'].get(k) if k else None, 3):>8}"
+            f"{_f(report['tr_cal'].get(k) if k else None, 3):>8}"
+            f"{_f(report['tr_std'].get(k) if k else None, 3):>8}"
+            f"{_f(warm.get(k) if k else None, 3):>9}{_f(cold.get(k) if k else None, 3):>9}")
+    gap = report["gap"]
+    lines.append(f"FM vs VM BCE gap {gap['mean_diff']:.4f} (95% CI {gap['ci_low']:.4f}.."
+                 f"{gap['ci_high']:.4f}), significant: {report['gap_significant']}")
+    for task, block in (report.get("tasks") or {}).items():
+        trs = ", ".join(f"{k} {_f(v, 3)}" for k, v in block["tr"].items())
+        lines.append(f"second task {task}: TR {trs}; gap significant: {block['gap_significant']}")
+    if "ablations" in report:
+        ab = report["ablations"]
+        trs = ", ".join(f"{k} {_f(v, 3)}" for k, v in ab["tr"].items())
+        lines.append(f"ablations ({ab['seeds']} seeds): TR {trs}")
+        ins = ab["in_sample"]["tr"]
+        lines.append(f"in-sample teacher (labelled, not headline): TR pair_100 "
+                     f"{_f(ins['pair_100'], 3)}, kd {_f(ins['kd'], 3)}")
+    lines.append(f"wall time {report['seconds']:.0f} s")
+    return "\n".join(lines)
+
+
+def coverage_plot(report: dict, path: str | Path) -> Path:
+    """Relative BCE reduction of the VM vs pair coverage, KD and aggregate as reference lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bce = report["bce"]
+    covs = sorted(int(k.rsplit("_", 1)[1]) for k in bce if k.startswith("vm_pair_"))
+    xs = [0] + covs
+    gain = [0.0] + [100.0 * (bce["vm"] - bce[f"vm_pair_{c}"]) / bce["vm"] for c in covs]
+    fm_gain = 100.0 * (bce["vm"] - bce["fm"]) / bce["vm"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    ax.plot(xs, gain, "o-", label=f"VM + pair embedding ({report['task']})")
+    ax.axhline(fm_gain, color="k", ls=":", label="FM (the whole gap)")
+    ax.axhline(100.0 * (bce["vm"] - bce["vm_kd"]) / bce["vm"], color="tab:red", ls="--",
+               label="VM + soft-label KD")
+    ax.axhline(100.0 * (bce["vm"] - bce["vm_agg"]) / bce["vm"], color="tab:green", ls="--",
+               label="VM + aggregated user embedding")
+    ax.set_xlabel("pair-embedding coverage of test rows (%)")
+    ax.set_ylabel("BCE reduction vs VM alone (%)")
+    ax.set_title(f"{report['dataset']}: gain vs coverage ({report['seeds']} seeds, temporal)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

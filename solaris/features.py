@@ -1,0 +1,172 @@
+"""Per-row model inputs: side-feature tables and the user's behaviour history as of each row.
+
+The FM reads the user's behaviour *as of the request*, not as of its training cutoff: a row's
+history is the user's previous rows in ``(ts, seq)`` order (most recent first), whatever
+period they fall in. Labels of those earlier rows are part of the behaviour (they arrived
+before the row). This is the event-time history the online history store serves later.
+
+``FeatureTables.batch(rows)`` returns the batch contract the models read (see
+``solaris/models/fm.py``): request-side keys ``user, surface, user_cat, user_cont, hist_*``
+and candidate-side keys ``item, item_cat, item_mh, item_cont``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from solaris.config import FeatureConfig
+from solaris.data.schema import ITEM, SURFACE, TS, USER, Dataset
+
+
+def _int_matrix(table: pa.Table, cols: list[str]) -> np.ndarray:
+    if not cols:
+        return np.zeros((table.num_rows, 0), dtype=np.int64)
+    return np.stack([table.column(c).to_numpy().astype(np.int64) for c in cols], axis=1)
+
+
+def _float_matrix(table: pa.Table, cols: list[str]) -> np.ndarray:
+    if not cols:
+        return np.zeros((table.num_rows, 0), dtype=np.float32)
+    return np.stack([np.nan_to_num(table.column(c).to_numpy(zero_copy_only=False)
+                                   .astype(np.float32)) for c in cols], axis=1)
+
+
+def _multihot(table: pa.Table, cols: list[str]) -> np.ndarray:
+    """(n, n_cols, M) codes + 1, 0 = pad."""
+    lists = [table.column(c).to_pylist() for c in cols]
+    width = max([1] + [len(v or []) for col in lists for v in col])
+    out = np.zeros((table.num_rows, len(cols), width), dtype=np.int64)
+    for j, col in enumerate(lists):
+        for i, vals in enumerate(col):
+            if vals:
+                out[i, j, : len(vals)] = np.asarray(vals, dtype=np.int64) + 1
+    return out
+
+
+def history_index(users: np.ndarray, ts: np.ndarray, length: int) -> np.ndarray:
+    """(N, L) int64 row index of each row's previous L rows of the same user, -1 = pad.
+
+    Rows must already be in event order (sorted by ts, seq). Most recent first.
+    """
+    n = len(users)
+    order = np.argsort(users, kind="stable")  # per user, event order is kept
+    su = users[order]
+    starts = np.searchsorted(su, su, side="left")  # first position of each row's user
+    pos = np.arange(n)
+    idx = pos[:, None] - np.arange(1, length + 1)[None, :]  # (N, L) positions in `order`
+    valid = idx >= starts[:, None]
+    hist_sorted = np.where(valid, order[np.clip(idx, 0, None)], -1)
+    out = np.empty_like(hist_sorted)
+    out[order] = hist_sorted
+    return out
+
+
+class FeatureTables:
+    """Dense arrays for every interaction row, gathered into model batches on demand."""
+
+    def __init__(self, ds: Dataset, cfg: FeatureConfig):
+        inter = ds.interactions
+        self.tasks = ds.tasks
+        self.spec = ds.spec
+        self.history_len = cfg.history_len
+        self.num_users = ds.num_users
+        self.num_items = ds.num_items
+        self.user = inter.column(USER).to_numpy().astype(np.int64)
+        self.item = inter.column(ITEM).to_numpy().astype(np.int64)
+        self.ts = inter.column(TS).to_numpy().astype(np.int64)
+        self.surface = inter.column(SURFACE).to_numpy().astype(np.int64)
+        self.labels = np.stack([inter.column(t).to_numpy(zero_copy_only=False)
+                                .astype(np.float32) for t in ds.tasks], axis=1)  # (N, T)
+        # action token of each row as a past event: 1 + sum_k y_k 2^k
+        self.action = 1 + (self.labels.astype(np.int64) * (2 ** np.arange(len(ds.tasks)))).sum(1)
+        users, items = ds.users, ds.items
+        self.user_cat = _int_matrix(users, list(ds.spec.user_categorical))
+        self.user_cont = _float_matrix(users, list(ds.spec.user_continuous))
+        self.item_cat = _int_matrix(items, list(ds.spec.item_categorical))
+        self.item_mh = _multihot(items, list(ds.spec.item_multihot))
+        self.item_cont = _float_matrix(items, list(ds.spec.item_continuous))
+        self.hist = history_index(self.user, self.ts, cfg.history_len)  # (N, L)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.user)
+
+    def batch(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
+        """The model batch for interaction rows ``rows`` (request and candidate keys)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        u, i = self.user[rows], self.item[rows]
+        h = self.hist[rows]  # (B, L)
+        pad = h < 0
+        hc = np.where(pad, 0, h)
+        hist_item = np.where(pad, 0, self.item[hc] + 1)
+        hist_action = np.where(pad, 0, self.action[hc])
+        hist_surface = np.where(pad, 0, self.surface[hc] + 1)
+        age_h = (self.ts[rows][:, None] - self.ts[hc]) / 3600.0
+        hist_age = np.where(pad, 0.0, np.log1p(np.clip(age_h, 0.0, None))).astype(np.float32)
+        hist_item_cat = np.where(pad[..., None], 0, self.item_cat[self.item[hc]] + 1)
+        t = torch.from_numpy
+        return {
+            "user": t(u),
+            "surface": t(self.surface[rows]),
+            "user_cat": t(self.user_cat[u]),
+            "user_cont": t(self.user_cont[u]),
+            "hist_item": t(hist_item),
+            "hist_action": t(hist_action),
+            "hist_surface": t(hist_surface),
+            "hist_age": t(hist_age),
+            "hist_item_cat": t(np.ascontiguousarray(hist_item_cat)),
+            "item": t(i),
+            "item_cat": t(self.item_cat[i]),
+            "item_mh": t(self.item_mh[i]),
+            "item_cont": t(self.item_cont[i]),
+        }
+
+
+def aggregate_embeddings(users: np.ndarray, items: np.ndarray, ts: np.ndarray, z: np.ndarray,
+                         window_s: int) -> tuple[np.ndarray, np.ndarray]:
+    """Causal aggregated user embedding per row (DESIGN.md step 3, the user slot).
+
+    For row r of user u at time t: the mean of z over u's *earlier* rows (event order) with
+    ts >= t - window_s, excluding every earlier row of the same item as r. Rows must be in
+    event order. Returns (agg (N, D) float32, present (N,) bool). O(N log N), float64 sums.
+    """
+    n, d = z.shape
+    pos = np.arange(n)
+
+    def window_sums(keys: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
+        # group rows by `keys`, keep event order inside a group; exclusive prefix sums
+        order = np.lexsort((pos,) + tuple(reversed(keys)))
+        zs = z[order].astype(np.float64)
+        csum = np.vstack([np.zeros((1, d)), np.cumsum(zs, axis=0)])  # (N+1, D)
+        gkey = np.stack([k[order] for k in keys], axis=1)
+        new = np.ones(n, dtype=bool)
+        new[1:] = (gkey[1:] != gkey[:-1]).any(axis=1)
+        gstart = np.maximum.accumulate(np.where(new, np.arange(n), 0))
+        # first row of the group with ts >= t - window (ts is non-decreasing within a group)
+        sts = ts[order]
+        lo = np.empty(n, dtype=np.int64)
+        # searchsorted per group via an offset trick: shift each group's ts into its own band
+        gid = np.cumsum(new) - 1
+        band = gid.astype(np.float64) * (float(sts.max() - sts.min()) + 2.0 * window_s + 1.0)
+        key_ts = band + (sts - sts.min())
+        lo[:] = np.searchsorted(key_ts, key_ts - window_s, side="left")
+        lo = np.maximum(lo, gstart)
+        p = np.arange(n)
+        sums = csum[p] - csum[lo]  # rows lo..p-1: earlier rows of the group in the window
+        counts = p - lo
+        out_s = np.empty_like(sums)
+        out_c = np.empty_like(counts)
+        out_s[order] = sums
+        out_c[order] = counts
+        return out_s, out_c
+
+    s_user, c_user = window_sums((users,))
+    s_pair, c_pair = window_sums((users, items))
+    s = s_user - s_pair
+    c = c_user - c_pair
+    present = c > 0
+    agg = np.zeros((n, d), dtype=np.float32)
+    agg[present] = (s[present] / c[present][:, None]).astype(np.float32)
+    return agg, present

@@ -1,0 +1,93 @@
+"""A small vertical model (VM) with the two SOLARIS input slots.
+
+The VM sees only what serving has in real time: ids, a few side features, the surface, and
+(optionally) the looked-up pair slot and user slot. It never reads the behaviour history.
+Each slot enters twice: through a small projection into the MLP, and through a direct linear
+term on the logit so an FM-quality signal can be read straight off the embedding.
+Absent slots (presence 0) are zeroed before use, so their embedding values never matter.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from solaris.config import VMConfig
+from solaris.data.schema import FeatureSpec
+
+Tensor = torch.Tensor
+
+MAX_CAT = 3  # categorical columns read per side (the first ones, in spec order)
+NUM_TIERS = 4  # pair tier: 0 none, 1 pair, 2 user-neighbour, 3 item-neighbour
+
+
+class VerticalModel(nn.Module):
+    """Small ranking model: embeddings + MLP -> one logit, plus the SOLARIS slots."""
+
+    def __init__(self, cfg: VMConfig, spec: FeatureSpec, num_users: int, num_items: int,
+                 slot_dim: int):
+        super().__init__()
+        if num_users < 1 or num_items < 1:
+            raise ValueError(f"num_users={num_users!r}, num_items={num_items!r}: must be >= 1")
+        if (cfg.use_pair or cfg.use_agg) and slot_dim < 1:
+            raise ValueError(f"slot_dim={slot_dim!r}: must be >= 1 when a SOLARIS slot is used")
+        self.cfg = cfg
+        self.slot_dim = slot_dim
+        E = cfg.emb_dim
+        self.user_emb = nn.Embedding(num_users, E)
+        self.item_emb = nn.Embedding(num_items, E)
+        self.surface_emb = nn.Embedding(spec.num_surfaces, E)
+        user_cards = list(spec.user_categorical.values())[:MAX_CAT]
+        item_cards = list(spec.item_categorical.values())[:MAX_CAT]
+        self.user_cat_emb = nn.ModuleList(nn.Embedding(c, E) for c in user_cards)
+        self.item_cat_emb = nn.ModuleList(nn.Embedding(c, E) for c in item_cards)
+        n_id = len(spec.item_continuous)
+
+        in_dim = E * (3 + len(user_cards) + len(item_cards)) + n_id
+        if cfg.use_pair:
+            # [z * present, present, one-hot tier, age * present]
+            self.pair_proj = nn.Linear(slot_dim + 1 + NUM_TIERS + 1, cfg.slot_hidden)
+            self.pair_direct = nn.Linear(slot_dim, 1, bias=False)
+            in_dim += cfg.slot_hidden
+        if cfg.use_agg:
+            # [agg * present, present]
+            self.agg_proj = nn.Linear(slot_dim + 1, cfg.slot_hidden)
+            self.agg_direct = nn.Linear(slot_dim, 1, bias=False)
+            in_dim += cfg.slot_hidden
+
+        layers: list[nn.Module] = []
+        for h in cfg.hidden:
+            layers += [nn.Linear(in_dim, h), nn.ReLU(), nn.Dropout(cfg.dropout)]
+            in_dim = h
+        layers.append(nn.Linear(in_dim, 1))
+        self.mlp = nn.Sequential(*layers)
+
+    def forward(self, batch: dict[str, Tensor]) -> Tensor:
+        user_cat = batch["user_cat"]  # (B, n_uc)
+        item_cat = batch["item_cat"]  # (B, n_ic)
+        parts = [self.user_emb(batch["user"]), self.item_emb(batch["item"]),
+                 self.surface_emb(batch["surface"])]  # 3 x (B, E)
+        parts += [emb(user_cat[:, j]) for j, emb in enumerate(self.user_cat_emb)]  # (B, E) each
+        parts += [emb(item_cat[:, j]) for j, emb in enumerate(self.item_cat_emb)]  # (B, E) each
+        parts.append(batch["item_cont"])  # (B, n_id)
+        direct = None
+        if self.cfg.use_pair:
+            present = batch["pair_present"].unsqueeze(-1)  # (B, 1)
+            # where(), not a product: an absent slot may hold anything, even NaN
+            z = torch.where(present > 0, batch["pair_emb"], 0.0)  # (B, slot_dim)
+            tier = F.one_hot(batch["pair_tier"], NUM_TIERS).to(z.dtype)  # (B, 4)
+            age = torch.where(present > 0, batch["pair_age"].unsqueeze(-1), 0.0)  # (B, 1)
+            slot = torch.cat([z, present, tier, age], dim=-1)  # (B, slot_dim + 6)
+            parts.append(F.relu(self.pair_proj(slot)))  # (B, slot_hidden)
+            direct = self.pair_direct(z)  # (B, 1)
+        if self.cfg.use_agg:
+            present = batch["agg_present"].unsqueeze(-1)  # (B, 1)
+            a = torch.where(present > 0, batch["agg_emb"], 0.0)  # (B, slot_dim)
+            parts.append(F.relu(self.agg_proj(torch.cat([a, present], dim=-1))))  # (B, slot_hidden)
+            d = self.agg_direct(a)  # (B, 1)
+            direct = d if direct is None else direct + d
+        logit = self.mlp(torch.cat(parts, dim=-1))  # (B, 1)
+        if direct is not None:
+            logit = logit + direct  # (B, 1)
+        return logit.squeeze(-1)  # (B,)

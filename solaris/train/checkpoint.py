@@ -1,0 +1,44 @@
+"""Checkpoints: a state dict plus the config that rebuilds the module, loaded with weights_only.
+
+A checkpoint is one ``.pt`` file holding plain data only (tensors, strings, numbers, lists,
+dicts), so ``torch.load(..., weights_only=True)`` can read it without running pickled code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from solaris.errors import CheckpointError
+
+FORMAT = 1
+
+
+def save_checkpoint(path: str | Path, model: torch.nn.Module, kind: str, config: dict[str, Any],
+                    **meta: Any) -> Path:
+    """Write ``model``'s weights with ``config`` (enough to rebuild it) and plain ``meta``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save({"format": FORMAT, "kind": kind, "config": config, "meta": meta,
+                "state_dict": model.state_dict()}, tmp)
+    tmp.replace(path)  # atomic: a crash never leaves a half-written checkpoint under `path`
+    return path
+
+
+def load_checkpoint(path: str | Path, kind: str) -> dict[str, Any]:
+    """Read a checkpoint of ``kind``; raise CheckpointError naming the file on any problem."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # corrupt or foreign file
+        raise CheckpointError(f"{path}: cannot read checkpoint ({type(e).__name__}: {e})") from e
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a SOLARIS checkpoint of format {FORMAT}")
+    if ckpt.get("kind") != kind:
+        raise CheckpointError(f"{path}: holds a {ckpt.get('kind')!r} checkpoint, expected {kind!r}")
+    return ckpt

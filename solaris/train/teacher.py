@@ -1,0 +1,130 @@
+"""Train the teacher: the FM on its own period, then the pair encoder on the FM's shared layer.
+
+``teacher_outputs`` then runs the frozen snapshot over any rows: its probabilities (soft labels,
+BCE(FM)) and the compressed pair embeddings z that feed the VMs. Under the temporal protocol
+the snapshot never trained on the rows whose outputs a VM trains on.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from solaris.config import EncoderConfig, FMConfig, TrainConfig
+from solaris.features import FeatureTables
+from solaris.models.encoder import PairEncoder, encoder_loss
+from solaris.models.fm import FoundationModel
+from solaris.train.loop import FitResult, fit, predict_in_batches, seed_everything
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Teacher:
+    fm: FoundationModel
+    encoder: PairEncoder
+    fm_fit: FitResult
+    version: str  # FM + encoder version carried by every embedding they make
+
+
+def train_fm(tables: FeatureTables, rows: np.ndarray, cfg: FMConfig, train: TrainConfig,
+             seed: int, task_mask: tuple[bool, ...] | None = None,
+             progress: Callable[[str, float], None] | None = None) -> tuple[FoundationModel, FitResult]:
+    """Train the FM on ``rows`` (event order); the last 10% of them is its early-stopping tail.
+
+    ``task_mask`` switches tasks off the loss (the ablation "FM without the VM's task").
+    """
+    seed_everything(seed)
+    torch.set_num_threads(train.threads)
+    rows = np.asarray(rows)
+    cut = int(len(rows) * 0.9)
+    tr, ho = rows[:cut], rows[cut:]
+    model = FoundationModel(cfg, tables.spec, tables.num_users, tables.num_items, tables.tasks,
+                            tables.history_len)
+    mask = torch.tensor(task_mask if task_mask is not None else [True] * len(tables.tasks))
+    y_all = torch.from_numpy(tables.labels)
+
+    def loss_on(r: np.ndarray) -> torch.Tensor:
+        logits = model(tables.batch(r))  # (B, T)
+        per = F.binary_cross_entropy_with_logits(logits, y_all[r], reduction="none")  # (B, T)
+        return per[:, mask].mean()
+
+    def step(idx: np.ndarray, rng: np.random.Generator) -> torch.Tensor:
+        return loss_on(tr[idx])
+
+    def val() -> float:
+        losses = [loss_on(ho[s:s + 4096]).item() * len(ho[s:s + 4096]) for s in range(0, len(ho), 4096)]
+        return sum(losses) / len(ho)
+
+    res = fit(model, step, val, len(tr), lr=train.fm_lr, epochs=train.fm_epochs,
+              patience=train.patience, batch_size=train.batch_size, seed=seed,
+              weight_decay=train.weight_decay, progress=progress, name="fm")
+    return model, res
+
+
+@torch.no_grad()
+def shared_layer(fm: FoundationModel, tables: FeatureTables, rows: np.ndarray) -> np.ndarray:
+    fm.eval()
+    rows = np.asarray(rows)
+    return predict_in_batches(lambda p: fm.shared_layer(tables.batch(rows[p])), len(rows), 2048)
+
+
+def train_encoder(fm: FoundationModel, tables: FeatureTables, rows: np.ndarray,
+                  cfg: EncoderConfig, seed: int, version: str) -> PairEncoder:
+    """Fit the autoencoder on the FM's last shared layer over ``rows`` (the FM's period)."""
+    seed_everything(seed)
+    x = torch.from_numpy(shared_layer(fm, tables, rows)).float()  # (N, H)
+    enc = PairEncoder(x.shape[1], cfg)
+    enc.version = version
+    if cfg.width == 0:
+        return enc.eval()
+    with torch.no_grad():
+        logits = fm.heads(x)  # (N, T)
+    for p in fm.parameters():
+        p.requires_grad_(False)
+    cut = int(len(x) * 0.9)
+    perm = np.random.default_rng(seed).permutation(len(x))
+    tr, ho = perm[:cut], perm[cut:]
+
+    def loss_on(idx: np.ndarray) -> torch.Tensor:
+        xb = x[idx]
+        z, x_hat = enc(xb)
+        return encoder_loss(xb, x_hat, logits[idx], fm.heads(x_hat), cfg.logit_weight)
+
+    fit(enc, lambda i, rng: loss_on(tr[i]), lambda: loss_on(ho).item(), len(tr), lr=cfg.lr,
+        epochs=cfg.epochs, patience=3, batch_size=1024, seed=seed, name="encoder")
+    for p in fm.parameters():
+        p.requires_grad_(True)
+    return enc.eval()
+
+
+@torch.no_grad()
+def teacher_outputs(teacher: Teacher, tables: FeatureTables, rows: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """(probabilities (N, T), pair embeddings z (N, D)) of the frozen snapshot over ``rows``."""
+    fm, enc = teacher.fm.eval(), teacher.encoder.eval()
+    rows = np.asarray(rows)
+
+    def run(p: np.ndarray) -> torch.Tensor:
+        h = fm.shared_layer(tables.batch(rows[p]))  # (B, H)
+        prob = torch.sigmoid(fm.heads(h))  # (B, T)
+        return torch.cat([prob, enc.encode(h)], dim=1)
+
+    out = predict_in_batches(run, len(rows), 2048)
+    t = len(tables.tasks)
+    return out[:, :t].astype(np.float64), out[:, t:].astype(np.float32)
+
+
+def build_teacher(tables: FeatureTables, fm_rows: np.ndarray, fm_cfg: FMConfig,
+                  enc_cfg: EncoderConfig, train: TrainConfig, seed: int,
+                  task_mask: tuple[bool, ...] | None = None,
+                  progress: Callable[[str, float], None] | None = None) -> Teacher:
+    fm, res = train_fm(tables, fm_rows, fm_cfg, train, seed, task_mask, progress)
+    version = f"{fm_cfg.version}+enc{enc_cfg.width}"
+    enc = train_encoder(fm, tables, fm_rows, enc_cfg, seed, version)
+    return Teacher(fm=fm, encoder=enc, fm_fit=res, version=version)

@@ -1,0 +1,156 @@
+"""Train and score vertical models (VMs) with the two SOLARIS input slots.
+
+Feature dropout: during training each row's pair slot is present with probability equal to
+the target coverage (and the user slot whenever an aggregate exists), so zeros at serving time
+are in-distribution. Rows whose teacher outputs would be in-sample (the FM's own period) train
+the VM with both slots marked absent and no soft label.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from solaris.config import TrainConfig, VMConfig
+from solaris.features import FeatureTables
+from solaris.models.vm import VerticalModel
+from solaris.train.loop import fit, predict_in_batches, seed_everything
+
+TIER_NONE, TIER_PAIR = 0, 1
+
+
+@dataclass
+class SlotArrays:
+    """Per-row SOLARIS features as a cache would serve them (offline: fresh at row time)."""
+
+    pair_emb: np.ndarray  # (N, D) z of the row's own (user, item) pair
+    agg_emb: np.ndarray  # (N, D) causal aggregate of the user's other recent pairs
+    agg_present: np.ndarray  # (N,) bool: an aggregate exists
+
+    @property
+    def dim(self) -> int:
+        return self.pair_emb.shape[1]
+
+
+class VMInputs:
+    """All rows' VM inputs as tensors (no history: a VM never reads it) plus slot arrays."""
+
+    def __init__(self, tables: FeatureTables, slots: SlotArrays):
+        t = torch.from_numpy
+        self.tables = tables
+        self.base = {
+            "user": t(tables.user),
+            "surface": t(tables.surface),
+            "user_cat": t(tables.user_cat[tables.user]),
+            "user_cont": t(tables.user_cont[tables.user]),
+            "item": t(tables.item),
+            "item_cat": t(tables.item_cat[tables.item]),
+            "item_mh": t(tables.item_mh[tables.item]),
+            "item_cont": t(tables.item_cont[tables.item]),
+        }
+        self.pair = t(slots.pair_emb.astype(np.float32))
+        self.agg = t(slots.agg_emb.astype(np.float32))
+        self.agg_present = t(slots.agg_present.astype(np.float32))
+        self.dim = slots.dim
+        self.labels = t(tables.labels)
+
+    def batch(self, rows: np.ndarray, pair_present: np.ndarray, agg_on: np.ndarray
+              ) -> dict[str, torch.Tensor]:
+        """Batch for ``rows``; ``pair_present`` / ``agg_on`` (bool per row) gate the slots."""
+        r = torch.from_numpy(np.asarray(rows, dtype=np.int64))
+        pp = torch.from_numpy(np.asarray(pair_present, dtype=np.float32))
+        ap = self.agg_present[r] * torch.from_numpy(np.asarray(agg_on, dtype=np.float32))
+        b = {k: v[r] for k, v in self.base.items()}
+        b["pair_emb"] = self.pair[r] * pp[:, None]
+        b["pair_present"] = pp
+        b["pair_tier"] = (pp > 0).long() * TIER_PAIR
+        b["pair_age"] = torch.zeros_like(pp)
+        b["agg_emb"] = self.agg[r] * ap[:, None]
+        b["agg_present"] = ap
+        return b
+
+
+@dataclass
+class VMSpec:
+    """One VM variant: which slots, at which coverage, with or without distillation."""
+
+    name: str
+    use_pair: bool = False
+    use_agg: bool = False
+    coverage: float = 1.0  # share of rows whose pair slot is present (train and eval)
+    kd_alpha: float = 0.0  # weight of the teacher's soft label in the loss (0 = no KD)
+
+
+def _loss(model: VerticalModel, inputs: VMInputs, rows: np.ndarray, present: np.ndarray,
+          agg_on: np.ndarray, task: int, soft: np.ndarray | None, kd_w: np.ndarray | None
+          ) -> torch.Tensor:
+    logits = model(inputs.batch(rows, present, agg_on))  # (B,)
+    y = inputs.labels[torch.from_numpy(np.asarray(rows, dtype=np.int64)), task]
+    loss = F.binary_cross_entropy_with_logits(logits, y, reduction="none")
+    if soft is not None and kd_w is not None:
+        s = torch.from_numpy(soft.astype(np.float32))
+        w = torch.from_numpy(kd_w.astype(np.float32))
+        kd = F.binary_cross_entropy_with_logits(logits, s, reduction="none")
+        loss = (1 - w) * loss + w * kd
+    return loss.mean()
+
+
+def train_vm(inputs: VMInputs, spec: VMSpec, cfg: VMConfig, train: TrainConfig, *, task: int,
+             teacher_rows: np.ndarray, absent_rows: np.ndarray, val_rows: np.ndarray,
+             lr: float, seed: int, soft_labels: np.ndarray | None = None,
+             num_users: int, num_items: int) -> tuple[VerticalModel, float]:
+    """Train one VM variant; return it and its validation BCE (for the shared grid).
+
+    ``teacher_rows`` carry out-of-sample teacher outputs (slots and soft labels available);
+    ``absent_rows`` train with both slots absent; ``soft_labels`` (N,) are the teacher's
+    probabilities for every row (used only on ``teacher_rows`` when ``spec.kd_alpha > 0``).
+    """
+    seed_everything(seed)
+    torch.set_num_threads(train.threads)
+    vm_cfg = dataclasses.replace(cfg, use_pair=spec.use_pair, use_agg=spec.use_agg)
+    model = VerticalModel(vm_cfg, inputs.tables.spec, num_users, num_items, inputs.dim)
+    rows = np.concatenate([np.asarray(absent_rows), np.asarray(teacher_rows)])
+    has_teacher = np.concatenate([np.zeros(len(absent_rows), bool), np.ones(len(teacher_rows), bool)])
+    kd_w = has_teacher * spec.kd_alpha if spec.kd_alpha > 0 else None
+    soft = soft_labels if spec.kd_alpha > 0 else None
+    val_present = coverage_mask(len(val_rows), spec.coverage if spec.use_pair else 0.0, seed + 1)
+    val_agg = np.full(len(val_rows), spec.use_agg)
+
+    def step(idx: np.ndarray, rng: np.random.Generator) -> torch.Tensor:
+        r = rows[idx]
+        ht = has_teacher[idx]
+        present = ht & (rng.random(len(idx)) < spec.coverage) if spec.use_pair else np.zeros(len(idx), bool)
+        agg_on = ht & spec.use_agg
+        return _loss(model, inputs, r, present, agg_on, task,
+                     None if soft is None else soft[r], None if kd_w is None else kd_w[idx])
+
+    def val() -> float:
+        return _loss(model, inputs, val_rows, val_present, val_agg, task, None, None).item()
+
+    res = fit(model, step, val, len(rows), lr=lr, epochs=train.vm_epochs, patience=train.patience,
+              batch_size=max(train.batch_size, 2048), seed=seed, weight_decay=train.weight_decay,
+              name=spec.name)
+    return model, res.best_val_loss
+
+
+def coverage_mask(n: int, coverage: float, seed: int) -> np.ndarray:
+    """Exactly round(coverage * n) rows present, chosen by a seeded permutation."""
+    mask = np.zeros(n, dtype=bool)
+    k = int(round(coverage * n))
+    mask[np.random.default_rng(seed).permutation(n)[:k]] = True
+    return mask
+
+
+@torch.no_grad()
+def predict_vm(model: VerticalModel, inputs: VMInputs, rows: np.ndarray, present: np.ndarray,
+               agg_on: np.ndarray) -> np.ndarray:
+    """Probabilities of ``model`` on ``rows`` with the given slot gates."""
+    model.eval()
+    rows = np.asarray(rows)
+    out = predict_in_batches(
+        lambda p: torch.sigmoid(model(inputs.batch(rows[p], present[p], agg_on[p]))), len(rows))
+    return out.astype(np.float64)

@@ -1,0 +1,30 @@
+import pytest
+
+from solaris.config import SolarisConfig, load_config
+from solaris.errors import ConfigError
+
+
+def test_defaults_build():
+    cfg = SolarisConfig()
+    assert cfg.encoder.width == 32 and cfg.report.seeds == 5
+
+
+def test_yaml_and_overrides(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("fm:\n  emb_dim: 32\n  seq_heads: 4\nreport:\n  coverages: [1.0, 0.5]\n")
+    cfg = load_config(p, {"encoder.width": 8})
+    assert cfg.fm.emb_dim == 32 and cfg.encoder.width == 8
+    assert cfg.report.coverages == (1.0, 0.5)
+
+
+@pytest.mark.parametrize("override, field", [
+    ({"fm.emb_dim": 30, "fm.seq_heads": 4}, "fm.emb_dim=30"),
+    ({"split.fm_frac": 0.8, "split.vm_frac": 0.2, "split.val_frac": 0.1}, "split.fm_frac"),
+    ({"data.dataset": "imdb"}, "data.dataset='imdb'"),
+    ({"data.dataset": "generic"}, "data.data_dir=None"),
+    ({"synthetic_typo": 1}, "synthetic_typo=1: unknown field"),
+    ({"report.coverages": [0.0]}, "report.coverages"),
+])
+def test_bad_values_name_the_field(override, field):
+    with pytest.raises(ConfigError, match=field.replace("(", r"\(").replace(")", r"\)")):
+        load_config(None, override)

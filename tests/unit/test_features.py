@@ -1,0 +1,60 @@
+"""History and aggregate features: fast paths checked against slow exact loops."""
+
+import numpy as np
+import pytest
+
+from solaris.features import aggregate_embeddings, history_index
+
+
+def _events(n=400, users=7, items=15, seed=0):
+    rng = np.random.default_rng(seed)
+    ts = np.sort(rng.integers(0, 5 * 86400, n))
+    ts[10:20] = ts[10]  # a block of equal timestamps: order is (ts, row)
+    ts = np.sort(ts)
+    return rng.integers(0, users, n), rng.integers(0, items, n), ts
+
+
+def test_history_index_matches_loop():
+    users, _, ts = _events()
+    L = 5
+    h = history_index(users, ts, L)
+    for r in range(len(users)):
+        prev = [j for j in range(r - 1, -1, -1) if users[j] == users[r]][:L]
+        expect = prev + [-1] * (L - len(prev))
+        assert h[r].tolist() == expect
+
+
+def test_history_never_reaches_the_future():
+    users, _, ts = _events(seed=3)
+    h = history_index(users, ts, 8)
+    rows = np.arange(len(users))[:, None]
+    valid = h >= 0
+    assert (h[valid] < np.broadcast_to(rows, h.shape)[valid]).all()
+
+
+@pytest.mark.parametrize("window", [3600, 86400, 10 * 86400])
+def test_aggregate_matches_loop_and_excludes_current_item(window):
+    users, items, ts = _events(seed=1)
+    z = np.random.default_rng(2).normal(size=(len(users), 4)).astype(np.float32)
+    agg, present = aggregate_embeddings(users, items, ts, z, window)
+    for r in range(len(users)):
+        js = [j for j in range(r) if users[j] == users[r] and items[j] != items[r]
+              and ts[j] >= ts[r] - window]
+        assert present[r] == bool(js)
+        if js:
+            np.testing.assert_allclose(agg[r], z[js].mean(0), rtol=1e-5, atol=1e-5)
+        else:
+            assert not agg[r].any()
+
+
+def test_aggregate_ignores_the_rows_own_pair():
+    # one user, the same item twice and one other item: the aggregate of the last row must
+    # not contain either earlier row of its own item
+    users = np.array([0, 0, 0])
+    items = np.array([5, 6, 5])
+    ts = np.array([0, 10, 20])
+    z = np.array([[100.0], [1.0], [-100.0]], dtype=np.float32)
+    agg, present = aggregate_embeddings(users, items, ts, z, 3600)
+    assert present.tolist() == [False, True, True]
+    assert agg[2, 0] == pytest.approx(1.0)
+    assert agg[1, 0] == pytest.approx(100.0)

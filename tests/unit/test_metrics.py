@@ -1,0 +1,43 @@
+import numpy as np
+import pytest
+
+from solaris.eval import metrics as M
+
+
+def test_auc_matches_pairwise_count():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 300).astype(float)
+    p = np.round(rng.random(300), 1)  # many ties
+    pos, neg = p[y == 1], p[y == 0]
+    pairs = (pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()
+    assert M.auc(y, p) == pytest.approx(pairs / (len(pos) * len(neg)))
+
+
+def test_bce_rejects_nan_and_shape_mismatch():
+    with pytest.raises(ValueError, match="NaN"):
+        M.bce(np.array([1.0, 0.0]), np.array([0.5, np.nan]))
+    with pytest.raises(ValueError, match="shape"):
+        M.bce(np.array([1.0, 0.0]), np.array([0.5]))
+
+
+def test_platt_fixes_a_miscalibrated_predictor():
+    rng = np.random.default_rng(1)
+    true = rng.random(20000) * 0.6 + 0.2
+    y = (rng.random(20000) < true).astype(float)
+    skewed = M.sigmoid(2.5 * M.logit(true) - 1.0)
+    ab = M.fit_platt(y, skewed)
+    assert M.bce(y, M.apply_platt(skewed, ab)) < M.bce(y, skewed) - 0.01
+    assert M.bce(y, M.apply_platt(skewed, ab)) == pytest.approx(M.bce(y, true), abs=2e-3)
+
+
+def test_transfer_ratio():
+    assert M.transfer_ratio(0.5, 0.45, 0.4) == pytest.approx(0.5)
+    assert np.isnan(M.transfer_ratio(0.4, 0.39, 0.45))  # FM worse than VM: no gap, no TR
+
+
+def test_paired_bootstrap_detects_a_real_gap_only():
+    rng = np.random.default_rng(2)
+    a = rng.random(3000)
+    assert M.paired_bootstrap(a + 0.05, a, 300, 0.05)["significant"]
+    noise = rng.normal(0, 0.1, 3000)
+    assert not M.paired_bootstrap(a + noise - noise.mean(), a, 300, 0.05)["significant"]
