@@ -44,7 +44,7 @@ class SyntheticConfig:
     conversion_rate: float = 0.03  # target base conversion rate of impressions (needs a click)
     affinity: float = 4.0  # weight of <user interest, item vector> in the click logit
     session_intent: float = 1.0  # pull of in-session clicked items on the user's interest
-    surface_spread: float = 0.6  # scale of per-user, per-surface interest offsets (0 = none)
+    surface_spread: float = 0.5  # scale of per-user, per-surface interest offsets (0 = none)
     requests_per_session: float = 3.0  # mean requests per session (geometric-ish, >= 1)
 
     def __post_init__(self) -> None:
@@ -144,12 +144,12 @@ class FeatureConfig:
 class FMConfig:
     """The foundation model (sized like one relative to the VM: >= 20x its compute per pair)."""
 
-    emb_dim: int = 48  # width of id / feature / history-token embeddings
-    seq_heads: int = 4  # attention heads of the sequence arch (candidate as query)
+    emb_dim: int = 32  # width of id / feature / history-token embeddings
+    seq_heads: int = 2  # attention heads of the sequence arch (2: attention dominates CPU time)
     seq_layers: int = 1  # self-attention layers over the history before target attention
     dense_hidden: int = 64  # dense arch (MLP over continuous features) width
     cross_layers: int = 3  # DCNv2 cross layers in the shared interaction stack
-    shared_dim: int = 256  # width of the last shared layer (what the encoder compresses)
+    shared_dim: int = 128  # width of the last shared layer (what the encoder compresses)
     head_hidden: int = 64  # per-task head hidden width
     dropout: float = 0.1  # dropout in the interaction stack
     version: str = "fm-v1"  # travels with every embedding this FM (and its encoder) makes

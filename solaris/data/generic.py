@@ -95,7 +95,7 @@ def read_text_table(src: Source, names: list[str], *, delimiter: str, encoding: 
 
 
 def parse_numeric(arr: pa.ChunkedArray | pa.Array, src: Source, column: str, *, integer: bool) -> np.ndarray:
-    """Decimal strings to ``int64`` (integer) or finite ``float64``; DataError on the first bad value."""
+    """Decimal strings to ``int64`` (integer) or finite ``float64``; DataError on the first bad one."""
     ok = pc.match_substring_regex(arr, _INT_RE if integer else _FLOAT_RE)
     ok = pc.fill_null(ok, False)
     if not pc.all(ok).as_py():
@@ -120,7 +120,8 @@ def sorted_vocab(values: pa.ChunkedArray | pa.Array) -> pa.Array:
     return uniq.take(pc.sort_indices(uniq))
 
 
-def encode(values: pa.ChunkedArray | pa.Array, vocab: pa.Array, src: Source, column: str, vocab_from: str) -> np.ndarray:
+def encode(values: pa.ChunkedArray | pa.Array, vocab: pa.Array, src: Source, column: str,
+           vocab_from: str) -> np.ndarray:
     """``int64`` codes of ``values`` in ``vocab``; DataError naming the first value not in it."""
     codes = pc.index_in(values, value_set=vocab)
     if codes.null_count:
@@ -154,13 +155,17 @@ def standardise(x: np.ndarray) -> np.ndarray:
 
 
 def multihot_array(lists: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, int]:
-    """A list column to ``list<int64>`` codes of its sorted vocabulary; nulls drop out."""
+    """A list column to ``list<int64>`` codes of its sorted vocabulary, and the vocabulary size.
+
+    Within a row codes are sorted and unique; strings are trimmed; null and empty elements drop out.
+    """
     if isinstance(lists, pa.ChunkedArray):
         lists = lists.combine_chunks()
     n = len(lists)
     parents = pc.list_parent_indices(lists).to_numpy()
     flat = pc.list_flatten(lists)
     if pa.types.is_string(flat.type) or pa.types.is_large_string(flat.type):
+        flat = pc.utf8_trim_whitespace(flat)
         keep = pc.fill_null(pc.not_equal(flat, ""), False).to_numpy(zero_copy_only=False)
     else:
         keep = flat.is_valid().to_numpy(zero_copy_only=False)
@@ -168,16 +173,18 @@ def multihot_array(lists: pa.ChunkedArray | pa.Array) -> tuple[pa.Array, int]:
     parents = parents[keep]
     vocab = sorted_vocab(flat)
     codes = pc.index_in(flat, value_set=vocab).to_numpy().astype(np.int64)
+    order = np.lexsort((codes, parents))  # codes within a row sorted, repeats dropped
+    parents, codes = parents[order], codes[order]
+    first = np.ones(len(codes), dtype=bool)
+    first[1:] = (parents[1:] != parents[:-1]) | (codes[1:] != codes[:-1])
+    parents, codes = parents[first], codes[first]
     offsets = np.zeros(n + 1, dtype=np.int32)
     np.cumsum(np.bincount(parents, minlength=n), out=offsets[1:])
-    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(codes, pa.int64())), len(vocab)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(codes, pa.int64())), max(len(vocab), 1)
 
 
-def raw_ids(arr: pa.ChunkedArray, src: Source, column: str) -> pa.Array:
+def raw_ids(arr: pa.Array, src: Source, column: str) -> pa.Array:
     """An id column as ``int64`` (integer-valued numbers) or ``string``; DataError on nulls."""
-    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
-    if pa.types.is_dictionary(arr.type):
-        arr = arr.dictionary_decode()
     check_no_nulls(arr, src, column)
     t = arr.type
     if pa.types.is_integer(t):
@@ -205,7 +212,8 @@ def check_no_nulls(arr: pa.Array | pa.ChunkedArray, src: Source, column: str) ->
     """DataError naming the first null (or float NaN) in a required column."""
     bad = arr.is_null(nan_is_null=True) if pa.types.is_floating(arr.type) else arr.is_null()
     if pc.any(bad).as_py():
-        raise src.error(column, first_true(bad.to_numpy(zero_copy_only=False)), "null / NaN in a required column")
+        row = first_true(bad.to_numpy(zero_copy_only=False))
+        raise src.error(column, row, "null / NaN in a required column")
 
 
 # ----------------------------------------------------------------------------- the mapping
@@ -217,7 +225,8 @@ class FeatureColumns:
 
     categorical: tuple[str, ...] = ()  # values -> dense codes
     continuous: tuple[str, ...] = ()  # numbers -> standardised float32
-    multihot: Mapping[str, str | None] = field(default_factory=dict)  # column -> separator; None = list column
+    # column -> separator of a delimited string column; None = a list column
+    multihot: Mapping[str, str | None] = field(default_factory=dict)
     key: str | None = None  # id column of the table; None = same name as in the interactions
 
     def __post_init__(self) -> None:
@@ -238,7 +247,8 @@ class FeatureColumns:
         if unknown:
             raise ConfigError(f"features fields={sorted(unknown)!r}: unknown "
                               "(known: categorical, continuous, multihot, key)")
-        return cls(categorical=tuple(d.get("categorical") or ()), continuous=tuple(d.get("continuous") or ()),
+        return cls(categorical=tuple(d.get("categorical") or ()),
+                   continuous=tuple(d.get("continuous") or ()),
                    multihot=dict(d.get("multihot") or {}), key=d.get("key"))
 
 
@@ -289,7 +299,8 @@ class ColumnMapping:
                     and isinstance(rule[1], (int, float)) and not isinstance(rule[1], bool):
                 rules.append((task, rule[0], float(rule[1])))
             else:
-                raise ConfigError(f"mapping.labels[{task!r}]={rule!r}: expected a column or [column, threshold]")
+                raise ConfigError(f"mapping.labels[{task!r}]={rule!r}: "
+                                  "expected a column or [column, threshold]")
             if not isinstance(task, str) or not task:
                 raise ConfigError(f"mapping.labels task={task!r}: must be a non-empty string")
         return tuple(rules)
@@ -304,7 +315,8 @@ class ColumnMapping:
         known = {"user", "item", "timestamp", "labels", "surface", "user_features", "item_features"}
         unknown = set(d) - known
         if unknown:
-            raise ConfigError(f"mapping fields={sorted(unknown)!r}: unknown (known: {', '.join(sorted(known))})")
+            raise ConfigError(f"mapping fields={sorted(unknown)!r}: unknown "
+                              f"(known: {', '.join(sorted(known))})")
         missing = {"user", "item", "timestamp", "labels"} - set(d)
         if missing:
             raise ConfigError(f"mapping fields={sorted(missing)!r}: required")
@@ -312,7 +324,8 @@ class ColumnMapping:
         if isinstance(labels, Mapping):
             labels = {k: tuple(v) if isinstance(v, list) else v for k, v in labels.items()}
         return cls(user=d["user"], item=d["item"], timestamp=d["timestamp"], labels=labels,
-                   surface=d.get("surface"), user_features=FeatureColumns.from_dict(d.get("user_features")),
+                   surface=d.get("surface"),
+                   user_features=FeatureColumns.from_dict(d.get("user_features")),
                    item_features=FeatureColumns.from_dict(d.get("item_features")))
 
 
@@ -334,18 +347,23 @@ def _read_table(path: Path) -> tuple[pa.Table, Source]:
     raise DataError(f"{path}: unsupported file type {suffix!r} (expected .parquet, .csv or .tsv)")
 
 
-def _column(table: pa.Table, src: Source, name: str) -> pa.ChunkedArray:
+def _column(table: pa.Table, src: Source, name: str) -> pa.Array:
+    """One column as a single plain (not dictionary-encoded) array."""
     if name not in table.column_names:
         raise DataError(f"{src.path}: column {name!r} not found (columns: {', '.join(table.column_names)})")
-    return table.column(name)
+    col = table.column(name)
+    if pa.types.is_dictionary(col.type):
+        col = col.cast(col.type.value_type)
+    return col.combine_chunks()
 
 
-def _timestamps(arr: pa.ChunkedArray, src: Source, column: str) -> np.ndarray:
-    arr = arr.combine_chunks()
+def _timestamps(arr: pa.Array, src: Source, column: str) -> np.ndarray:
+    """Event time as int64 seconds: numbers are floored, Arrow timestamps / dates converted."""
     check_no_nulls(arr, src, column)
     t = arr.type
     if pa.types.is_timestamp(t) or pa.types.is_date(t):
-        return pc.cast(pc.cast(arr, pa.timestamp("s"), safe=False), pa.int64()).to_numpy()
+        seconds = pa.timestamp("s", tz=getattr(t, "tz", None))
+        return pc.cast(pc.cast(arr, seconds, safe=False), pa.int64()).to_numpy()
     if pa.types.is_integer(t):
         return pc.cast(arr, pa.int64()).to_numpy()
     if pa.types.is_floating(t):
@@ -355,13 +373,13 @@ def _timestamps(arr: pa.ChunkedArray, src: Source, column: str) -> np.ndarray:
     raise src.error(column, None, f"timestamps must be numeric or timestamps, not {t}")
 
 
-def _numbers(arr: pa.ChunkedArray, src: Source, column: str, *, required: bool) -> np.ndarray:
+def _numbers(arr: pa.Array, src: Source, column: str, *, required: bool) -> np.ndarray:
     """A numeric (or bool) column as float64 with NaN for nulls."""
-    arr = arr.combine_chunks()
     if required:
         check_no_nulls(arr, src, column)
     t = arr.type
-    if pa.types.is_boolean(t) or pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_null(t):
+    if any(is_type(t) for is_type in (pa.types.is_boolean, pa.types.is_integer, pa.types.is_floating,
+                                      pa.types.is_null)):
         return pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False)
     raise src.error(column, None, f"expected numbers, found {t}")
 
@@ -386,7 +404,8 @@ def _side_table(path: str | Path | None, ids: pa.Array, inter_src: Source, id_co
     """Codes for ``ids`` plus the coded side table (or a bare id table when ``path`` is None)."""
     if path is None:
         if feats.categorical or feats.continuous or feats.multihot:
-            raise DataError(f"{inter_src.path}: features for {id_column!r} are mapped but no table was given")
+            raise DataError(f"{inter_src.path}: features for {id_column!r} are mapped "
+                            "but no table was given")
         vocab = sorted_vocab(ids)
         codes = encode(ids, vocab, inter_src, id_column, "its own vocabulary")
         table = pa.table({RAW_ID: vocab})
@@ -405,18 +424,18 @@ def _side_table(path: str | Path | None, ids: pa.Array, inter_src: Source, id_co
     cols: dict[str, pa.Array] = {RAW_ID: vocab}
     cat: dict[str, int] = {}
     for c in feats.categorical:
-        values, card = categorical_codes(_column(table, src, c).combine_chunks().take(order))
+        values, card = categorical_codes(_column(table, src, c).take(order))
         cols[c] = pa.array(values, pa.int64())
         cat[c] = card
     for c in feats.continuous:
         cols[c] = pa.array(standardise(_numbers(_column(table, src, c), src, c, required=False)[order]))
     multi: dict[str, int] = {}
     for c, sep in feats.multihot.items():
-        arr = _column(table, src, c).combine_chunks().take(order)
+        arr = _column(table, src, c).take(order)
         if sep is not None:
             if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
                 raise src.error(c, None, f"a separator {sep!r} was given but the column holds {arr.type}")
-            arr = pc.utf8_trim_whitespace(pc.split_pattern(arr, sep))
+            arr = pc.split_pattern(arr, sep)
         elif not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
             raise src.error(c, None, f"expected a list column (or give a separator), found {arr.type}")
         cols[c], multi[c] = multihot_array(arr)
@@ -435,18 +454,17 @@ def load_generic(interactions: str | Path, mapping: ColumnMapping, users: str | 
     if mapping.surface is None:
         surface, num_surfaces = np.zeros(table.num_rows, dtype=np.int64), 1
     else:
-        surf = _column(table, src, mapping.surface).combine_chunks()
+        surf = _column(table, src, mapping.surface)
         check_no_nulls(surf, src, mapping.surface)
         surface, num_surfaces = categorical_codes(surf)
 
-    user_tab, ucodes, ucat, ucont, _ = _side_table(users, user_raw, src, mapping.user,
-                                                    mapping.user_features)
+    user_tab, ucodes, ucat, ucont, _ = _side_table(users, user_raw, src, mapping.user, mapping.user_features)
     item_tab, icodes, icat, icont, imulti = _side_table(items, item_raw, src, mapping.item,
                                                          mapping.item_features)
     tasks = tuple(labels)
-    keys = [np.arange(table.num_rows)] + [labels[t] for t in reversed(tasks)] + [surface, icodes, ucodes, ts]
-    order = np.lexsort(keys)
     n = table.num_rows
+    # last key sorts first: ts, user, item, surface, labels, then file order
+    order = np.lexsort([np.arange(n), *(labels[t] for t in reversed(tasks)), surface, icodes, ucodes, ts])
     inter = pa.table({
         "seq": np.arange(n, dtype=np.int64), USER: ucodes[order], ITEM: icodes[order], "ts": ts[order],
         "surface": surface[order].astype(np.int32), **{t: labels[t][order] for t in tasks},
@@ -457,9 +475,42 @@ def load_generic(interactions: str | Path, mapping: ColumnMapping, users: str | 
                          **{c: item_tab.column(c) for c in item_tab.column_names}})
     spec = FeatureSpec(user_categorical=ucat, user_continuous=ucont, item_categorical=icat,
                        item_multihot=imulti, item_continuous=icont, num_surfaces=num_surfaces)
-    ds = Dataset(name=path.stem, interactions=inter,
-                 users=user_tab, items=item_tab, tasks=tasks, spec=spec)
+    ds = Dataset(name=path.stem, interactions=inter, users=user_tab, items=item_tab, tasks=tasks, spec=spec)
     ds.validate()
     log.info("loaded %s: %d interactions, %d users, %d items, tasks %s",
              path, n, ds.num_users, ds.num_items, tasks)
     return ds
+
+
+def load_generic_yaml(path: str | Path) -> Dataset:
+    """Load a generic log described by a YAML file (or a directory holding ``mapping.yaml``)::
+
+        interactions: log.parquet   # paths relative to the YAML file
+        users: users.csv            # optional
+        items: items.parquet        # optional
+        mapping: {user: uid, item: iid, timestamp: t, labels: {click: clicked}}
+    """
+    import yaml
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "mapping.yaml"
+    if not path.is_file():
+        raise DataError(f"{path}: no such mapping file")
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise DataError(f"{path}: not valid YAML ({exc})") from exc
+    if not isinstance(doc, dict) or "interactions" not in doc or "mapping" not in doc:
+        raise DataError(f"{path}: expected a mapping with keys 'interactions' and 'mapping' "
+                        "(and optional 'users', 'items')")
+    unknown = set(doc) - {"interactions", "users", "items", "mapping"}
+    if unknown:
+        raise DataError(f"{path}: unknown keys {sorted(unknown)!r}")
+
+    def resolve(key: str) -> Path | None:
+        value = doc.get(key)
+        return None if value is None else path.parent / Path(value).expanduser()
+
+    return load_generic(resolve("interactions"), ColumnMapping.from_dict(doc["mapping"]),
+                        users=resolve("users"), items=resolve("items"))

@@ -56,16 +56,37 @@ class World:
     users: pa.Table
     items: pa.Table
     spec: FeatureSpec
+    click_bias: float = 0.0  # global click-logit offset (fitted to cfg.click_rate on a pilot)
+    conv_bias: float = 0.0  # global conversion-logit offset (fitted to cfg.conversion_rate)
 
     @property
     def horizon_s(self) -> int:
         return int(round(self.cfg.days * DAY))
 
 
+def matmul(a: np.ndarray, bt: np.ndarray) -> np.ndarray:
+    """``a @ bt`` for (n, d) x (d, m), summed over d in a fixed order.
+
+    Not BLAS: its summation order follows its thread count, so a busy machine or a Ray worker
+    (OMP_NUM_THREADS=1) would flip a few labels of the same seed. d is small here.
+    """
+    out = a[:, :1] * bt[0]
+    for k in range(1, a.shape[1]):
+        out += a[:, k:k + 1] * bt[k]
+    return out
+
+
+def rowdot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Sum over the last axis of ``a * b`` (broadcast), in a fixed order (see ``matmul``)."""
+    out = a[..., 0] * b[..., 0]
+    for k in range(1, a.shape[-1]):
+        out = out + a[..., k] * b[..., k]
+    return out
+
+
 def unit(x: np.ndarray) -> np.ndarray:
     """Rows scaled to unit L2 norm (a zero row stays zero)."""
-    n = np.linalg.norm(x, axis=-1, keepdims=True)
-    return x / np.maximum(n, 1e-12)
+    return x / np.maximum(np.sqrt(rowdot(x, x)), 1e-12)[..., None]
 
 
 def _standardise(x: np.ndarray) -> np.ndarray:
@@ -77,7 +98,7 @@ def _top_tags(rng: np.random.Generator, item_vec: np.ndarray, num_tags: int) -> 
     """1..MAX_TAGS distinct tags per item, drawn by Gumbel top-k around the item vector."""
     n, d = item_vec.shape
     tag_vec = unit(rng.standard_normal((num_tags, d)))
-    logits = 3.0 * item_vec @ tag_vec.T + rng.gumbel(size=(n, num_tags))  # (I, T)
+    logits = 3.0 * matmul(item_vec, tag_vec.T) + rng.gumbel(size=(n, num_tags))  # (I, T)
     width = min(MAX_TAGS, num_tags)
     top = np.argsort(-logits, axis=1, kind="stable")[:, :width]
     k = np.minimum(1 + rng.binomial(MAX_TAGS - 1, 0.4, size=n), width)
@@ -100,13 +121,13 @@ def build_world(cfg: SyntheticConfig) -> World:
     centroids = unit(rng.standard_normal((k_cat, d)))
     seed_cat = rng.integers(0, k_cat, size=n_i)
     item_vec = unit(centroids[seed_cat] + 0.6 * rng.standard_normal((n_i, d)) / np.sqrt(d))
-    category = np.argmax(item_vec @ centroids.T, axis=1).astype(np.int64)
+    category = np.argmax(matmul(item_vec, centroids.T), axis=1).astype(np.int64)
     tags = _top_tags(rng, item_vec, cfg.num_tags)
     rank = rng.permutation(n_i) + 1
     item_logpop = -cfg.zipf_a * np.log(rank.astype(np.float64))
     item_quality = 0.3 * _standardise(item_logpop) + 0.3 * rng.standard_normal(n_i)
     price_dir = unit(rng.standard_normal(d))
-    log_price = _standardise(0.7 * item_vec @ price_dir + rng.standard_normal(n_i))
+    log_price = _standardise(0.7 * rowdot(item_vec, price_dir) + rng.standard_normal(n_i))
     item_conv = -0.5 * log_price + 0.5 * rng.standard_normal(n_i)
     n_new = int(n_i * cfg.new_item_share)
     item_release = np.zeros(n_i, dtype=np.int64)

@@ -1,8 +1,9 @@
 """Compute per pair, counted with ``torch.utils.flop_counter`` (what "FM >= 20x VM" means).
 
-The counter sees matmul-like ops only (linear layers, the attention matmuls, which the FM
-writes out for this reason). Embedding and EmbeddingBag lookups, elementwise ops, softmax
-and layer norms count as 0: the numbers are lower bounds dominated by the dense layers.
+The counter sees matmul-like ops only: linear layers and attention (torch's table knows the
+GPU attention kernels; the CPU kernel is added below). Embedding and EmbeddingBag lookups,
+elementwise ops, softmax and layer norms count as 0: the numbers are lower bounds dominated
+by the dense layers.
 """
 
 from __future__ import annotations
@@ -15,9 +16,20 @@ from torch.utils.flop_counter import FlopCounterMode
 Tensor = torch.Tensor
 
 
+def _sdpa_flops(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
+    """Scores (q @ k^T) and weighted sum (att @ v), 2 FLOPs per multiply-add."""
+    b, h, s_q, d_qk = q_shape
+    s_k, d_v = k_shape[2], v_shape[3]
+    return 2 * b * h * s_q * s_k * (d_qk + d_v)
+
+
+# torch's registry lacks the CPU fused attention kernel that F.scaled_dot_product_attention uses
+_EXTRA = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_flops}
+
+
 def count_flops(fn: Callable[[], object]) -> int:
     """Total FLOPs of one call of ``fn`` (no autograd graph is built)."""
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+    with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=_EXTRA) as counter:
         fn()
     return int(counter.get_total_flops())
 

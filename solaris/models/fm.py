@@ -13,8 +13,6 @@ the candidate and its history share one table per feature.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -32,21 +30,17 @@ CANDIDATE_KEYS = ("item", "item_cat", "item_mh", "item_cont")
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, valid: Tensor) -> Tensor:
-    """Multi-head attention of q over keys marked valid; every row needs >= 1 valid key.
+    """Multi-head attention of q over the keys marked valid; every row needs >= 1 valid key.
 
-    Written out with matmuls (not ``F.scaled_dot_product_attention``) so that
-    ``torch.utils.flop_counter`` counts it on CPU.
+    (A row with no valid key would softmax over nothing and return NaN.)
     """
-    att = (q @ k.transpose(-2, -1)) / math.sqrt(k.size(-1))  # (B, H, Lq, L)
-    att = att.masked_fill(~valid[:, None, None, :], float("-inf"))  # (B, H, Lq, L)
-    att = F.softmax(att, dim=-1)  # (B, H, Lq, L)
-    return att @ v  # (B, H, Lq, hd)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :])  # (B, H, Lq, hd)
 
 
 class SelfAttentionBlock(nn.Module):
     """Pre-LN transformer block over the history, pad keys masked."""
 
-    def __init__(self, dim: int, heads: int, dropout: float):
+    def __init__(self, dim: int, heads: int):
         super().__init__()
         self.heads = heads
         self.ln1 = nn.LayerNorm(dim)
@@ -54,7 +48,6 @@ class SelfAttentionBlock(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.ln2 = nn.LayerNorm(dim)
         self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.GELU(), nn.Linear(2 * dim, dim))
-        self.drop = nn.Dropout(dropout)
 
     def forward(self, x: Tensor, valid: Tensor) -> Tensor:
         B, L, D = x.shape
@@ -64,8 +57,8 @@ class SelfAttentionBlock(nn.Module):
         k = k.view(B, L, H, D // H).transpose(1, 2)  # (B, H, L, hd)
         v = v.view(B, L, H, D // H).transpose(1, 2)  # (B, H, L, hd)
         y = attend(q, k, v, valid).transpose(1, 2).reshape(B, L, D)  # (B, L, D)
-        x = x + self.drop(self.proj(y))  # (B, L, D)
-        x = x + self.drop(self.mlp(self.ln2(x)))  # (B, L, D)
+        x = x + self.proj(y)  # (B, L, D)
+        x = x + self.mlp(self.ln2(x))  # (B, L, D)
         return x
 
 
@@ -121,7 +114,7 @@ class FoundationModel(nn.Module):
         self.action_emb = nn.Embedding(1 + 2 ** len(self.tasks), D, padding_idx=0)
         self.age_proj = nn.Linear(1, D)
         self.pos_emb = nn.Parameter(torch.randn(history_len, D) * 0.02)
-        self.seq_blocks = nn.ModuleList(SelfAttentionBlock(D, cfg.seq_heads, cfg.dropout)
+        self.seq_blocks = nn.ModuleList(SelfAttentionBlock(D, cfg.seq_heads)
                                         for _ in range(cfg.seq_layers))
         self.seq_ln = nn.LayerNorm(D)
         self.tgt_q = nn.Linear(D, D)
@@ -131,7 +124,8 @@ class FoundationModel(nn.Module):
         # shared interaction stack: projection, then DCNv2 cross and a deep MLP in parallel
         n_user_parts = 2 + n_uc + 1  # user id, surface, user cats, pooled history
         n_item_parts = 1 + n_ic + n_mh + 1  # item id, item cats, multi-hots, target attention
-        in_dim = D * (n_user_parts + n_item_parts) + (cfg.dense_hidden if self.dense else 0)
+        n_dense_out = cfg.dense_hidden if self.dense is not None else 0
+        in_dim = D * (n_user_parts + n_item_parts) + n_dense_out
         S = cfg.shared_dim
         self.inter_proj = nn.Sequential(nn.Linear(in_dim, S), nn.LayerNorm(S))
         self.cross = nn.ModuleList(CrossLayer(S) for _ in range(cfg.cross_layers))
