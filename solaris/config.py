@@ -36,13 +36,14 @@ class SyntheticConfig:
     candidates_per_request: int = 100  # retrieval-stage output size (100..500)
     impressions_per_request: int = 6  # candidates shown (and labelled) per request
     late_user_share: float = 0.3  # share of users whose first session falls in the last half
-    drift: float = 0.35  # per-day random-walk scale of user interests
+    drift: float = 0.6  # per-day random-walk scale of user interests
     zipf_a: float = 1.1  # item popularity exponent
     chunk_rows: int = 1_000_000  # rows per Parquet chunk when streaming large outputs
     new_item_share: float = 0.1  # share of items released during the horizon (cold items)
-    click_rate: float = 0.15  # target base click rate of impressions (bias fitted on a pilot)
-    conversion_rate: float = 0.03  # target base conversion rate of impressions (needs a click)
-    affinity: float = 4.0  # weight of <user interest, item vector> in the click logit
+    click_rate: float = 0.2  # base click rate of impressions (bias fitted on a pilot; session
+    # intent, absent from the pilot, lifts the realised rate by ~1-2 points)
+    conversion_rate: float = 0.05  # target base conversion rate of impressions (needs a click)
+    affinity: float = 8.0  # weight of <user interest, item vector> in the click logit
     session_intent: float = 1.0  # pull of in-session clicked items on the user's interest
     surface_spread: float = 0.5  # scale of per-user, per-surface interest offsets (0 = none)
     requests_per_session: float = 3.0  # mean requests per session (geometric-ish, >= 1)
@@ -132,8 +133,11 @@ class SplitConfig:
 class FeatureConfig:
     """How per-row model inputs are built."""
 
-    history_len: int = 50  # behaviour events the FM reads, most recent first (as of the row)
+    history_len: int = 32  # behaviour events the FM reads, most recent first (as of the row)
     agg_window_s: int = 24 * 3600  # aggregated user embedding: pairs written in this window
+    # rows sharing a row's timestamp (e.g. the same request's other candidates, whose labels
+    # arrive later) are not its history unless this is set (tie order then counts as time)
+    history_ties: bool = False
 
     def __post_init__(self) -> None:
         _check(self.history_len >= 1, "features.history_len", self.history_len, "must be >= 1")

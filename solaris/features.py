@@ -45,16 +45,28 @@ def _multihot(table: pa.Table, cols: list[str]) -> np.ndarray:
     return out
 
 
-def history_index(users: np.ndarray, ts: np.ndarray, length: int) -> np.ndarray:
+def _tie_start(keys: np.ndarray, ts: np.ndarray) -> np.ndarray:
+    """For rows grouped by ``keys`` (event order inside a group): first position of each
+    row's (group, ts) block."""
+    n = len(ts)
+    new = np.ones(n, dtype=bool)
+    new[1:] = (keys[1:] != keys[:-1]) | (ts[1:] != ts[:-1])
+    return np.maximum.accumulate(np.where(new, np.arange(n), 0))
+
+
+def history_index(users: np.ndarray, ts: np.ndarray, length: int,
+                  include_ties: bool = False) -> np.ndarray:
     """(N, L) int64 row index of each row's previous L rows of the same user, -1 = pad.
 
-    Rows must already be in event order (sorted by ts, seq). Most recent first.
+    Rows must already be in event order (sorted by ts, seq). Most recent first. Rows that
+    share the row's timestamp (e.g. the other candidates of the same request, whose labels
+    are not known yet when it is served) are history only when ``include_ties``.
     """
     n = len(users)
     order = np.argsort(users, kind="stable")  # per user, event order is kept
     su = users[order]
     starts = np.searchsorted(su, su, side="left")  # first position of each row's user
-    pos = np.arange(n)
+    pos = np.arange(n) if include_ties else _tie_start(su, ts[order])
     idx = pos[:, None] - np.arange(1, length + 1)[None, :]  # (N, L) positions in `order`
     valid = idx >= starts[:, None]
     hist_sorted = np.where(valid, order[np.clip(idx, 0, None)], -1)
@@ -87,7 +99,8 @@ class FeatureTables:
         self.item_cat = _int_matrix(items, list(ds.spec.item_categorical))
         self.item_mh = _multihot(items, list(ds.spec.item_multihot))
         self.item_cont = _float_matrix(items, list(ds.spec.item_continuous))
-        self.hist = history_index(self.user, self.ts, cfg.history_len)  # (N, L)
+        self.hist = history_index(self.user, self.ts, cfg.history_len,
+                                  cfg.history_ties)  # (N, L)
 
     @property
     def num_rows(self) -> int:
@@ -125,12 +138,14 @@ class FeatureTables:
 
 
 def aggregate_embeddings(users: np.ndarray, items: np.ndarray, ts: np.ndarray, z: np.ndarray,
-                         window_s: int) -> tuple[np.ndarray, np.ndarray]:
+                         window_s: int, include_ties: bool = False
+                         ) -> tuple[np.ndarray, np.ndarray]:
     """Causal aggregated user embedding per row (DESIGN.md step 3, the user slot).
 
     For row r of user u at time t: the mean of z over u's *earlier* rows (event order) with
     ts >= t - window_s, excluding every earlier row of the same item as r. Rows must be in
-    event order. Returns (agg (N, D) float32, present (N,) bool). O(N log N), float64 sums.
+    event order. Earlier rows sharing r's timestamp count only when ``include_ties``.
+    Returns (agg (N, D) float32, present (N,) bool). O(N log N), float64 sums.
     """
     n, d = z.shape
     pos = np.arange(n)
@@ -153,7 +168,8 @@ def aggregate_embeddings(users: np.ndarray, items: np.ndarray, ts: np.ndarray, z
         key_ts = band + (sts - sts.min())
         lo[:] = np.searchsorted(key_ts, key_ts - window_s, side="left")
         lo = np.maximum(lo, gstart)
-        p = np.arange(n)
+        p = np.arange(n) if include_ties else _tie_start(gid, sts)
+        lo = np.minimum(lo, p)
         sums = csum[p] - csum[lo]  # rows lo..p-1: earlier rows of the group in the window
         counts = p - lo
         out_s = np.empty_like(sums)

@@ -34,6 +34,7 @@ NAME = "synthetic"
 FORMAT_VERSION = 1
 INTERACTIONS, REQUESTS = "interactions.parquet", "requests.parquet"
 USERS, ITEMS, META = "users.parquet", "items.parquet", "meta.json"
+MAX_BUFFERED_CANDIDATES = 40_000_000  # flush early when the buffered request log holds more
 
 
 def build(cfg: SyntheticConfig) -> World:
@@ -91,14 +92,16 @@ def generate_to_parquet(cfg: SyntheticConfig, out_dir: str | Path,
             if progress is not None:
                 progress(written["interactions"])
 
-        buffered = 0
+        rows = candidates = 0
         for inter, req in iter_windows(world):
             buf_i.append(inter)
             buf_r.append(req)
-            buffered += inter.num_rows
-            if buffered >= cfg.chunk_rows:
+            rows += inter.num_rows
+            candidates += req.num_rows * cfg.candidates_per_request
+            # the request log is the big one (a candidate list per request): bound it too
+            if rows >= cfg.chunk_rows or candidates >= MAX_BUFFERED_CANDIDATES:
                 flush()
-                buffered = 0
+                rows = candidates = 0
         if buf_i:
             flush()
     n = max(written["interactions"], 1)

@@ -26,15 +26,15 @@ from solaris.data.synthetic_world import DAY, EPOCH, World, matmul, rowdot, unit
 
 TASKS = ("click", "conversion")
 NEAR_SHARE = 0.7  # share of candidates from the noisy-interest retrieval (rest: popular)
-RETRIEVAL_NOISE = 1.0  # noise scale on the retrieval's estimate of the user's interest
-RANK_NOISE = 0.7  # noise scale on the ranker's estimate of the user's interest
-RANK_GUMBEL = 1.0  # extra noise on the ranking score (some exploration in impressions)
+RETRIEVAL_NOISE = 2.0  # noise scale on the retrieval's estimate of the user's interest
+RANK_NOISE = 3.0  # noise scale on the ranker's estimate of the user's interest
+RANK_GUMBEL = 3.0  # extra noise on the ranking score (some exploration in impressions)
 SATIATION = 2.0  # click-logit penalty for an item already clicked in this session
 CONV_AFFINITY = 1.0  # weight of interest affinity in the conversion logit
 BURST_SHAPE = 0.5  # gamma shape of per-user-window activity multipliers (smaller: burstier)
 GAP_MIN_S, GAP_MEAN_S = 30, 150  # seconds between a session's requests: min + exponential
 MAX_SESSION = 20  # cap on requests per session
-MAX_WINDOW_REQUESTS = 200_000  # windows shrink below a day when a day would hold more
+MAX_WINDOW_CANDIDATES = 20_000_000  # windows shrink below a day when a day would hold more
 SCORE_BATCH = 2_000_000  # (request x item) scores held at once by retrieval
 PILOT_REQUESTS = 4000  # requests simulated to fit the global click / conversion biases
 
@@ -259,10 +259,10 @@ def to_tables(ev: Events, first_request: int, first_seq: int) -> tuple[pa.Table,
 
 
 def num_windows(world: World) -> int:
-    """About one window per day; shorter when a day would hold too many requests."""
+    """About one window per day; shorter when a day would hold too many candidates."""
     cfg = world.cfg
-    requests = cfg.target_interactions / cfg.impressions_per_request
-    return max(1, int(np.ceil(cfg.days)), int(np.ceil(requests / MAX_WINDOW_REQUESTS)))
+    candidates = cfg.target_interactions / cfg.impressions_per_request * cfg.candidates_per_request
+    return max(1, int(np.ceil(cfg.days)), int(np.ceil(candidates / MAX_WINDOW_CANDIDATES)))
 
 
 def iter_windows(world: World) -> Iterator[tuple[pa.Table, pa.Table]]:

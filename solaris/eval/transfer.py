@@ -77,7 +77,7 @@ class TransferExperiment:
         rows = np.arange(self.tables.num_rows)
         probs, z = teacher_outputs(teacher, self.tables, rows)
         agg, present = aggregate_embeddings(self.tables.user, self.tables.item, self.tables.ts, z,
-                                            self.cfg.features.agg_window_s)
+                                            self.cfg.features.agg_window_s, self.cfg.features.history_ties)
         return probs, VMInputs(self.tables, SlotArrays(z, agg, present))
 
     # ---- VMs -----------------------------------------------------------------------------
@@ -123,6 +123,8 @@ class TransferExperiment:
         runs: dict[int, SeedRun] = {}
         for task in tasks:
             run = SeedRun()
+            run.chosen["fm"] = {"best_epoch": teacher.fm_fit.best_epoch,
+                                "epochs_run": teacher.fm_fit.epochs_run}
             run.raw["fm"], run.cal["fm"] = self.fm_predictions(probs, task)
             for grid in variant_specs(self.cfg.report.coverages, self.cfg.report.kd_alphas):
                 name = grid[0].name

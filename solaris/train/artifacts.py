@@ -47,7 +47,7 @@ def train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: 
     teacher = build_teacher(tables, periods.fm, cfg.fm, cfg.encoder, cfg.train, seed)
     probs, z = teacher_outputs(teacher, tables, np.arange(tables.num_rows))
     agg, present = aggregate_embeddings(tables.user, tables.item, tables.ts, z,
-                                        cfg.features.agg_window_s)
+                                        cfg.features.agg_window_s, cfg.features.history_ties)
     inputs = VMInputs(tables, SlotArrays(z, agg, present))
     sizes = {"num_users": ds.num_users, "num_items": ds.num_items, "tasks": list(ds.tasks),
              "history_len": cfg.features.history_len, "spec": ds.spec.to_dict()}

@@ -14,32 +14,40 @@ def _events(n=400, users=7, items=15, seed=0):
     return rng.integers(0, users, n), rng.integers(0, items, n), ts
 
 
-def test_history_index_matches_loop():
+@pytest.mark.parametrize("ties", [False, True])
+def test_history_index_matches_loop(ties):
     users, _, ts = _events()
     L = 5
-    h = history_index(users, ts, L)
+    h = history_index(users, ts, L, include_ties=ties)
     for r in range(len(users)):
-        prev = [j for j in range(r - 1, -1, -1) if users[j] == users[r]][:L]
+        prev = [j for j in range(r - 1, -1, -1) if users[j] == users[r]
+                and (ties or ts[j] < ts[r])][:L]
         expect = prev + [-1] * (L - len(prev))
         assert h[r].tolist() == expect
 
 
-def test_history_never_reaches_the_future():
+def test_history_never_reaches_the_future_nor_the_same_request():
     users, _, ts = _events(seed=3)
     h = history_index(users, ts, 8)
     rows = np.arange(len(users))[:, None]
     valid = h >= 0
+    assert valid.any()
     assert (h[valid] < np.broadcast_to(rows, h.shape)[valid]).all()
+    # rows sharing a timestamp (one request's candidates) never see each other's labels
+    assert (ts[h[valid]] < np.broadcast_to(ts[:, None], h.shape)[valid]).all()
 
 
 @pytest.mark.parametrize("window", [3600, 86400, 10 * 86400])
-def test_aggregate_matches_loop_and_excludes_current_item(window):
+@pytest.mark.parametrize("ties", [False, True])
+def test_aggregate_matches_loop_and_excludes_current_item(window, ties):
     users, items, ts = _events(seed=1)
+    ts[40:60] = ts[40]  # another tie block inside users' windows
+    ts = np.sort(ts)
     z = np.random.default_rng(2).normal(size=(len(users), 4)).astype(np.float32)
-    agg, present = aggregate_embeddings(users, items, ts, z, window)
+    agg, present = aggregate_embeddings(users, items, ts, z, window, include_ties=ties)
     for r in range(len(users)):
         js = [j for j in range(r) if users[j] == users[r] and items[j] != items[r]
-              and ts[j] >= ts[r] - window]
+              and ts[j] >= ts[r] - window and (ties or ts[j] < ts[r])]
         assert present[r] == bool(js)
         if js:
             np.testing.assert_allclose(agg[r], z[js].mean(0), rtol=1e-5, atol=1e-5)

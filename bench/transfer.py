@@ -1,0 +1,87 @@
+"""Benchmark: the transfer report on the synthetic default and on MovieLens-100K.
+
+    python bench/transfer.py --json runs/bench_transfer.json [--seeds 5] [--data-dir DIR]
+
+The two datasets run side by side in two processes (one torch thread each: this machine has
+two cores). MovieLens comes from --data-dir or is fetched into the cache dir
+($SOLARIS_CACHE, default ~/.cache/solaris). Prints one table per dataset and the issue's
+checks, writes every number as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import sys
+import time
+from pathlib import Path
+
+
+def _run(name: str, data_dir: str | None, seeds: int, out: str) -> dict:
+    from solaris.config import load_config
+    from solaris.data.load import load_dataset
+    from solaris.eval.render import coverage_plot, transfer_table
+    from solaris.eval.transfer import run_transfer
+
+    ov = {"data.dataset": name, "report.seeds": seeds, "train.threads": 1}
+    if data_dir:
+        ov["data.data_dir"] = data_dir
+    cfg = load_config(None, ov)
+    ds = load_dataset(cfg.data, fetch=True)
+    report = run_transfer(cfg, ds)
+    d = Path(out) / name
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "transfer.json").write_text(json.dumps(report, indent=2))
+    coverage_plot(report, d / "transfer_coverage.png")
+    report["table"] = transfer_table(report)
+    return report
+
+
+def checks(r: dict) -> list[tuple[str, bool]]:
+    tr = r["tr"]
+    second = next(iter((r.get("tasks") or {}).values()), None)
+    out = [
+        ("gap_significant", bool(r["gap_significant"])),
+        ("tr.pair_100 >= 0.70", tr["pair_100"] >= 0.70),
+        ("tr.pair_100 >= 2 x tr.kd", tr["pair_100"] >= 2 * tr["kd"]),
+        ("pair_20 < pair_50 < pair_100", tr["pair_20"] < tr["pair_50"] < tr["pair_100"]),
+    ]
+    if second is not None:
+        out.append(("second task tr.pair_100 >= 0.50", second["tr"]["pair_100"] >= 0.50))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", required=True, type=Path, help="where to write the numbers")
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--data-dir", help="MovieLens-100K directory (default: fetch into the cache)")
+    ap.add_argument("--out", default="runs/bench_transfer", help="reports and plots per dataset")
+    ap.add_argument("--datasets", default="synthetic,movielens")
+    args = ap.parse_args(argv)
+    names = args.datasets.split(",")
+    t0 = time.perf_counter()
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(len(names)) as pool:
+        jobs = {n: pool.apply_async(_run, (n, args.data_dir if n == "movielens" else None,
+                                           args.seeds, args.out)) for n in names}
+        results = {n: j.get() for n, j in jobs.items()}
+    wall = time.perf_counter() - t0
+    summary = {"wall_s": round(wall, 1), "seeds": args.seeds, "datasets": {}}
+    for n, r in results.items():
+        print(r.pop("table"))
+        ok = checks(r)
+        for label, passed in ok:
+            print(f"  [{'ok' if passed else 'MISS'}] {n}: {label}")
+        print()
+        summary["datasets"][n] = {**r, "checks": {label: passed for label, passed in ok}}
+    print(f"bench/transfer.py wall time: {wall:.0f} s ({len(names)} datasets side by side)")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(summary, indent=2))
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
