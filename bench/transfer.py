@@ -11,7 +11,6 @@ checks, writes every number as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 def _run(name: str, data_dir: str | None, seeds: int, out: str) -> dict:
     from solaris.config import load_config
     from solaris.data.load import load_dataset
-    from solaris.eval.render import coverage_plot, transfer_table
+    from solaris.eval.render import coverage_plot, to_json, transfer_table
     from solaris.eval.transfer import run_transfer
 
     ov = {"data.dataset": name, "report.seeds": seeds, "train.threads": 1}
@@ -32,7 +31,7 @@ def _run(name: str, data_dir: str | None, seeds: int, out: str) -> dict:
     report = run_transfer(cfg, ds)
     d = Path(out) / name
     d.mkdir(parents=True, exist_ok=True)
-    (d / "transfer.json").write_text(json.dumps(report, indent=2))
+    (d / "transfer.json").write_text(to_json(report))
     coverage_plot(report, d / "transfer_coverage.png")
     report["table"] = transfer_table(report)
     return report
@@ -78,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
         summary["datasets"][n] = {**r, "checks": {label: passed for label, passed in ok}}
     print(f"bench/transfer.py wall time: {wall:.0f} s ({len(names)} datasets side by side)")
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(summary, indent=2))
+    from solaris.eval.render import to_json
+
+    args.json.write_text(to_json(summary))
     print(f"wrote {args.json}")
     return 0
 

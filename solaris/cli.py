@@ -68,7 +68,7 @@ def _load(cfg, fetch: bool):
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from solaris.eval.render import coverage_plot, transfer_table
+    from solaris.eval.render import coverage_plot, to_json, transfer_table
     from solaris.eval.transfer import TransferExperiment, run_transfer
 
     cfg = _config(args, {"report.seeds": args.seeds} if args.seeds else None)
@@ -85,7 +85,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             report["ablations"] = run_ablations(TransferExperiment(cfg, ds, bar), ab_seeds)
     finally:
         bar.close()
-    (out / "transfer.json").write_text(json.dumps(report, indent=2))
+    (out / "transfer.json").write_text(to_json(report))
     png = coverage_plot(report, out / "transfer_coverage.png")
     print(transfer_table(report))
     print(f"wrote {out / 'transfer.json'} and {png}")

@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from solaris.data.generic import (
+from solaris.data.columns import (
     Source,
     categorical_codes,
     encode,

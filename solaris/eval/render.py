@@ -2,10 +2,26 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
 MODELS = ("fm", "vm", "vm_kd", "vm_agg", "vm_pair_100", "vm_pair_60", "vm_pair_50", "vm_pair_20")
+
+
+def clean_nan(obj):
+    """NaN / inf -> None, recursively, so the report is strict JSON (TR is NaN without a gap)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: clean_nan(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [clean_nan(v) for v in obj]
+    return obj
+
+
+def to_json(report: dict) -> str:
+    return json.dumps(clean_nan(report), indent=2, allow_nan=False)
 
 
 def _f(x: float | None, nd: int = 4) -> str:

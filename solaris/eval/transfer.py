@@ -144,6 +144,12 @@ def _tr_block(bce: dict[str, float], names: list[str]) -> dict[str, float]:
     return out
 
 
+def _nanstd(values: list[float]) -> float:
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    return float(v.std()) if len(v) else float("nan")
+
+
 def summarize(runs: list[SeedRun], y: np.ndarray, warm: np.ndarray, cfg: SolarisConfig,
               seed: int = 0) -> dict:
     """Seed-mean metrics, TRs, their spread, the bootstrap gap test, warm and cold splits."""
@@ -166,7 +172,7 @@ def summarize(runs: list[SeedRun], y: np.ndarray, warm: np.ndarray, cfg: Solaris
     for r in runs:
         b = {m: M.bce(y, r.raw[m]) for m in models}
         per_seed_tr.append(_tr_block(b, tr_names))
-    tr_std = {k: float(np.nanstd([t[k] for t in per_seed_tr])) for k in per_seed_tr[0]}
+    tr_std = {k: _nanstd([t[k] for t in per_seed_tr]) for k in per_seed_tr[0]}
     fm_loss = np.mean([M.bce_rows(y, r.raw["fm"]) for r in runs], axis=0)
     vm_loss = np.mean([M.bce_rows(y, r.raw["vm"]) for r in runs], axis=0)
     gap = M.paired_bootstrap(vm_loss, fm_loss, cfg.report.bootstrap, cfg.report.alpha, seed)
