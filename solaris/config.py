@@ -251,6 +251,61 @@ class ReportConfig:
 
 
 @dataclass(frozen=True)
+class CacheConfig:
+    """The pair-embedding store (one per shard) and the shard group."""
+
+    dim: int = 32  # pair-embedding width (the encoder's width)
+    codec: str = "fp32"  # fp32 | fp16 | int8 (per-vector scale)
+    read_ttl_s: int = 4 * 3600  # event time an entry is readable as a pair embedding
+    retention_s: int = 24 * 3600  # event time an entry is kept (the aggregate reads it)
+    bucket_s: int = 900  # expiry granularity: whole time buckets are freed at once
+    capacity: int = 1_000_000  # entries per store (per shard); eviction prefers low scores
+    num_shards: int = 2  # cache-shard actors, users placed by consistent hashing
+    virtual_nodes: int = 128  # ring points per shard (smooths the hash ring)
+    deadline_ms: float = 25.0  # a lookup round waits this long; late shards read as misses
+    snapshot_uri: str | None = None  # pyarrow.fs URI or local dir of shard snapshots
+    snapshot_every_s: float = 60.0  # wall-clock seconds between shard snapshots
+
+    def __post_init__(self) -> None:
+        _check(self.dim >= 1, "cache.dim", self.dim, "must be >= 1")
+        _check(self.codec in ("fp32", "fp16", "int8"), "cache.codec", self.codec,
+               "must be one of fp32, fp16, int8")
+        _check(self.read_ttl_s > 0, "cache.read_ttl_s", self.read_ttl_s, "must be > 0")
+        _check(self.retention_s >= self.read_ttl_s, "cache.retention_s", self.retention_s,
+               f"must be >= cache.read_ttl_s={self.read_ttl_s}")
+        _check(0 < self.bucket_s <= self.read_ttl_s, "cache.bucket_s", self.bucket_s,
+               f"must be in (0, cache.read_ttl_s={self.read_ttl_s}]")
+        _check(self.capacity >= 1, "cache.capacity", self.capacity, "must be >= 1")
+        _check(self.num_shards >= 1, "cache.num_shards", self.num_shards, "must be >= 1")
+        _check(self.virtual_nodes >= 1, "cache.virtual_nodes", self.virtual_nodes, "must be >= 1")
+        _check(self.deadline_ms > 0, "cache.deadline_ms", self.deadline_ms, "must be > 0")
+        _check(self.snapshot_every_s > 0, "cache.snapshot_every_s", self.snapshot_every_s,
+               "must be > 0")
+
+
+@dataclass(frozen=True)
+class EnrichConfig:
+    """How a request's two SOLARIS slots are filled (DESIGN.md step 3)."""
+
+    user_knn_probe: int = 10  # nearest stored user neighbours probed per request
+    user_knn_mode: str = "nearest"  # nearest | weighted (similarity-weighted mean)
+    item_knn_probe: int = 10  # nearest item neighbours probed for a still-missing pair
+    item_tier: bool = True  # use the item-neighbour tier
+    aggregate: bool = True  # send the aggregated user embedding (the user slot)
+    max_candidates: int = 1000  # larger requests are rejected by name
+
+    def __post_init__(self) -> None:
+        _check(self.user_knn_probe >= 0, "enrich.user_knn_probe", self.user_knn_probe,
+               "must be >= 0")
+        _check(self.user_knn_mode in ("nearest", "weighted"), "enrich.user_knn_mode",
+               self.user_knn_mode, "must be nearest or weighted")
+        _check(self.item_knn_probe >= 0, "enrich.item_knn_probe", self.item_knn_probe,
+               "must be >= 0")
+        _check(self.max_candidates >= 1, "enrich.max_candidates", self.max_candidates,
+               "must be >= 1")
+
+
+@dataclass(frozen=True)
 class SolarisConfig:
     """Root of the config tree."""
 
@@ -262,6 +317,8 @@ class SolarisConfig:
     vm: VMConfig = field(default_factory=VMConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    enrich: EnrichConfig = field(default_factory=EnrichConfig)
 
 
 def _build(cls: type, values: dict[str, Any], where: str) -> Any:

@@ -53,9 +53,18 @@ def transfer_table(report: dict) -> str:
     gap = report["gap"]
     lines.append(f"FM vs VM BCE gap {gap['mean_diff']:.4f} (95% CI {gap['ci_low']:.4f}.."
                  f"{gap['ci_high']:.4f}), significant: {report['gap_significant']}")
+    if "gap_cal" in report:
+        g = report["gap_cal"]
+        lines.append(f"after calibration: gap {g['mean_diff']:.4f} (95% CI {g['ci_low']:.4f}.."
+                     f"{g['ci_high']:.4f}), significant: {g['significant']}")
+    lines.append("TR is shown only where its FM-VM gap is significant (DESIGN.md)")
     for task, block in (report.get("tasks") or {}).items():
         trs = ", ".join(f"{k} {_f(v, 3)}" for k, v in block["tr"].items())
-        lines.append(f"second task {task}: TR {trs}; gap significant: {block['gap_significant']}")
+        cal = ", ".join(f"{k} {_f(v, 3)}" for k, v in block["tr_cal"].items())
+        lines.append(f"second task {task}: FM BCE {_f(block['bce']['fm'])} vs VM "
+                     f"{_f(block['bce']['vm'])}; gap significant: {block['gap_significant']}")
+        lines.append(f"  TR {trs}")
+        lines.append(f"  TR cal {cal}")
     if "ablations" in report:
         ab = report["ablations"]
         trs = ", ".join(f"{k} {_f(v, 3)}" for k, v in ab["tr"].items())

@@ -144,6 +144,11 @@ def _tr_block(bce: dict[str, float], names: list[str]) -> dict[str, float]:
     return out
 
 
+def _gated(tr: dict[str, float], significant: bool) -> dict[str, float]:
+    """DESIGN.md: report TR only where the FM-VM gap is significant (else NaN -> null)."""
+    return tr if significant else {k: float("nan") for k in tr}
+
+
 def _nanstd(values: list[float]) -> float:
     v = np.asarray(values, dtype=np.float64)
     v = v[np.isfinite(v)]
@@ -176,16 +181,26 @@ def summarize(runs: list[SeedRun], y: np.ndarray, warm: np.ndarray, cfg: Solaris
     fm_loss = np.mean([M.bce_rows(y, r.raw["fm"]) for r in runs], axis=0)
     vm_loss = np.mean([M.bce_rows(y, r.raw["vm"]) for r in runs], axis=0)
     gap = M.paired_bootstrap(vm_loss, fm_loss, cfg.report.bootstrap, cfg.report.alpha, seed)
+    fm_cal = np.mean([M.bce_rows(y, r.cal["fm"]) for r in runs], axis=0)
+    vm_cal = np.mean([M.bce_rows(y, r.cal["vm"]) for r in runs], axis=0)
+    gap_cal = M.paired_bootstrap(vm_cal, fm_cal, cfg.report.bootstrap, cfg.report.alpha, seed)
     split = {}
     for label, mask in (("warm", warm), ("cold", ~warm)):
         if mask.sum() < 50 or len(np.unique(y[mask])) < 2:
             split[label] = {"rows": int(mask.sum()), "tr": None}
             continue
         b = mean_metric(M.bce, "raw", mask)
-        split[label] = {"rows": int(mask.sum()), "bce": b, "tr": _tr_block(b, tr_names)}
+        g = M.paired_bootstrap(vm_loss[mask], fm_loss[mask], cfg.report.bootstrap,
+                               cfg.report.alpha, seed)
+        split[label] = {"rows": int(mask.sum()), "bce": b, "gap_significant": g["significant"],
+                        "tr": _gated(_tr_block(b, tr_names), g["significant"])}
+    tr = _tr_block(bce, tr_names)
     return {
         "bce": bce, "auc": auc, "bce_cal": bce_cal, "auc_cal": auc_cal,
-        "tr": _tr_block(bce, tr_names), "tr_cal": _tr_block(bce_cal, tr_names), "tr_std": tr_std,
+        "tr": _gated(tr, gap["significant"]), "tr_cal": _gated(_tr_block(bce_cal, tr_names),
+                                                             gap_cal["significant"]),
+        "gap_cal": gap_cal,
+        "tr_std": tr_std, "tr_ungated": tr,
         "tr_per_seed": per_seed_tr, "gap": gap, "gap_significant": gap["significant"],
         "warm": split["warm"], "cold": split["cold"],
         "chosen": [r.chosen for r in runs],
@@ -208,7 +223,8 @@ def run_transfer(cfg: SolarisConfig, ds: Dataset, progress: Progress | None = No
         "teacher_protocol": "temporal",
         "task": ds.tasks[0],
         **{k: main[k] for k in ("bce", "auc", "bce_cal", "auc_cal", "tr", "tr_cal", "tr_std",
-                                "gap_significant", "gap", "warm", "cold")},
+                                "tr_ungated", "gap_significant", "gap", "gap_cal", "warm",
+                                "cold")},
         "tr_per_seed": main["tr_per_seed"],
         "chosen": main["chosen"],
         "periods": p.as_dict(),
@@ -221,7 +237,7 @@ def run_transfer(cfg: SolarisConfig, ds: Dataset, progress: Progress | None = No
     if len(tasks) > 1:
         second = summarize(per_task[1], exp.tables.labels[p.test, 1], exp.warm, cfg)
         report["tasks"] = {ds.tasks[1]: {k: second[k] for k in
-                                         ("tr", "tr_cal", "tr_std", "bce", "auc", "bce_cal",
-                                          "gap_significant")}}
+                                         ("tr", "tr_cal", "tr_std", "tr_ungated", "bce", "auc",
+                                          "bce_cal", "auc_cal", "gap", "gap_cal", "gap_significant")}}
     report["seconds"] = round(time.perf_counter() - t0, 1)
     return report
