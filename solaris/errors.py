@@ -15,3 +15,8 @@ class DataError(SolarisError, ValueError):
 
 class CheckpointError(SolarisError):
     """A checkpoint is missing, corrupt or of an incompatible version."""
+
+
+class RequestError(SolarisError, ValueError):
+    """A lookup or cache request carries an invalid value (too many candidates, a negative
+    id, a non-finite time or vector); the message names the value."""

@@ -1,0 +1,481 @@
+"""Benchmark: the pair cache on issue 3's pinned workload, in process and through shard actors.
+
+    python bench/cache.py --json runs/bench_cache.json [--data-dir DIR] [--skip-tr]
+
+Workload: 256 candidates per request, d = 32, 4 shards, 1M entries (one store in process,
+spread over the shards for the Ray path), 40% of candidates the user's own fresh pair, up to
+100 stored user neighbours per user of which the 10 nearest are probed, item neighbours and
+the aggregate on. Users live in communities sharing an item pool, so the user- and
+item-neighbour tiers both find pairs.
+
+Phases, so that timing runs on an idle machine:
+1. the ring's move fraction and the codecs' payload bytes;
+2. latency: in-process enrichment, the one-round Ray lookup and a no-op ping, interleaved per
+   request on one local Ray (2 CPUs), medians over all requests; then ``ray.shutdown()``;
+3. memory (one fresh subprocess per codec filling 1M entries: RSS growth and tracemalloc)
+   while the int8-vs-fp32 transfer-ratio check trains a teacher and a VM on MovieLens-100K
+   in a second process.
+
+Prints one table with each target's pass/fail, writes every number as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import multiprocessing as mp
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # ``actors`` is a folder of the repo, not an installed package
+    sys.path.insert(0, str(ROOT))
+
+log = logging.getLogger("bench.cache")
+
+DIM = 32
+SHARDS = 4
+CANDIDATES = 256
+OWN_SHARE = 0.40  # share of a request's candidates that are the user's own fresh pairs
+PAIRS_PER_USER = 125  # >= 40% of 256, so a request can hold 102 own pairs
+COMMUNITY_USERS = 200  # users sharing one item pool (user neighbours come from here)
+POOL_ITEMS = 2000  # items per community pool
+USER_NEIGHBOURS = 100  # stored per user; EnrichConfig.user_knn_probe = 10 are probed
+ITEM_NEIGHBOURS = 10
+VERSION = "fm1+enc32"
+NOW = 1_000_000.0
+FILL_CHUNKS = 20
+WRITE_SPAN_S = 3.5 * 3600  # every write within the 4 h read TTL at NOW
+
+
+# ---- workload ----------------------------------------------------------------------------------
+class Workload:
+    """Users in communities; each holds ``PAIRS_PER_USER`` items of its community's pool."""
+
+    def __init__(self, entries: int, seed: int = 0) -> None:
+        self.users = entries // PAIRS_PER_USER
+        self.entries = self.users * PAIRS_PER_USER
+        self.communities = max(1, self.users // COMMUNITY_USERS)
+        rng = np.random.default_rng(seed)
+        held = np.empty((self.users, PAIRS_PER_USER), np.int64)  # item ids each user holds
+        for c in range(self.communities):
+            lo, hi = c * COMMUNITY_USERS, min(self.users, (c + 1) * COMMUNITY_USERS)
+            if c == self.communities - 1:
+                hi = self.users
+            pick = rng.random((hi - lo, POOL_ITEMS)).argsort(axis=1)[:, :PAIRS_PER_USER]
+            held[lo:hi] = c * POOL_ITEMS + pick
+        self.held = held
+        self.items = self.communities * POOL_ITEMS
+        self.community = np.minimum(np.arange(self.users) // COMMUNITY_USERS,
+                                    self.communities - 1)
+        self.seed = seed
+
+    def user_knn(self):
+        """(users, 100) neighbours from the user's community, nearest first."""
+        from solaris.enrich import NeighbourTable
+
+        rng = np.random.default_rng(self.seed + 1)
+        ids = np.empty((self.users, USER_NEIGHBOURS), np.int64)
+        for u in range(self.users):
+            c = self.community[u]
+            end = self.users if c == self.communities - 1 else (c + 1) * COMMUNITY_USERS
+            members = np.arange(c * COMMUNITY_USERS, end)
+            members = members[members != u]
+            ids[u] = rng.choice(members, size=USER_NEIGHBOURS, replace=False)
+        sims = np.sort(rng.uniform(0.2, 0.95, size=ids.shape), axis=1)[:, ::-1]
+        return NeighbourTable(ids, sims.astype(np.float32), "knn-bench")
+
+    def item_knn(self):
+        """(items, 10) neighbours from the item's pool."""
+        from solaris.enrich import NeighbourTable
+
+        rng = np.random.default_rng(self.seed + 2)
+        it = np.arange(self.items)
+        base = (it // POOL_ITEMS) * POOL_ITEMS
+        ids = base[:, None] + (it[:, None] % POOL_ITEMS
+                               + rng.integers(1, POOL_ITEMS, size=(self.items, ITEM_NEIGHBOURS))
+                               ) % POOL_ITEMS
+        sims = np.sort(rng.uniform(0.2, 0.95, size=ids.shape), axis=1)[:, ::-1]
+        return NeighbourTable(ids, sims.astype(np.float32), "knn-bench")
+
+    def chunks(self):
+        """(users, items, vectors, now) write batches in event-time order."""
+        rng = np.random.default_rng(self.seed + 3)
+        order = rng.permutation(self.entries)
+        for k, part in enumerate(np.array_split(order, FILL_CHUNKS)):
+            u = part // PAIRS_PER_USER
+            i = self.held[u, part % PAIRS_PER_USER]
+            vec = rng.normal(size=(len(part), DIM)).astype(np.float32)
+            now = NOW - WRITE_SPAN_S * (1 - (k + 1) / FILL_CHUNKS)
+            yield u, i, vec, now
+
+    def requests(self, n: int, seed: int) -> list[tuple[int, np.ndarray]]:
+        """``n`` (user, 256 candidates): 40% held by the user, the rest from its pool."""
+        rng = np.random.default_rng(seed)
+        own = int(round(OWN_SHARE * CANDIDATES))
+        out = []
+        for u in rng.integers(0, self.users, size=n):
+            c = self.community[u]
+            mine = rng.choice(self.held[u], size=own, replace=False)
+            rest = np.setdiff1d(c * POOL_ITEMS + np.arange(POOL_ITEMS), self.held[u])
+            other = rng.choice(rest, size=CANDIDATES - own, replace=False)
+            out.append((int(u), rng.permutation(np.concatenate([mine, other]))))
+        return out
+
+
+def cache_cfg(codec: str = "fp32", capacity: int = 1_000_000, shards: int = SHARDS):
+    from solaris.config import CacheConfig
+
+    return CacheConfig(dim=DIM, codec=codec, capacity=capacity, num_shards=shards,
+                       snapshot_uri=None)
+
+
+# ---- phase 1: ring and payload -----------------------------------------------------------------
+def move_fraction(users: int = 200_000) -> float:
+    """Share of users whose shard changes when the ring grows from 8 to 9 shards."""
+    from solaris.cache.ring import HashRing
+
+    u = np.arange(users, dtype=np.int64)
+    vn = cache_cfg().virtual_nodes
+    return float(np.mean(HashRing(8, vn).shard_of(u) != HashRing(9, vn).shard_of(u)))
+
+
+def payload_bytes() -> dict[str, int]:
+    """Bytes of one encoded vector (int8: codes plus its scale)."""
+    from solaris.cache.codec import Codec
+
+    x = np.random.default_rng(0).normal(size=(1000, DIM)).astype(np.float32)
+    return {c: int(Codec(c, DIM).encode(x).nbytes // len(x)) for c in ("fp32", "fp16", "int8")}
+
+
+# ---- phase 2: latency ---------------------------------------------------------------------------
+def latency(entries: int, n_requests: int, warmup: int) -> dict:
+    """Interleaved per request: enrich_local, CacheGroup.lookup, a ping to one shard."""
+    import ray
+
+    from actors.cache import CacheGroup
+    from solaris.cache.query import TIER_NAMES
+    from solaris.cache.store import PairStore
+    from solaris.config import EnrichConfig
+    from solaris.enrich import enrich_local
+
+    w = Workload(entries)
+    uk, ik = w.user_knn(), w.item_knn()
+    ecfg = EnrichConfig(user_knn_probe=10, item_knn_probe=10, item_tier=True, aggregate=True)
+    cfg = cache_cfg(capacity=max(entries, 1024))
+    ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False,
+             logging_level="warning", runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    try:
+        group = CacheGroup.create(cfg, group_id="bench")
+        group.wait_ready()
+        store = PairStore(cfg)
+        t0 = time.perf_counter()
+        for u, i, vec, now in w.chunks():
+            store.put(u, i, vec, VERSION, now)
+            group.put(u, i, vec, VERSION, now)
+        fill_s = time.perf_counter() - t0
+        shard_entries = [m.get("entries") for m in group.metrics()["shards"]]
+        log.info("filled %d entries in %.1f s (shards: %s)", store.live, fill_s, shard_entries)
+        reqs = w.requests(warmup + n_requests, seed=7)
+        t_in, t_ray, t_ping, t_fan = [], [], [], []
+        tiers = np.zeros(len(TIER_NAMES), np.int64)
+        agg, same = 0, 0
+        for k, (user, cands) in enumerate(reqs):
+            timings = {}
+            for step in np.roll(np.arange(4), k % 4):  # rotate the order: no position bias
+                t = time.perf_counter()
+                if step == 0:
+                    local = enrich_local(store, user, cands, NOW, VERSION, uk, ik, ecfg)
+                elif step == 1:
+                    remote = group.lookup(user, cands, NOW, VERSION, uk, ik, ecfg)
+                elif step == 2:
+                    group.ping(0)
+                else:
+                    group.ping_all()
+                timings[step] = (time.perf_counter() - t) * 1e3
+            if k < warmup:
+                continue
+            t_in.append(timings[0])
+            t_ray.append(timings[1])
+            t_ping.append(timings[2])
+            t_fan.append(timings[3])
+            tiers += np.bincount(local.pair_tier, minlength=len(TIER_NAMES))
+            agg += int(local.agg_present.sum())
+            same += bool(np.array_equal(local.pair_tier, remote.pair_tier)
+                         and np.allclose(local.pair_emb, remote.pair_emb, atol=1e-6))
+        client = group.metrics()["client"]
+        group.shutdown()
+    finally:
+        ray.shutdown()
+    total = tiers.sum()
+    pct = lambda a, q: float(np.percentile(a, q))  # noqa: E731
+    return {
+        "inproc_ms_p50_256": pct(t_in, 50), "ray_ms_p50_256": pct(t_ray, 50),
+        "noop_rtt_ms_p50": pct(t_ping, 50),
+        "noop_fanout_ms_p50": pct(t_fan, 50),  # a no-op to all 4 shards in one round
+        "inproc_ms_p99_256": pct(t_in, 99), "ray_ms_p99_256": pct(t_ray, 99),
+        "noop_rtt_ms_p99": pct(t_ping, 99),
+        "requests": n_requests, "warmup": warmup, "entries": int(store.live),
+        "shard_entries": shard_entries, "fill_s": round(fill_s, 1),
+        "tier_share": {n: float(tiers[i] / total) for i, n in enumerate(TIER_NAMES)},
+        "agg_share": agg / total,
+        "ray_equals_inproc_share": same / n_requests,
+        "deadline_ms": cfg.deadline_ms, "late_answers": client["late"],
+        "failed_answers": client["failed"],
+    }
+
+
+# ---- phase 3a: memory (run in a fresh subprocess per codec) -------------------------------------
+def _rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def memory_probe(codec: str, entries: int) -> dict:
+    """Fill one store with ``entries`` entries; real memory growth per entry."""
+    import tracemalloc
+
+    from solaris.cache.store import PairStore
+
+    w = Workload(entries)
+    warm = PairStore(cache_cfg(codec, capacity=2048))  # first-use imports and caches
+    for u, i, vec, now in Workload(2000).chunks():
+        warm.put(u, i, vec, VERSION, now)
+    del warm
+    chunks = list(w.chunks())  # inputs exist before the baseline: not counted
+    gc.collect()
+    rss0 = _rss_bytes()
+    tracemalloc.start()
+    store = PairStore(cache_cfg(codec, capacity=w.entries))
+    for u, i, vec, now in chunks:
+        store.put(u, i, vec, VERSION, now)
+    gc.collect()
+    traced, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    rss = _rss_bytes() - rss0
+    trimmed = rss
+    try:  # what the allocator still holds from the fill's transients (slab growth)
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        trimmed = _rss_bytes() - rss0
+    except OSError:
+        pass
+    m = store.metrics()
+    n = m["entries"]
+    return {"codec": codec, "entries": n, "rss_bytes_per_entry": rss / n,
+            "rss_after_malloc_trim_per_entry": trimmed / n,
+            "tracemalloc_bytes_per_entry": traced / n, "tracemalloc_peak_per_entry": peak / n,
+            "accounted_bytes_per_entry": m["total_bytes"] / n}
+
+
+def memory(entries: int) -> dict[str, dict]:
+    out = {}
+    for codec in ("fp32", "fp16", "int8"):
+        r = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--memory-probe",
+                            codec, "--entries", str(entries)], capture_output=True, text=True,
+                           timeout=600, check=False)
+        if r.returncode != 0:
+            raise RuntimeError(f"memory probe {codec} failed:\n{r.stderr[-2000:]}")
+        out[codec] = json.loads(r.stdout.strip().splitlines()[-1])
+    return out
+
+
+# ---- phase 3b: int8 vs fp32 transfer ratio -------------------------------------------------------
+def int8_transfer(data_dir: str | None, threads: int) -> dict:
+    """The same trained vm_pair_100 on the same MovieLens test rows, fed fp32 vs int8 z."""
+    import copy
+
+    import torch
+
+    from solaris.cache.codec import Codec
+    from solaris.config import load_config
+    from solaris.data.load import load_dataset
+    from solaris.eval import metrics as M
+    from solaris.eval.transfer import TransferExperiment
+    from solaris.train.vertical import VMSpec, coverage_mask, predict_vm, train_vm
+
+    logging.basicConfig(level=logging.WARNING)
+    t0 = time.perf_counter()
+    ov: dict = {"data.dataset": "movielens", "train.threads": threads}
+    if data_dir:
+        ov["data.data_dir"] = data_dir
+    cfg = load_config(None, ov)
+    ds = load_dataset(cfg.data, fetch=True)
+    exp = TransferExperiment(cfg, ds)
+    seed, task = 0, 0
+    teacher = exp.teacher(seed)
+    probs, inputs = exp.inputs(teacher)
+    p = exp.periods
+    y_val, y_test = exp.tables.labels[p.val, task], exp.tables.labels[p.test, task]
+    fm_raw, fm_cal = exp.fm_predictions(probs, task)
+    vm_raw, vm_cal, _ = exp.run_variant([VMSpec("vm")], inputs, probs, task, seed)
+
+    spec = VMSpec("vm_pair_100", use_pair=True, coverage=1.0)
+    best = None
+    for lr in cfg.report.vm_lrs:  # the report's grid, best on validation (as run_variant)
+        model, v = train_vm(inputs, spec, cfg.vm, cfg.train, task=task, teacher_rows=p.vm,
+                            absent_rows=exp.absent_rows, val_rows=p.val, lr=lr, seed=seed,
+                            soft_labels=probs[:, task], num_users=ds.num_users,
+                            num_items=ds.num_items)
+        if best is None or v < best[0]:
+            best = (v, model)
+    assert best is not None
+    model = best[1]
+    z = inputs.pair.numpy()
+    codec = Codec("int8", z.shape[1])
+    z8 = codec.decode(codec.encode(z))
+    inputs8 = copy.copy(inputs)
+    inputs8.pair = torch.from_numpy(np.ascontiguousarray(z8, dtype=np.float32))
+    val_mask = coverage_mask(len(p.val), 1.0, seed + 1)
+    test_mask = coverage_mask(len(p.test), 1.0, seed + 2)
+    off_v, off_t = np.zeros(len(p.val), bool), np.zeros(len(p.test), bool)
+    preds = {}
+    for name, inp in (("fp32", inputs), ("int8", inputs8)):
+        preds[name] = (predict_vm(model, inp, p.val, val_mask, off_v),
+                       predict_vm(model, inp, p.test, test_mask, off_t))
+    ab32 = M.fit_platt(y_val, preds["fp32"][0])
+    ab8 = M.fit_platt(y_val, preds["int8"][0])
+    b_fm, b_vm = M.bce(y_test, fm_cal), M.bce(y_test, vm_cal)
+    cal32 = M.apply_platt(preds["fp32"][1], ab32)
+    cal8 = M.apply_platt(preds["int8"][1], ab8)  # Platt refitted on int8-fed validation
+    cal8_fixed = M.apply_platt(preds["int8"][1], ab32)  # the fp32 calibration kept
+    tr = {k: M.transfer_ratio(b_vm, M.bce(y_test, v), b_fm)
+          for k, v in (("fp32", cal32), ("int8", cal8), ("int8_fixed_platt", cal8_fixed))}
+    tr_raw = {k: M.transfer_ratio(M.bce(y_test, vm_raw), M.bce(y_test, preds[k][1]),
+                                  M.bce(y_test, fm_raw)) for k in ("fp32", "int8")}
+    gap = M.paired_bootstrap(M.bce_rows(y_test, vm_cal), M.bce_rows(y_test, fm_cal),
+                             cfg.report.bootstrap, cfg.report.alpha, seed)
+    return {
+        "int8_tr_delta": tr["int8"] - tr["fp32"],
+        "int8_tr_delta_fixed_platt": tr["int8_fixed_platt"] - tr["fp32"],
+        "int8_tr_delta_raw": tr_raw["int8"] - tr_raw["fp32"],
+        "tr_cal": tr, "tr_raw": tr_raw,
+        "bce_cal": {"fm": b_fm, "vm": b_vm, "vm_pair_100_fp32": M.bce(y_test, cal32),
+                    "vm_pair_100_int8": M.bce(y_test, cal8)},
+        "max_abs_pred_diff": float(np.abs(preds["int8"][1] - preds["fp32"][1]).max()),
+        "z_max_abs_err": float(np.abs(z8 - z).max()), "gap_cal": gap,
+        "test_rows": int(len(p.test)), "seed": seed, "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+# ---- report -------------------------------------------------------------------------------------
+def rows(r: dict) -> list[tuple[str, str, str, str, bool | None]]:
+    """(metric, value, detail, target, passed or None) for the table and the JSON checks."""
+    out: list[tuple[str, str, str, str, bool | None]] = []
+    lat = r.get("latency")
+    if lat:
+        inp, ray_ms, rtt = lat["inproc_ms_p50_256"], lat["ray_ms_p50_256"], lat["noop_rtt_ms_p50"]
+        out += [("inproc_ms_p50_256", f"{inp:.3f}", f"p99 {lat['inproc_ms_p99_256']:.3f}",
+                 "<= 1.0", inp <= 1.0),
+                ("ray_ms_p50_256", f"{ray_ms:.3f}", f"p99 {lat['ray_ms_p99_256']:.3f}",
+                 f"<= inproc + 2 x rtt = {inp + 2 * rtt:.3f}", ray_ms <= inp + 2 * rtt),
+                ("noop_rtt_ms_p50", f"{rtt:.3f}", f"p99 {lat['noop_rtt_ms_p99']:.3f}", "", None),
+                ("noop_fanout4_ms_p50", f"{lat['noop_fanout_ms_p50']:.3f}", "ping all 4 shards",
+                 "", None)]
+    pay = r["payload_bytes_per_entry"]
+    out.append(("payload_bytes fp32/16/8", f"{pay['fp32']}/{pay['fp16']}/{pay['int8']}", "",
+                f"int8 <= 0.3 x fp32 = {0.3 * pay['fp32']:.1f}", pay["int8"] <= 0.3 * pay["fp32"]))
+    tot, mem = r.get("total_bytes_per_entry"), r.get("memory")
+    if tot and mem:
+        live = {c: m["tracemalloc_bytes_per_entry"] for c, m in mem.items()}
+        for label, t in (("total_bytes (RSS)", tot), ("total_bytes (live)", live)):
+            out.append((f"{label} fp32", f"{t['fp32']:.1f}", f"fp16 {t['fp16']:.1f}", "<= 300",
+                        t["fp32"] <= 300))
+            out.append((f"{label} int8", f"{t['int8']:.1f}", f"{t['int8'] / t['fp32']:.3f} x fp32",
+                        f"<= 0.6 x fp32 = {0.6 * t['fp32']:.1f}", t["int8"] <= 0.6 * t["fp32"]))
+    mf = r["move_fraction_8_to_9"]
+    out.append(("move_fraction_8_to_9", f"{mf:.4f}", "ideal 1/9 = 0.1111", "<= 0.15", mf <= 0.15))
+    d = r.get("int8_tr_delta")
+    if d is not None:
+        tr = r["transfer"]["tr_cal"]
+        out.append(("int8_tr_delta", f"{d:+.5f}", f"TR fp32 {tr['fp32']:.4f}", "|.| <= 0.02",
+                    abs(d) <= 0.02))
+    return out
+
+
+def table(r: dict) -> str:
+    lines = [f"{'metric':<30}{'value':>12}  {'detail':<20}{'target':<34}"]
+    for name, value, detail, target, passed in rows(r):
+        mark = "" if passed is None else ("PASS" if passed else "FAIL")
+        lines.append(f"{name:<30}{value:>12}  {detail:<20}{target:<34}{mark}")
+    lat = r.get("latency")
+    if lat:
+        ts = " ".join(f"{k} {v:.2f}" for k, v in lat["tier_share"].items())
+        lines.append(f"workload: {lat['entries']} entries over {len(lat['shard_entries'])} shards, "
+                     f"{lat['requests']} requests x {CANDIDATES} candidates; tiers: {ts}; "
+                     f"aggregate {lat['agg_share']:.2f}")
+        lines.append(f"ray == inproc on {lat['ray_equals_inproc_share']:.3f} of requests; "
+                     f"late answers per shard {lat['late_answers']} "
+                     f"(deadline {lat['deadline_ms']:.0f} ms)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", type=Path, help="where to write the numbers")
+    ap.add_argument("--data-dir", help="MovieLens-100K directory (default: fetch into the cache)")
+    ap.add_argument("--entries", type=int, default=1_000_000)
+    ap.add_argument("--requests", type=int, default=1500)
+    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads of the TR check")
+    ap.add_argument("--skip-tr", action="store_true", help="leave out the MovieLens TR check")
+    ap.add_argument("--memory-probe", choices=("fp32", "fp16", "int8"), help=argparse.SUPPRESS)
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(message)s")
+    if args.memory_probe:  # internal: one fresh process per codec
+        print(json.dumps(memory_probe(args.memory_probe, args.entries)))
+        return 0
+    if args.json is None:
+        ap.error("--json is required")
+    t0 = time.perf_counter()
+    r: dict = {"workload": {"entries": args.entries, "candidates": CANDIDATES, "dim": DIM,
+                            "shards": SHARDS, "own_pair_share": OWN_SHARE,
+                            "user_neighbours_stored": USER_NEIGHBOURS, "user_knn_probe": 10,
+                            "item_knn_probe": ITEM_NEIGHBOURS}}
+    r["move_fraction_8_to_9"] = move_fraction()
+    r["payload_bytes_per_entry"] = payload_bytes()
+    log.info("latency phase")
+    r["latency"] = latency(args.entries, args.requests, args.warmup)
+    for k in ("inproc_ms_p50_256", "ray_ms_p50_256", "noop_rtt_ms_p50"):
+        r[k] = r["latency"][k]
+    pool, job = None, None
+    if not args.skip_tr:  # trains while the memory probes run (they are not timed)
+        pool = mp.get_context("spawn").Pool(1)
+        job = pool.apply_async(int8_transfer, (args.data_dir, args.threads))
+    log.info("memory phase")
+    mem = memory(args.entries)
+    r["memory"] = mem
+    r["total_bytes_per_entry"] = {c: m["rss_bytes_per_entry"] for c, m in mem.items()}
+    r["int8_tr_delta"] = None
+    if job is not None and pool is not None:
+        log.info("waiting for the TR check")
+        r["transfer"] = job.get()
+        r["int8_tr_delta"] = r["transfer"]["int8_tr_delta"]
+        pool.close()
+        pool.join()
+    r["checks"] = {f"{name} {target}": passed for name, _, _, target, passed in rows(r)
+                   if passed is not None}
+    r["wall_s"] = round(time.perf_counter() - t0, 1)
+    print(table(r))
+    print(f"bench/cache.py wall time: {r['wall_s']:.0f} s")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(r, indent=2, allow_nan=False, default=float))
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

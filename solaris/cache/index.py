@@ -1,0 +1,262 @@
+"""A numpy hash index: 64-bit key hash -> int32 slot, answering whole batches at once.
+
+Why not a dict: a Python object per key costs ~100 bytes and a Python-level probe per key;
+this table costs one uint64 cell per 0.5-0.8 keys (10-16 bytes) and answers a batch of keys
+with a fixed handful of vectorised passes -- no probing loop.
+
+Bucketised cuckoo hashing: cells are grouped in buckets of ``WAYS`` = 4 (32 bytes); a key may
+sit in one of two buckets, ``b1`` (from the high 32 bits of its hash) or ``b2 = (g - b1) mod
+nb`` where ``g`` comes from the low 32 bits. Since ``b1 + b2 = g``, either bucket and the
+fingerprint give the other, so an occupant can be moved ("kicked") without knowing its key.
+A lookup gathers the two bucket rows of every key in one ``take``; no key ever needs more.
+
+Each cell packs ``fingerprint << 32 | slot`` (the fingerprint is the low 32 bits of the hash).
+The owner confirms the full key of each fingerprint match, so answers are exact. The rare
+key that finds no room after ``_MAX_KICKS`` moves waits in a small stash (scanned on every
+lookup while non-empty) until the next rebuild; a stash that grows triggers one.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+EMPTY = np.uint64(0xFFFF_FFFF_FFFF_FFFF)
+_LOW32 = np.uint64(0xFFFF_FFFF)
+_SLOT_LIMIT = np.uint64(1 << 31)  # real slots are < 2**31; EMPTY has all-ones low bits
+_S32 = np.uint64(32)
+WAYS = 4  # cells per bucket
+_ROW = np.dtype("<u4")  # a row of WAYS bools read as one integer: byte j = column j
+_ONE = np.uint32(1)
+_TARGET_LOAD = 0.5  # keys per cell right after a (re)build
+_MAX_LOAD = 0.8  # above this, inserts rebuild larger first (kicks get long past ~0.9)
+_MIN_LOAD = 0.15  # below this (and not tiny), the table is rebuilt smaller
+_MAX_KICKS = 256
+_MAX_STASH = 16
+
+# splitmix64-style odd constants
+_K1 = np.uint64(0x9E3779B97F4A7C15)
+_K2 = np.uint64(0xC2B2AE3D27D4EB4F)
+_K3 = np.uint64(0x165667B19E3779F9)
+_K4 = np.uint64(0xBF58476D1CE4E5B9)
+_K5 = np.uint64(0x94D049BB133111EB)
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser over a uint64 array: a stable, well-spread 64-bit hash."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * _K4
+    x = x ^ (x >> np.uint64(27))
+    x = x * _K5
+    return x ^ (x >> np.uint64(31))
+
+
+def key_hash(a: np.ndarray, b: np.ndarray, c: np.ndarray | int) -> np.ndarray:
+    """Hash of the key triple (a, b, c) of int64 arrays (broadcasting) -> uint64."""
+    ha = np.asarray(a).astype(np.uint64) * _K1
+    hb = np.asarray(b).astype(np.uint64) * _K2
+    hc = np.asarray(c).astype(np.uint64) * _K3
+    return mix64(ha ^ (hb + hc))
+
+
+_M64 = (1 << 64) - 1
+
+
+def key_hash_one(a: int, b: int, c: int) -> int:
+    """``key_hash`` of one key in Python ints (no array overhead for a single lookup)."""
+    x = ((a * int(_K1)) & _M64) ^ (((b * int(_K2)) + (c * int(_K3))) & _M64)
+    x ^= x >> 30
+    x = (x * int(_K4)) & _M64
+    x ^= x >> 27
+    x = (x * int(_K5)) & _M64
+    return x ^ (x >> 31)
+
+
+Verify = Callable[[np.ndarray, np.ndarray], np.ndarray]
+"""verify(key_positions, slots) -> bool mask: does slot hold the key at each key position."""
+
+
+def _first_byte(bits: np.ndarray) -> np.ndarray:
+    """Column of the lowest set byte of each row-as-integer (rows with any byte set)."""
+    low = bits & (~bits + _ONE)
+    return (np.bitwise_count(low - _ONE) >> 3).astype(np.int64)
+
+
+class HashIndex:
+    """Maps 64-bit key hashes to int32 slots; the owner holds keys and confirms matches."""
+
+    def __init__(self, expected: int = 0) -> None:
+        self.live = 0  # keys in the table (stash included)
+        self._alloc(expected)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self._cells.nbytes + self._stash_b.nbytes + self._stash_v.nbytes)
+
+    @property
+    def size(self) -> int:
+        return self._nb * WAYS
+
+    def _alloc(self, n_keys: int) -> None:
+        self._nb = max(4, int(np.ceil(n_keys / _TARGET_LOAD / WAYS)))
+        self._cells = np.full(self._nb * WAYS, EMPTY, dtype=np.uint64)
+        self._rows = self._cells.reshape(self._nb, WAYS)
+        self._stash_b = np.zeros(0, dtype=np.int64)  # bucket the stashed cell belongs to
+        self._stash_v = np.zeros(0, dtype=np.uint64)  # stashed cell values
+        self.live = 0
+
+    def _buckets(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(b1, b2, fingerprint-in-place) of each hash."""
+        nb = np.uint64(self._nb)
+        b1 = (((h >> _S32) * nb) >> _S32).astype(np.int64)
+        fp = (h & _LOW32) << _S32
+        return b1, self._other(b1, fp), fp
+
+    def _other(self, b: np.ndarray, fp: np.ndarray) -> np.ndarray:
+        """The alternative bucket of a cell with fingerprint ``fp`` (high half) in bucket b."""
+        g = (((fp >> _S32) * np.uint64(self._nb)) >> _S32).astype(np.int64)
+        o = g - b
+        return np.where(o < 0, o + self._nb, o)
+
+    def needs_rebuild(self, n_new: int) -> bool:
+        """True when n_new more keys would pass the load limit, or the table is far larger
+        than its keys (memory goes back after expiry), or the stash is long."""
+        load = (self.live + n_new) / self.size
+        return (load > _MAX_LOAD or len(self._stash_v) > _MAX_STASH
+                or (self._nb > 64 and load < _MIN_LOAD))
+
+    def rebuild(self, h: np.ndarray, slots: np.ndarray, n_extra: int = 0) -> None:
+        """Start over with exactly these keys, sized for them plus n_extra more."""
+        self._alloc(len(h) + n_extra)
+        self.insert(h, slots)
+
+    def lookup(self, h: np.ndarray, verify: Verify) -> tuple[np.ndarray, np.ndarray]:
+        """(slot (n,) int64, cell (n,) int64) of each key hash; -1 where absent.
+
+        Gathers both bucket rows of every key in one pass; the first fingerprint match (b1
+        before b2) goes to ``verify``. A rejected match (p ~ 2**-32 per cell) and the stash
+        are handled key by key.
+        """
+        n = len(h)
+        slot = np.full(n, -1, dtype=np.int64)
+        cell = np.full(n, -1, dtype=np.int64)
+        if n == 0 or self.live == 0:
+            return slot, cell
+        b1, b2, fp = self._buckets(h)
+        b = np.concatenate([b1, b2])
+        c = self._rows.take(b, axis=0)  # (2n, WAYS): rows of b1, then rows of b2
+        match = (c ^ np.concatenate([fp, fp])[:, None]) < _SLOT_LIMIT
+        mv = match.view(_ROW).ravel()  # (2n,)
+        row = np.where(mv[:n] != 0, np.arange(n), np.arange(n, 2 * n))  # b1's row, else b2's
+        keys = np.flatnonzero(mv[row] != 0)
+        row = row[keys]
+        at = b[row] * WAYS + _first_byte(mv[row])
+        cand = (self._cells[at] & _LOW32).astype(np.int64)
+        ok = verify(keys, cand)
+        slot[keys[ok]], cell[keys[ok]] = cand[ok], at[ok]
+        if not ok.all():
+            self._lookup_slow(keys[~ok], b1, b2, fp, verify, slot, cell)
+        if len(self._stash_v):
+            self._lookup_slow(np.flatnonzero(slot < 0), b1, b2, fp, verify, slot, cell,
+                              rows=False)
+        return slot, cell
+
+    def _lookup_slow(self, keys, b1, b2, fp, verify: Verify, slot, cell, rows=True) -> None:
+        """Every fingerprint match of these keys, one by one: the rows (when a first match
+        was rejected) and the stash (cells encoded as ``-2 - stash index``)."""
+        for k in keys.tolist():
+            cands: list[tuple[int, int]] = []
+            if rows:
+                for bb in (int(b1[k]), int(b2[k])):
+                    for j in range(WAYS):
+                        v = self._cells[bb * WAYS + j]
+                        if (v ^ fp[k]) < _SLOT_LIMIT:
+                            cands.append((int(v & _LOW32), bb * WAYS + j))
+            for i in np.flatnonzero(((self._stash_v ^ fp[k]) < _SLOT_LIMIT)
+                                    & ((self._stash_b == b1[k]) | (self._stash_b == b2[k]))):
+                cands.append((int(self._stash_v[i] & _LOW32), -2 - int(i)))
+            for s, at in cands:
+                if verify(np.array([k]), np.array([s]))[0]:
+                    slot[k], cell[k] = s, at
+                    break
+
+    def find_one(self, h: int, verify_one: Callable[[int], bool]) -> int:
+        """The slot of one key hash (Python int), -1 if absent; ``verify_one(slot)``
+        confirms the full key. Same answer as ``lookup`` without its array overhead."""
+        if self.live == 0:
+            return -1
+        nb = self._nb
+        fp = h & 0xFFFF_FFFF
+        b1 = ((h >> 32) * nb) >> 32
+        b2 = ((fp * nb) >> 32) - b1
+        b2 = b2 + nb if b2 < 0 else b2
+        for bb in (b1, b2):
+            for v in self._cells[bb * WAYS:(bb + 1) * WAYS].tolist():
+                if v >> 32 == fp and (v & 0xFFFF_FFFF) < (1 << 31) and verify_one(v & 0xFFFF_FFFF):
+                    return v & 0xFFFF_FFFF
+        for b, v in zip(self._stash_b.tolist(), self._stash_v.tolist()):
+            if b in (b1, b2) and v >> 32 == fp and verify_one(v & 0xFFFF_FFFF):
+                return v & 0xFFFF_FFFF
+        return -1
+
+    def insert(self, h: np.ndarray, slots: np.ndarray) -> None:
+        """Add keys known to be absent and distinct (callers look up first)."""
+        n = len(h)
+        if n == 0:
+            return
+        b1, b2, fp = self._buckets(h)
+        val = fp | slots.astype(np.uint64)
+        cells = self._cells
+        todo = np.arange(n)
+        homeless = []
+        while todo.size:
+            f1 = (self._rows.take(b1[todo], axis=0) == EMPTY).view(_ROW).ravel()
+            f2 = (self._rows.take(b2[todo], axis=0) == EMPTY).view(_ROW).ravel()
+            in1 = f1 != 0
+            has = in1 | (f2 != 0)
+            target = np.where(in1, b1[todo] * WAYS + _first_byte(f1),
+                              b2[todo] * WAYS + _first_byte(f2))[has]
+            # several keys may pick one free cell: write all, keep the ones that stuck
+            cells[target] = val[todo[has]]
+            won = np.zeros(len(todo), dtype=bool)
+            won[np.flatnonzero(has)[cells[target] == val[todo[has]]]] = True
+            homeless.extend(todo[~has].tolist())
+            todo = todo[has & ~won]  # lost a race: look again
+        self.live += n
+        for k in homeless:
+            self._kick(int(val[k]), int(b1[k]))
+
+    def _kick(self, v: int, b: int) -> None:
+        """Place cell value v (homed at bucket b or its pair) by moving occupants along.
+        Plain Python ints: one key at a time, numpy scalars would cost more than the work."""
+        cells, nb, empty = self._cells, self._nb, int(EMPTY)
+
+        def other(b: int, v: int) -> int:
+            o = (((v >> 32) * nb) >> 32) - b
+            return o + nb if o < 0 else o
+
+        for step in range(_MAX_KICKS):
+            for bb in (b, other(b, v)):
+                row = cells[bb * WAYS:(bb + 1) * WAYS].tolist()
+                if empty in row:
+                    cells[bb * WAYS + row.index(empty)] = v
+                    return
+            j = b * WAYS + step % WAYS  # evict a resident of b; it moves to its other bucket
+            v, cells[j] = int(cells[j]), v
+            b = other(b, v)
+        self._stash_b = np.append(self._stash_b, b)
+        self._stash_v = np.append(self._stash_v, np.uint64(v))
+
+    def remove(self, cell: np.ndarray) -> None:
+        """Delete the keys at these cells (as returned by lookup)."""
+        cell = np.asarray(cell, dtype=np.int64)
+        if len(cell) == 0:
+            return
+        self._cells[cell[cell >= 0]] = EMPTY
+        st = -2 - cell[cell < 0]
+        if st.size:
+            keep = np.ones(len(self._stash_v), dtype=bool)
+            keep[st] = False
+            self._stash_b, self._stash_v = self._stash_b[keep], self._stash_v[keep]
+        self.live -= len(cell)

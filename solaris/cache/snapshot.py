@@ -1,0 +1,115 @@
+"""PairStore <-> one Arrow table, so a restarted shard answers exactly as before.
+
+One row per live entry: key, version, written_at, score, read flag and the codec's bytes
+verbatim (no re-encoding, so int8 / fp16 entries come back bit-identical). The float64
+running sum of each (user, version) rides on the first row of its group (null elsewhere), so
+the aggregate after a restore is bit-identical too, not re-added in another order. Counters,
+the codec and the latest event time seen live in the schema metadata.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+
+from solaris.cache.index import key_hash
+from solaris.errors import DataError
+
+if TYPE_CHECKING:
+    from solaris.cache.store import PairStore
+
+FORMAT = 1
+
+
+def to_table(store: "PairStore") -> pa.Table:
+    """Every live entry of ``store`` as an Arrow table (see the module docstring)."""
+    from solaris.cache.store import gather
+
+    live = np.flatnonzero(store._meta["vid"] != 0)
+    m = store._meta
+    live = live[np.lexsort((m["item"][live], m["user"][live], m["vid"][live]))]
+    m = gather(store._meta, live)
+    n, d, rb = len(live), store.codec.dim, store.codec.row_bytes
+    rows = np.ascontiguousarray(store._rows[live])
+    first = np.r_[True, (m["user"][1:] != m["user"][:-1]) | (m["vid"][1:] != m["vid"][:-1])]
+    first &= n > 0
+    g = np.flatnonzero(first)
+    sums = np.zeros((n, d))
+    if len(g):
+        r = store._sums.find(m["user"][g], m["vid"][g])
+        assert (r >= 0).all(), "a live entry without a running sum"
+        sums[g] = store._sums.sums[r]
+    sum_values = pa.array(sums.ravel(), type=pa.float64())
+    sum_col = pa.FixedSizeListArray.from_arrays(sum_values, d, mask=pa.array(~first))
+    names = pa.array(store._vnames, type=pa.string())
+    version = pa.DictionaryArray.from_arrays(pa.array(m["vid"].astype(np.int32)), names)
+    meta = {"format": FORMAT, "codec": store.codec.name, "dim": d,
+            "max_now": store._max_now if np.isfinite(store._max_now) else None,
+            "counters": store.counters}
+    return pa.table({
+        "user": pa.array(m["user"]), "item": pa.array(m["item"]), "version": version,
+        "written_at": pa.array(m["written"]), "score": pa.array(m["score"]),
+        "read": pa.array(m["read"].astype(bool)),
+        "row": pa.FixedSizeBinaryArray.from_buffers(pa.binary(rb), n,
+                                                    [None, pa.py_buffer(rows)]),
+        "user_sum": sum_col,
+    }).replace_schema_metadata({"solaris_pair_store": json.dumps(meta)})
+
+
+def load_into(store: "PairStore", table: pa.Table) -> None:
+    """Fill an empty ``store`` from ``to_table``'s output; raises DataError on a mismatch."""
+    raw = (table.schema.metadata or {}).get(b"solaris_pair_store")
+    if raw is None:
+        raise DataError("snapshot table: missing 'solaris_pair_store' schema metadata")
+    meta = json.loads(raw)
+    if meta.get("format") != FORMAT:
+        raise DataError(f"snapshot format={meta.get('format')!r}: expected {FORMAT}")
+    for key, want in (("codec", store.codec.name), ("dim", store.codec.dim)):
+        if meta.get(key) != want:
+            raise DataError(f"snapshot {key}={meta.get(key)!r}: this store has {want!r}")
+    n, d, rb = table.num_rows, store.codec.dim, store.codec.row_bytes
+
+    def col(name: str) -> pa.Array:
+        if name not in table.column_names:
+            raise DataError(f"snapshot table: missing column {name!r}")
+        return table.column(name).combine_chunks()
+
+    version = col("version")
+    if pa.types.is_dictionary(version.type):
+        version = version.dictionary_decode()
+    vnames = np.asarray(version.to_pylist(), dtype=object)
+    users = col("user").to_numpy().astype(np.int64)
+    items = col("item").to_numpy().astype(np.int64)
+    written = col("written_at").to_numpy().astype(np.float64)
+    score = col("score").to_numpy().astype(np.float32)
+    read = col("read").to_numpy(zero_copy_only=False).astype(np.uint8)
+    row_arr = col("row")
+    if row_arr.type != pa.binary(rb):
+        raise DataError(f"snapshot column 'row' type={row_arr.type}: expected {pa.binary(rb)}")
+    rows = np.zeros((n, rb), np.uint8)
+    if n:
+        rows[:] = np.frombuffer(row_arr.buffers()[1], dtype=np.uint8, count=n * rb,
+                                offset=row_arr.offset * rb).reshape(n, rb)
+    if meta.get("max_now") is not None:
+        store._max_now = float(meta["max_now"])
+    for v in dict.fromkeys(vnames.tolist()):
+        vid = store._version_id(v, create=True)
+        sel = np.flatnonzero(vnames == v)
+        store._write(users[sel], items[sel], vid, written[sel], score[sel], read[sel],
+                     rows[sel], key_hash(users[sel], items[sel], vid))
+    # the writer's running sums, bit for bit (unless a smaller capacity evicted some rows:
+    # then the sums re-added on the way in are the right ones)
+    sums = col("user_sum")
+    valid = sums.is_valid().to_numpy(zero_copy_only=False).astype(bool)
+    g = np.flatnonzero(valid)
+    if len(g) and store.live == n:
+        flat = sums.filter(pa.array(valid)).flatten().to_numpy().reshape(len(g), d)
+        vids = np.array([store._vid[v] for v in vnames[g]], dtype=np.uint16)
+        r = store._sums.find(users[g], vids)
+        assert (r >= 0).all(), "a restored group without a running sum"
+        store._sums.sums[r] = flat
+    store.counters.update({k: int(v) for k, v in meta.get("counters", {}).items()
+                           if k in store.counters})

@@ -1,0 +1,256 @@
+"""Cache shards on a local Ray: one-round lookups equal the in-process path; a dead, slow or
+restarting shard reads as misses within the deadline; a restarted shard serves its snapshot."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # ``actors`` is a top-level folder of the repo, not installed
+    sys.path.insert(0, str(ROOT))
+
+ray = pytest.importorskip("ray")
+
+from actors.cache import CacheGroup, read_snapshot, snapshot_location, write_snapshot  # noqa: E402
+from solaris.cache.query import TIER_NONE, TIER_PAIR, Slots  # noqa: E402
+from solaris.cache.store import PairStore  # noqa: E402
+from solaris.config import CacheConfig, EnrichConfig  # noqa: E402
+from solaris.enrich import NeighbourTable, enrich_local  # noqa: E402
+
+DIM = 8
+V = "fm1+enc8"
+NOW = 100_000.0
+USERS, ITEMS = 60, 90
+MARGIN_S = 0.25  # scheduling slack on a busy 2-core machine, on top of the deadline
+log = logging.getLogger(__name__)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, object_store_memory=100 * 1024**2, include_dashboard=False,
+             logging_level="warning", runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    yield
+    ray.shutdown()
+
+
+def cache_cfg(tmp_path: Path, **kw) -> CacheConfig:
+    base = dict(dim=DIM, num_shards=3, capacity=20_000, read_ttl_s=4 * 3600,
+                retention_s=24 * 3600, bucket_s=900, deadline_ms=2000.0,
+                snapshot_uri=str(tmp_path / "snap"), snapshot_every_s=3600.0)
+    base.update(kw)
+    return CacheConfig(**base)
+
+
+def world(seed: int = 0) -> dict:
+    """Pairs of two versions, some past the read TTL, plus user and item KNN tables."""
+    rng = np.random.default_rng(seed)
+    users, items = [], []
+    for u in range(USERS):
+        held = rng.choice(ITEMS, size=30, replace=False)
+        users.append(np.full(30, u))
+        items.append(held)
+    users, items = np.concatenate(users), np.concatenate(items)
+    n = len(users)
+    vecs = rng.normal(size=(n, DIM)).astype(np.float32)
+    written = NOW - rng.uniform(0, 5 * 3600, size=n)  # about a fifth past the 4 h read TTL
+    version = np.where(rng.random(n) < 0.9, V, "fm0+enc8")
+    uk = np.stack([rng.permutation(USERS)[:12] for _ in range(USERS)])
+    ik = np.stack([rng.permutation(ITEMS)[:6] for _ in range(ITEMS)])
+    return {"users": users, "items": items, "vecs": vecs, "written": written,
+            "version": version, "scores": rng.random(n).astype(np.float32),
+            "user_knn": NeighbourTable(uk, np.sort(rng.random(uk.shape))[:, ::-1], "knn1"),
+            "item_knn": NeighbourTable(ik, np.sort(rng.random(ik.shape))[:, ::-1], "knn1")}
+
+
+def fill(put, w: dict) -> None:
+    """Write ``w`` in event-time order through ``put`` (a store's or a group's)."""
+    order = np.argsort(w["written"], kind="stable")
+    for chunk in np.array_split(order, 20):
+        for v in np.unique(w["version"][chunk]):
+            sel = chunk[w["version"][chunk] == v]
+            put(w["users"][sel], w["items"][sel], w["vecs"][sel], str(v),
+                float(w["written"][sel].max()), w["scores"][sel])
+
+
+def assert_same_slots(a: Slots, b: Slots) -> None:
+    np.testing.assert_array_equal(a.pair_tier, b.pair_tier)
+    np.testing.assert_array_equal(a.pair_present, b.pair_present)
+    np.testing.assert_array_equal(a.missing, b.missing)
+    np.testing.assert_array_equal(a.agg_present, b.agg_present)
+    np.testing.assert_allclose(a.pair_emb, b.pair_emb, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(a.pair_age_s, b.pair_age_s, rtol=1e-9, atol=1e-6)
+    np.testing.assert_allclose(a.agg_emb, b.agg_emb, rtol=1e-5, atol=1e-6)
+
+
+def test_snapshot_write_is_atomic_and_stale_temps_are_removed(tmp_path: Path):
+    import pyarrow as pa
+
+    fs, path = snapshot_location(str(tmp_path), "g", 1, 3)
+    assert path.endswith("/g/shard-001-of-003.parquet")
+    assert read_snapshot(fs, path) is None
+    write_snapshot(fs, path, pa.table({"x": [1, 2, 3]}))
+    stray = Path(path + ".tmp-deadbeef")
+    stray.write_bytes(b"half a parquet file")  # what a crash mid-write leaves behind
+    assert read_snapshot(fs, path).column("x").to_pylist() == [1, 2, 3]
+    assert not stray.exists()
+    assert sorted(p.name for p in Path(path).parent.iterdir()) == ["shard-001-of-003.parquet"]
+
+
+@pytest.mark.parametrize("mode", ["nearest", "weighted"])
+def test_group_lookup_equals_in_process_enrichment(local_ray, tmp_path: Path, mode: str):
+    cfg = cache_cfg(tmp_path)
+    w = world()
+    group = CacheGroup.create(cfg)
+    try:
+        group.wait_ready()
+        store = PairStore(cfg)
+        fill(store.put, w)
+        fill(group.put, w)
+        ecfg = EnrichConfig(user_knn_probe=5, user_knn_mode=mode, item_knn_probe=4)
+        rng = np.random.default_rng(1)
+        tiers = set()
+        for user in rng.choice(USERS, size=15, replace=False):
+            cands = rng.choice(ITEMS + 10, size=40)  # some unknown items, some repeats
+            remote = group.lookup(int(user), cands, NOW, V, w["user_knn"], w["item_knn"], ecfg)
+            local = enrich_local(store, int(user), cands, NOW, V, w["user_knn"], w["item_knn"],
+                                 ecfg)
+            assert_same_slots(remote, local)
+            tiers |= set(local.pair_tier.tolist())
+        assert tiers == {0, 1, 2, 3}, "the data should exercise every tier"
+        m = group.metrics()
+        assert m["client"]["late"] == [0, 0, 0] and m["client"]["failed"] == [0, 0, 0]
+        assert sum(s["entries"] for s in m["shards"]) == store.metrics()["entries"]
+        assert all(s["up"] for s in m["shards"])
+    finally:
+        group.shutdown()
+
+
+def two_users_on_two_shards(group: CacheGroup) -> tuple[int, int, int]:
+    shard = group.shard_of(np.arange(USERS))
+    a = 0
+    b = int(np.flatnonzero(shard != shard[a])[0])
+    return a, b, int(shard[a])
+
+
+def own_pairs(w: dict, user: int) -> np.ndarray:
+    """Items ``user`` holds fresh in version V at NOW."""
+    m = (w["users"] == user) & (w["version"] == V) & (NOW - w["written"] <= 4 * 3600)
+    return w["items"][m]
+
+
+def test_dead_shard_reads_as_misses_then_serves_its_snapshot(local_ray, tmp_path: Path):
+    cfg = cache_cfg(tmp_path, deadline_ms=100.0)
+    w = world(seed=2)
+    group = CacheGroup.create(cfg)
+    try:
+        group.wait_ready()
+        fill(group.put, w)
+        a, b, victim = two_users_on_two_shards(group)
+        ca, cb = own_pairs(w, a), own_pairs(w, b)
+        ecfg = EnrichConfig()
+        # a pair written after the snapshot: lost with the process, not restored
+        late_user = int(np.flatnonzero(group.shard_of(np.arange(USERS)) == victim)[-1])
+        snaps = group.snapshot_now()
+        assert snaps[victim]["rows"] > 0
+        group.put([late_user], [ITEMS + 5], np.ones((1, DIM), np.float32), V, NOW)
+
+        def look(user: int, cands: np.ndarray) -> tuple[Slots, float]:
+            t0 = time.monotonic()
+            s = group.lookup(user, cands, NOW, V, None, None, ecfg)
+            return s, time.monotonic() - t0
+
+        before, _ = look(a, ca)
+        assert (before.pair_tier == TIER_PAIR).all() and before.agg_present.all()
+
+        group.shards[victim].crash.remote()
+        saw_down = saw_back = False
+        worst, downs, rounds = 0.0, 0, 0
+        t_end = time.monotonic() + 40
+        while time.monotonic() < t_end and not saw_back:
+            sa, ta = look(a, ca)
+            sb, tb = look(b, cb)
+            rounds += 1
+            worst = max(worst, ta, tb)
+            assert (sb.pair_tier == TIER_PAIR).all() and sb.agg_present.all()
+            if not sa.pair_present.any():  # the victim is down: all of a's keys miss
+                assert (sa.pair_tier == TIER_NONE).all() and not sa.agg_present.any()
+                assert sa.missing.all()
+                saw_down = True
+                downs += 1
+            else:  # up again (or not yet down): everything hits
+                assert_same_slots(sa, before)
+                saw_back = saw_down
+        log.info("crash: %d rounds, %d with the shard down, worst lookup %.3f s", rounds, downs,
+                 worst)
+        assert saw_down, "the crashed shard never read as misses"
+        assert saw_back, "the restarted shard never served its snapshot"
+        assert worst <= cfg.deadline_ms / 1000 + MARGIN_S, f"a lookup took {worst:.3f} s"
+
+        group.wait_ready()
+        m = group.metrics()["shards"][victim]
+        assert m["restarted"] and m["restored_entries"] == snaps[victim]["rows"]
+        s = group.lookup(late_user, np.array([ITEMS + 5]), NOW, V, None, None, ecfg)
+        assert not s.pair_present.any(), "a write after the last snapshot cannot survive a crash"
+        assert group.metrics()["client"]["failed"][victim] + \
+            group.metrics()["client"]["late"][victim] > 0
+    finally:
+        group.shutdown()
+
+
+def test_slow_shard_reads_as_misses_within_deadline(local_ray, tmp_path: Path):
+    cfg = cache_cfg(tmp_path, deadline_ms=50.0, snapshot_uri=None)
+    w = world(seed=3)
+    group = CacheGroup.create(cfg)
+    try:
+        group.wait_ready()
+        fill(group.put, w)
+        a, b, victim = two_users_on_two_shards(group)
+        ca, cb = own_pairs(w, a), own_pairs(w, b)
+        ecfg = EnrichConfig()
+        stall = group.shards[victim].stall.remote(1.5)
+        time.sleep(0.1)  # let the stall take the lock first
+        t0 = time.monotonic()
+        sa = group.lookup(a, ca, NOW, V, None, None, ecfg)
+        took = time.monotonic() - t0
+        sb = group.lookup(b, cb, NOW, V, None, None, ecfg)
+        assert took <= cfg.deadline_ms / 1000 + MARGIN_S
+        assert not sa.pair_present.any() and not sa.agg_present.any()
+        assert (sb.pair_tier == TIER_PAIR).all()
+        ray.get(stall)
+        assert group.metrics()["client"]["late"][victim] == 1
+        sa = group.lookup(a, ca, NOW, V, None, None, ecfg)
+        assert (sa.pair_tier == TIER_PAIR).all()
+    finally:
+        group.shutdown()
+
+
+def test_idle_shard_expires_by_event_clock_and_snapshots_periodically(local_ray, tmp_path: Path):
+    import functools
+
+    import pyarrow.parquet as pq
+
+    cfg = cache_cfg(tmp_path, num_shards=1, snapshot_every_s=0.2)
+    later = NOW + cfg.retention_s + 2 * cfg.bucket_s  # past retention for anything written NOW
+    group = CacheGroup.create(cfg, event_clock=functools.partial(float, later))
+    try:
+        group.wait_ready()
+        n = group.put(np.arange(10), np.arange(10), np.ones((10, DIM), np.float32), V, NOW)
+        assert n in (0, 10)  # 0 if the first expiry tick ran before the put (dropped as old)
+        _, path = snapshot_location(cfg.snapshot_uri, group.group_id, 0, 1)
+        rows = None
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and rows != 0:
+            time.sleep(0.1)
+            m = group.metrics()["shards"][0]
+            if m["entries"] == 0 and Path(path).exists():  # moved into place whole: readable
+                rows = pq.read_table(path).num_rows
+        assert m["entries"] == 0 and m["expired"] + m["dropped_on_put"] == 10
+        assert m["snapshots"] >= 1 and rows == 0, "no periodic snapshot of the expired store"
+    finally:
+        group.shutdown()

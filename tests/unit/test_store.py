@@ -1,0 +1,402 @@
+"""PairStore against a slow exact reference, on a scripted event clock (no wall time)."""
+
+from __future__ import annotations
+
+import math
+import tracemalloc
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from solaris.cache.codec import Codec, error_bound
+from solaris.cache.index import HashIndex, key_hash, key_hash_one
+from solaris.cache.query import ShardQuery
+from solaris.cache.store import PairStore, lowest
+from solaris.config import CacheConfig
+from solaris.errors import RequestError
+
+T0 = 900.0 * 1112  # event time origin of the fake clock, on a bucket boundary
+D = 4
+USERS, ITEMS, VERSIONS = 5, 7, ("v1", "v2")
+
+
+def make_cfg(**kw) -> CacheConfig:
+    base = dict(dim=D, read_ttl_s=3600, retention_s=4 * 3600, bucket_s=900, capacity=100_000)
+    base.update(kw)
+    return CacheConfig(**base)
+
+
+class Reference:
+    """Dict of every retained entry; the rules written out one key at a time."""
+
+    def __init__(self, cfg: CacheConfig) -> None:
+        self.cfg = cfg
+        self.codec = Codec(cfg.codec, cfg.dim)
+        self.entries: dict[tuple[int, int, str], tuple[np.ndarray, float]] = {}
+        self.max_now = -math.inf
+
+    def advance(self, now: float) -> None:
+        self.max_now = max(self.max_now, now)
+        cutoff = math.floor((self.max_now - self.cfg.retention_s) / self.cfg.bucket_s)
+        for key, (_, w) in list(self.entries.items()):
+            if math.floor(w / self.cfg.bucket_s) < cutoff:
+                del self.entries[key]
+
+    def put(self, users, items, vecs, version, now) -> None:
+        self.advance(now)
+        dec = self.codec.decode(self.codec.encode(vecs))
+        for u, i, v in zip(users.tolist(), items.tolist(), dec):
+            self.entries[(u, i, version)] = (v.copy(), now)
+
+    def get(self, u, i, version, now):
+        self.advance(now)
+        e = self.entries.get((u, i, version))
+        if e is None or now - e[1] > self.cfg.read_ttl_s:
+            return None
+        return e[0], now - e[1]
+
+    def aggregate(self, u, excl, version, now):
+        self.advance(now)
+        vs = [v for (uu, ii, ver), (v, _) in self.entries.items()
+              if uu == u and ver == version and ii != excl]
+        return (np.mean(np.asarray(vs, np.float64), axis=0), len(vs)) if vs else (None, 0)
+
+
+def check_against(store: PairStore, ref: Reference, now: float) -> None:
+    users = np.repeat(np.arange(USERS), ITEMS)
+    items = np.tile(np.arange(ITEMS), USERS)
+    for version in VERSIONS + ("never-written",):
+        found, vecs, age = store.get(users, items, version, now)
+        for k, (u, i) in enumerate(zip(users.tolist(), items.tolist())):
+            want = ref.get(u, i, version, now)
+            assert found[k] == (want is not None), (u, i, version)
+            if want is not None:
+                assert np.array_equal(vecs[k], want[0]) and age[k] == want[1]
+                assert age[k] <= store.cfg.read_ttl_s
+            else:
+                assert not vecs[k].any() and age[k] == 0
+        agg, present, count = store.aggregate(users, items, version, now)
+        for k, (u, i) in enumerate(zip(users.tolist(), items.tolist())):
+            mean, cnt = ref.aggregate(u, i, version, now)
+            assert count[k] == cnt and present[k] == (cnt > 0)
+            if cnt:
+                np.testing.assert_allclose(agg[k], mean, rtol=1e-5, atol=1e-5)
+        nbr_users = np.array([3, 0, 4, 1])
+        nbr_items = np.array([6, 2, 2, 0, 5])
+        it_idx, us_idx, hv, hage = store.holders(nbr_items, nbr_users, version, now)
+        want = [(a, b) for a, i in enumerate(nbr_items.tolist())
+                for b, u in enumerate(nbr_users.tolist()) if ref.get(u, i, version, now)]
+        assert list(zip(it_idx.tolist(), us_idx.tolist())) == want
+        for a, b, v, g in zip(it_idx, us_idx, hv, hage):
+            rv, rage = ref.get(int(nbr_users[b]), int(nbr_items[a]), version, now)
+            assert np.array_equal(v, rv) and g == rage
+    assert store.metrics()["entries"] == len(ref.entries)
+
+
+op = st.one_of(
+    st.tuples(st.just("put"), st.lists(st.tuples(st.integers(0, USERS - 1),
+                                                 st.integers(0, ITEMS - 1)),
+                                       min_size=1, max_size=8),
+              st.sampled_from(VERSIONS), st.integers(0, 2**31)),
+    st.tuples(st.just("advance"), st.sampled_from([0, 1, 450, 899, 900, 1800, 3599, 3600,
+                                                   3601, 7200, 4 * 3600, 5 * 3600])),
+)
+
+
+@pytest.mark.parametrize("codec", ["fp32", "fp16", "int8"])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=st.lists(op, min_size=1, max_size=20))
+def test_store_matches_reference(codec, ops):
+    cfg = make_cfg(codec=codec)
+    store, ref = PairStore(cfg), Reference(cfg)
+    now = T0
+    for o in ops:
+        if o[0] == "put":
+            keys = np.array(o[1], dtype=np.int64)
+            vecs = np.random.default_rng(o[3]).normal(size=(len(keys), D)).astype(np.float32)
+            store.put(keys[:, 0], keys[:, 1], vecs, o[2], now)
+            ref.put(keys[:, 0], keys[:, 1], vecs, o[2], now)
+        else:
+            now += o[1]
+        check_against(store, ref, now)
+
+
+def test_version_is_part_of_the_key_and_other_versions_are_counted():
+    store = PairStore(make_cfg())
+    store.put(np.array([1]), np.array([2]), np.ones((1, D)), "old", T0)
+    found, _, _ = store.get(np.array([1]), np.array([2]), "new", T0)
+    assert not found[0]
+    store.put(np.array([1]), np.array([3]), np.ones((1, D)), "new", T0)
+    found, _, _ = store.get(np.array([1, 1]), np.array([2, 3]), "new", T0)
+    assert found.tolist() == [False, True]
+    m = store.metrics()
+    assert m["pair_other_version"] == 2 and m["versions"] == {"old": 1, "new": 1}
+
+
+def test_read_ttl_boundary_and_retention_keeps_stale_pairs_for_the_aggregate():
+    cfg = make_cfg()
+    store = PairStore(cfg)
+    store.put(np.array([0, 0]), np.array([1, 2]), np.eye(2, D), "v1", T0)
+    found, _, age = store.get(np.array([0]), np.array([1]), "v1", T0 + cfg.read_ttl_s)
+    assert found[0] and age[0] == cfg.read_ttl_s
+    later = T0 + cfg.read_ttl_s + 1
+    found, _, _ = store.get(np.array([0]), np.array([1]), "v1", later)
+    assert not found[0] and store.metrics()["pair_stale"] == 1
+    agg, present, count = store.aggregate(np.array([0]), np.array([2]), "v1", later)
+    assert present[0] and count[0] == 1 and np.array_equal(agg[0], np.eye(2, D)[0])
+
+
+def test_retention_drops_whole_buckets_once_all_of_them_is_older():
+    cfg = make_cfg()
+    store = PairStore(cfg)
+    store.put(np.array([0, 0]), np.array([1, 2]), np.ones((2, D)), "v1", T0)  # bucket start
+    store.put(np.array([0]), np.array([3]), np.ones((1, D)), "v1", T0 + cfg.bucket_s - 1)
+    edge = T0 + cfg.bucket_s + cfg.retention_s  # the bucket's end is retention_s old
+    _, _, count = store.aggregate(np.array([0]), np.array([9]), "v1", edge - 0.5)
+    assert count[0] == 3 and store.metrics()["expired"] == 0
+    _, present, count = store.aggregate(np.array([0]), np.array([9]), "v1", edge)
+    assert count[0] == 0 and not present[0] and store.metrics()["expired"] == 3
+
+
+def test_put_rejects_bad_input_by_name():
+    store = PairStore(make_cfg())
+    one = np.ones((1, D), np.float32)
+    with pytest.raises(RequestError, match="users: negative id -3"):
+        store.put(np.array([-3]), np.array([1]), one, "v1", T0)
+    with pytest.raises(RequestError, match="now=nan"):
+        store.put(np.array([1]), np.array([1]), one, "v1", float("nan"))
+    with pytest.raises(RequestError, match="NaN or inf"):
+        store.put(np.array([1]), np.array([1]), one * np.nan, "v1", T0)
+    with pytest.raises(RequestError, match=r"shape=\(1, 3\)"):
+        store.put(np.array([1]), np.array([1]), np.ones((1, 3)), "v1", T0)
+    with pytest.raises(RequestError, match="version=''"):
+        store.put(np.array([1]), np.array([1]), one, "", T0)
+
+
+# ------------------------------------------------------------------ capacity and eviction
+
+@settings(max_examples=30, deadline=None)
+@given(batches=st.lists(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 30),
+                                           st.floats(0, 1, width=32)),
+                                 min_size=1, max_size=12), min_size=1, max_size=12),
+       capacity=st.integers(1, 20))
+def test_capacity_bound_and_lowest_scores_go_first(batches, capacity):
+    store = PairStore(make_cfg(capacity=capacity))
+    live: dict[tuple[int, int], float] = {}  # what the store should hold, with scores
+    evicted = 0
+    for step, batch in enumerate(batches):
+        now = T0 + step
+        last = {(u, i): s for u, i, s in batch}  # last write of a key in a batch wins
+        keys = np.array(list(last), dtype=np.int64)
+        scores = np.array(list(last.values()), dtype=np.float32)
+        store.put(keys[:, 0], keys[:, 1], np.ones((len(keys), D)), "v1", now, scores=scores)
+        live.update({k: float(np.float32(s)) for k, s in last.items()})
+        found, _, _ = store.get(np.array([k[0] for k in live]), np.array([k[1] for k in live]),
+                                "v1", now)
+        kept = {k: s for (k, s), f in zip(live.items(), found) if f}
+        gone = {k: s for (k, s), f in zip(live.items(), found) if not f}
+        assert len(kept) <= capacity and store.metrics()["entries"] == len(kept)
+        if gone and kept:
+            assert max(gone.values()) <= min(kept.values())
+        evicted += len(gone)
+        live = kept
+    assert store.metrics()["evictions"] == evicted
+
+
+def test_equal_scores_evict_the_oldest_first():
+    store = PairStore(make_cfg(capacity=4))
+    for t in range(6):
+        store.put(np.array([0]), np.array([t]), np.ones((1, D)), "v1", T0 + t)
+    found, _, _ = store.get(np.zeros(6, np.int64), np.arange(6), "v1", T0 + 6)
+    assert found.tolist() == [False, False, True, True, True, True]
+
+
+def test_lowest_matches_a_full_sort():
+    rng = np.random.default_rng(0)
+    score = rng.integers(0, 5, 500).astype(np.float32)  # many ties
+    written = rng.permutation(500).astype(np.float64)
+    for k in (0, 1, 7, 100, 499, 500):
+        got = set(lowest(score, written, k).tolist())
+        want = set(np.lexsort((written, score))[:k].tolist())
+        assert got == want
+
+
+# ------------------------------------------------------------------ memory
+
+def _fill(store: PairStore, n: int, start: float, span_s: float, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    for b in range(10):
+        users = rng.integers(0, n // 20, n // 10)
+        items = rng.integers(0, 10**6, n // 10)
+        store.put(users, items, rng.normal(size=(n // 10, store.cfg.dim)), "v1",
+                  start + b * span_s / 10)
+
+
+@pytest.mark.parametrize("codec", ["fp32", "int8"])
+def test_expired_memory_is_reclaimed_without_writes(codec):
+    cfg = make_cfg(dim=32, codec=codec)
+    tracemalloc.start()
+    try:
+        store = PairStore(cfg)
+        _fill(store, 40_000, T0, span_s=2 * 3600)  # ten write times over two hours
+        full, traced_full = store.metrics(), tracemalloc.get_traced_memory()[0]
+        assert full["entries"] > 39_000
+        # half the write times pass out of retention: about half the memory goes back
+        store.get(np.array([0]), np.array([0]), "v1", T0 + cfg.retention_s + 3600 + 1)
+        half = store.metrics()
+        assert 0 < half["entries"] < 0.7 * full["entries"]
+        assert half["total_bytes"] < 0.75 * full["total_bytes"]
+        # everything passes out of retention: reads alone free it all
+        store.aggregate(np.array([0]), np.array([0]), "v1", T0 + cfg.retention_s + 3 * 3600)
+        empty, traced_empty = store.metrics(), tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert empty["entries"] == 0 and empty["expired"] == full["entries"]
+    assert empty["expired_unread"] == full["entries"]  # nothing was read while fresh
+    assert empty["total_bytes"] < 0.05 * full["total_bytes"]
+    assert traced_full - traced_empty > 0.9 * full["total_bytes"]
+
+
+def test_bytes_per_entry_budget():
+    """fp32 total <= 300 B/entry incl. the index; int8 payload <= 0.3x, total <= 0.6x."""
+    per = {}
+    for codec in ("fp32", "int8"):
+        store = PairStore(make_cfg(dim=32, codec=codec))
+        _fill(store, 40_000, T0, span_s=600)
+        m = store.metrics()
+        per[codec] = (m["payload_bytes"] / m["entries"], m["total_bytes"] / m["entries"])
+    assert per["fp32"][1] <= 300
+    assert per["int8"][0] <= 0.3 * per["fp32"][0]
+    assert per["int8"][1] <= 0.6 * per["fp32"][1]
+
+
+# ------------------------------------------------------------------ codecs
+
+@pytest.mark.parametrize("codec", ["fp32", "fp16", "int8"])
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31), scale=st.sampled_from([1e-6, 1e-3, 1.0, 30.0, 6e4]),
+       n=st.integers(0, 20))
+def test_codec_error_within_stated_bound(codec, seed, scale, n):
+    rng = np.random.default_rng(seed)
+    x = (rng.normal(size=(n, 16)) * scale).astype(np.float32)
+    if n:
+        x[0] = 0.0  # a zero vector decodes to zeros
+    if codec == "fp16":
+        x = np.clip(x, -65504, 65504)
+    c = Codec(codec, 16)
+    rows = c.encode(x)
+    assert rows.shape == (n, c.row_bytes) and rows.dtype == np.uint8
+    err = np.abs(c.decode(rows).astype(np.float64) - x)
+    assert (err <= error_bound(codec, x)).all()
+    if n:
+        assert not c.decode(rows)[0].any()
+
+
+def test_int8_payload_and_fp16_overflow():
+    assert Codec("int8", 32).row_bytes == 36 and Codec("fp32", 32).row_bytes == 128
+    with pytest.raises(RequestError, match="fp16 range"):
+        Codec("fp16", 2).encode(np.array([[1e5, 0.0]]))
+
+
+# ------------------------------------------------------------------ snapshot
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**31), codec=st.sampled_from(["fp32", "fp16", "int8"]))
+def test_snapshot_restore_round_trip_is_exact(tmp_path_factory, seed, codec):
+    cfg = make_cfg(codec=codec)
+    rng = np.random.default_rng(seed)
+    store = PairStore(cfg)
+    now = T0
+    for step in range(12):  # overwrites, two versions, expiry on the way
+        n = int(rng.integers(1, 20))
+        store.put(rng.integers(0, 6, n), rng.integers(0, 9, n), rng.normal(size=(n, D)),
+                  VERSIONS[step % 2], now, scores=rng.random(n))
+        now += float(rng.integers(0, 3000))
+    store.get(np.array([1, 2]), np.array([3, 4]), "v1", now)
+    path = tmp_path_factory.mktemp("snap") / "shard.parquet"
+    pq.write_table(store.snapshot(), path)
+    back = PairStore.restore(cfg, pq.read_table(path))
+    q = ShardQuery(version="v1", now=now + 10, pair_users=np.repeat(np.arange(6), 9),
+                   pair_items=np.tile(np.arange(9), 6), agg_users=np.repeat(np.arange(6), 9),
+                   agg_exclude=np.tile(np.arange(9), 6), nbr_users=np.arange(6),
+                   nbr_items=np.arange(9))
+    before = store.metrics()
+    for version in VERSIONS:
+        q.version = version
+        a, b = store.answer(q), back.answer(q)
+        for name in a.__dataclass_fields__:
+            assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    after = store.metrics()
+    assert {k: v for k, v in back.metrics().items() if k not in ("slots", "total_bytes",
+            "payload_bytes", "index_bytes", "sums_bytes")} == \
+        {k: v for k, v in after.items() if k not in ("slots", "total_bytes", "payload_bytes",
+                                                     "index_bytes", "sums_bytes")}
+    assert before["entries"] == after["entries"]
+
+
+def test_restore_rejects_a_snapshot_of_another_codec():
+    from solaris.errors import DataError
+    store = PairStore(make_cfg(codec="int8"))
+    store.put(np.array([1]), np.array([1]), np.ones((1, D)), "v1", T0)
+    with pytest.raises(DataError, match="codec='int8'"):
+        PairStore.restore(make_cfg(codec="fp32"), store.snapshot())
+    with pytest.raises(DataError, match="metadata"):
+        PairStore.restore(make_cfg(), pa.table({"user": [1]}))
+
+
+# ------------------------------------------------------------------ hash index
+
+@settings(max_examples=30, deadline=None)
+@given(ops=st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 400), max_size=60)),
+                    max_size=15),
+       collide=st.booleans())
+def test_hash_index_matches_a_dict(ops, collide):
+    """Inserts and removes against a dict; with ``collide`` every key shares a few hashes,
+    so fingerprint matches are rejected by the owner and probes run long."""
+    index, truth = HashIndex(), {}
+    keys_of_slot = np.full(1000, -1, dtype=np.int64)
+
+    def h_of(keys):
+        return (np.uint64(7) * (keys % 3).astype(np.uint64) if collide
+                else key_hash(keys, 0, 1))
+
+    free = list(range(1000))
+    for insert, keys in ops:
+        keys = np.unique(np.array(keys, dtype=np.int64))
+        verify = lambda pos, s, keys=keys: keys_of_slot[s] == keys[pos]  # noqa: E731
+        slot, cell = index.lookup(h_of(keys), verify)
+        assert [int(s) for s in slot] == [truth.get(int(k), -1) for k in keys]
+        if insert:
+            new = keys[slot < 0]
+            slots = np.array([free.pop() for _ in new], dtype=np.int64)
+            keys_of_slot[slots] = new
+            if index.needs_rebuild(len(new)):
+                old = np.array(list(truth.values()), dtype=np.int64)
+                index.rebuild(h_of(keys_of_slot[old]), old, len(new))
+            index.insert(h_of(new), slots)
+            truth.update(zip(new.tolist(), slots.tolist()))
+        else:
+            hit = slot >= 0
+            index.remove(cell[hit])
+            for k, s in zip(keys[hit].tolist(), slot[hit].tolist()):
+                del truth[k]
+                keys_of_slot[s] = -1
+                free.append(s)
+    everything = np.arange(401)
+    slot, _ = index.lookup(h_of(everything),
+                           lambda pos, s: keys_of_slot[s] == everything[pos])
+    assert [int(s) for s in slot] == [truth.get(k, -1) for k in range(401)]
+    for k, hk in zip(range(0, 401, 7), h_of(everything[::7]).tolist()):
+        assert index.find_one(hk, lambda s, k=k: keys_of_slot[s] == k) == truth.get(k, -1)
+
+
+def test_scalar_hash_equals_the_vectorised_one():
+    a = np.array([0, 1, 2**40, 2**62, 12345], dtype=np.int64)
+    b = np.array([7, 0, 3, 2**50, 99], dtype=np.int64)
+    for c in (0, 1, 65535):
+        assert [key_hash_one(int(x), int(y), c) for x, y in zip(a, b)] == \
+            key_hash(a, b, c).tolist()
