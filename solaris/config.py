@@ -216,7 +216,9 @@ class TrainConfig:
     vm_epochs: int = 25  # VM max epochs (early stopping on validation)
     patience: int = 2  # epochs without validation improvement before stopping
     weight_decay: float = 1e-6  # Adam L2
-    threads: int = 2  # torch intra-op threads
+    # torch intra-op threads; 1 by default: on a small shared machine, 2 threads contending
+    # with another busy process ran an FM step ~10x slower than 1 thread (measured)
+    threads: int = 1
 
     def __post_init__(self) -> None:
         _check(self.batch_size >= 1, "train.batch_size", self.batch_size, "must be >= 1")

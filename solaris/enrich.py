@@ -14,12 +14,12 @@ No Ray here: the shard client in ``actors/`` makes the calls between ``route`` a
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from solaris.cache.inputs import check_ids, check_time, check_version
 from solaris.cache.query import (TIER_ITEM_NBR, TIER_NONE, TIER_PAIR, TIER_USER_NBR,
                                  ShardAnswer, ShardQuery, Slots)
 from solaris.config import EnrichConfig
@@ -60,16 +60,18 @@ class NeighbourTable:
         if k == 0 or width == 0 or not known.any():
             return out_ids, out_sims
         rows = np.flatnonzero(known)
-        ids = self.ids[keys[rows]]  # (r, K)
-        sims = self.sims[keys[rows]]
+        ids = self.ids.take(keys[rows], axis=0)  # (r, K)
+        sims = self.sims.take(keys[rows], axis=0)
         valid = (ids >= 0) & (ids != keys[rows, None])
-        if not valid.all():  # move the valid ones left, keeping their order
-            order = np.argsort(~valid, axis=1, kind="stable")
-            ids = np.take_along_axis(np.where(valid, ids, -1), order, axis=1)
-            sims = np.take_along_axis(np.where(valid, sims, 0.0), order, axis=1)
-        w = min(k, width)
-        out_ids[rows, :w] = ids[:, :w]
-        out_sims[rows, :w] = sims[:, :w]
+        if valid[:, :k].all():  # the usual case: the first k are real neighbours
+            w = min(k, width)
+            out_ids[rows, :w], out_sims[rows, :w] = ids[:, :w], sims[:, :w]
+            return out_ids, out_sims
+        rank = np.cumsum(valid, axis=1) - 1  # position among the row's valid neighbours
+        src = np.flatnonzero(valid & (rank < k))  # flat (row, column) of the kept ones
+        dst = rows[src // width] * k + rank.ravel()[src]  # flat (key, rank) in the output
+        out_ids.ravel()[dst] = ids.ravel()[src]
+        out_sims.ravel()[dst] = sims.ravel()[src]
         return out_ids, out_sims
 
 
@@ -93,23 +95,12 @@ class RequestPlan:
     nbr_ranks: dict[int, np.ndarray] = field(default_factory=dict)
 
 
-def _ids(x: np.ndarray, name: str) -> np.ndarray:
-    a = np.asarray(x)
-    if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
-        raise RequestError(f"{name}: expected a 1-D integer array, got shape {a.shape} "
-                           f"dtype {a.dtype}")
-    a = a.astype(np.int64, copy=False)
-    if a.size and a.min() < 0:
-        raise RequestError(f"{name}: negative id {int(a.min())}")
-    return a
-
-
 def plan(user: int, candidates: np.ndarray, user_knn: NeighbourTable | None,
          item_knn: NeighbourTable | None, cfg: EnrichConfig) -> RequestPlan:
     """The keys of one request; raises RequestError naming a bad user or candidate list."""
     if not isinstance(user, (int, np.integer)) or isinstance(user, bool) or user < 0:
         raise RequestError(f"user={user!r}: must be a non-negative integer id")
-    cands = _ids(candidates, "candidates")
+    cands = check_ids(candidates, "candidates")
     if len(cands) > cfg.max_candidates:
         raise RequestError(f"candidates: {len(cands)} > enrich.max_candidates="
                            f"{cfg.max_candidates}")
@@ -143,11 +134,7 @@ def route(plan: RequestPlan, shard_of: ShardOf, version: str, now: float) -> dic
     aggregate; each neighbour's shard gets the probe of the neighbours it owns. Records the
     split in ``plan`` so ``assemble`` can read the answers back.
     """
-    if not isinstance(now, (int, float, np.integer, np.floating)) or not math.isfinite(now):
-        raise RequestError(f"now={now!r}: must be a finite event time in seconds")
-    if not isinstance(version, str) or not version:
-        raise RequestError(f"version={version!r}: must be a non-empty string")
-    now = float(now)
+    now, version = check_time(now), check_version(version)
     us = int(np.asarray(shard_of(np.array([plan.user], dtype=np.int64)))[0])
     n_items = len(plan.items)
     own = ShardQuery(version=version, now=now,
@@ -210,7 +197,8 @@ def assemble(plan: RequestPlan, answers: dict[int, ShardAnswer | None], dim: int
                 emb[got] = (acc[got] / wsum[got, None]).astype(np.float32)
                 age[got] = np.bincount(item, w * vage, minlength=U)[got] / wsum[got]
             else:
-                o = np.lexsort((rank, item))  # per item, nearest neighbour first
+                # per item, nearest neighbour first; one shard's hits already come that way
+                o = np.arange(len(item)) if len(parts) == 1 else np.lexsort((rank, item))
                 first = o[np.r_[True, item[o][1:] != item[o][:-1]]]
                 got = np.zeros(U, dtype=bool)
                 got[item[first]] = True

@@ -10,7 +10,9 @@ Error bounds (per component, x the input, m = max |x| over the vector):
   ``|x| <= 65504``; larger magnitudes are rejected (they would become inf).
 - ``int8``: per-vector scale ``s = m / 127`` stored as float32 with the codes, codes
   ``round(x / s)`` in [-127, 127], ``|dec - x| <= m * (1/254 + 2**-22)`` (half a step, plus
-  float32 rounding of the scale and of the product). A zero vector decodes to zeros.
+  float32 rounding of the scale and of the product), i.e. 0.39% of the vector's largest
+  component. A zero vector decodes to zeros. (For m < 1e-36 the scale is not a normal
+  float32 and the bound is only ``|dec - x| <= m``.)
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def error_bound(codec: str, x: np.ndarray) -> np.ndarray:
         return np.maximum(np.abs(x) * 2.0**-11, 2.0**-25)
     if codec == "int8":
         m = np.abs(x).max(axis=1, keepdims=True) if x.size else np.zeros((len(x), 1))
-        return np.broadcast_to(m * (1 / 254 + 2.0**-22), x.shape)
+        return np.broadcast_to(np.where(m < 1e-36, m, m * (1 / 254 + 2.0**-22)), x.shape)
     raise RequestError(f"codec={codec!r}: must be one of {', '.join(CODECS)}")
 
 

@@ -135,8 +135,9 @@ class HashIndex:
         """(slot (n,) int64, cell (n,) int64) of each key hash; -1 where absent.
 
         Gathers both bucket rows of every key in one pass; the first fingerprint match (b1
-        before b2) goes to ``verify``. A rejected match (p ~ 2**-32 per cell) and the stash
-        are handled key by key.
+        before b2) goes to ``verify``. A rejected match (p ~ 2**-32 per cell) is resolved
+        key by key; the stash (almost always empty) is checked for keys not found, and its
+        cells come back as ``-2 - stash index``.
         """
         n = len(h)
         slot = np.full(n, -1, dtype=np.int64)
@@ -156,30 +157,29 @@ class HashIndex:
         ok = verify(keys, cand)
         slot[keys[ok]], cell[keys[ok]] = cand[ok], at[ok]
         if not ok.all():
-            self._lookup_slow(keys[~ok], b1, b2, fp, verify, slot, cell)
+            self._lookup_rows(keys[~ok], b1, b2, fp, verify, slot, cell)
         if len(self._stash_v):
-            self._lookup_slow(np.flatnonzero(slot < 0), b1, b2, fp, verify, slot, cell,
-                              rows=False)
+            miss = np.flatnonzero(slot < 0)
+            sb, sv = self._stash_b, self._stash_v
+            hit = (((sv[None, :] ^ fp[miss, None]) < _SLOT_LIMIT)
+                   & ((sb[None, :] == b1[miss, None]) | (sb[None, :] == b2[miss, None])))
+            r, j = np.nonzero(hit)  # (key, stash entry) pairs with a fingerprint match
+            cand = (sv[j] & _LOW32).astype(np.int64)
+            ok = verify(miss[r], cand)
+            slot[miss[r[ok]]], cell[miss[r[ok]]] = cand[ok], -2 - j[ok]  # stash cells < -1
         return slot, cell
 
-    def _lookup_slow(self, keys, b1, b2, fp, verify: Verify, slot, cell, rows=True) -> None:
-        """Every fingerprint match of these keys, one by one: the rows (when a first match
-        was rejected) and the stash (cells encoded as ``-2 - stash index``)."""
+    def _lookup_rows(self, keys, b1, b2, fp, verify: Verify, slot, cell) -> None:
+        """Every fingerprint match in both rows of these keys, one key at a time (the path
+        of a first match the owner rejected: p ~ 2**-32 per cell)."""
         for k in keys.tolist():
-            cands: list[tuple[int, int]] = []
-            if rows:
-                for bb in (int(b1[k]), int(b2[k])):
-                    for j in range(WAYS):
-                        v = self._cells[bb * WAYS + j]
-                        if (v ^ fp[k]) < _SLOT_LIMIT:
-                            cands.append((int(v & _LOW32), bb * WAYS + j))
-            for i in np.flatnonzero(((self._stash_v ^ fp[k]) < _SLOT_LIMIT)
-                                    & ((self._stash_b == b1[k]) | (self._stash_b == b2[k]))):
-                cands.append((int(self._stash_v[i] & _LOW32), -2 - int(i)))
-            for s, at in cands:
-                if verify(np.array([k]), np.array([s]))[0]:
-                    slot[k], cell[k] = s, at
-                    break
+            for bb in (int(b1[k]), int(b2[k])):
+                for j in range(WAYS):
+                    v = self._cells[bb * WAYS + j]
+                    if (v ^ fp[k]) < _SLOT_LIMIT and slot[k] < 0:
+                        s = int(v & _LOW32)
+                        if verify(np.array([k]), np.array([s]))[0]:
+                            slot[k], cell[k] = s, bb * WAYS + j
 
     def find_one(self, h: int, verify_one: Callable[[int], bool]) -> int:
         """The slot of one key hash (Python int), -1 if absent; ``verify_one(slot)``

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from solaris.cache.index import mix64
+from solaris.cache.inputs import check_ids
 from solaris.config import CacheConfig
 from solaris.errors import RequestError
 
@@ -42,11 +43,8 @@ class HashRing:
 
     def shard_of(self, users: np.ndarray) -> np.ndarray:
         """(n,) int64 shard of each user id."""
-        u = np.asarray(users)
-        if u.ndim != 1 or (u.size and u.dtype.kind not in "iu"):
-            raise RequestError(f"users: expected a 1-D integer array, got shape {u.shape} "
-                               f"dtype {u.dtype}")
-        h = mix64(u.astype(np.int64).astype(np.uint64) ^ _USER_SALT)
+        u = check_ids(users, "users")
+        h = mix64(u.astype(np.uint64) ^ _USER_SALT)
         idx = np.searchsorted(self._points, h, side="right")
         idx[idx == len(self._points)] = 0  # past the last point: wrap to the first
         return self._owner[idx]

@@ -33,17 +33,17 @@ def to_table(store: "PairStore") -> pa.Table:
     live = live[np.lexsort((m["item"][live], m["user"][live], m["vid"][live]))]
     m = gather(store._meta, live)
     n, d, rb = len(live), store.codec.dim, store.codec.row_bytes
-    rows = np.ascontiguousarray(store._rows[live])
+    rows = store._rows.take(live, axis=0)  # (n, row_bytes)
     first = np.r_[True, (m["user"][1:] != m["user"][:-1]) | (m["vid"][1:] != m["vid"][:-1])]
     first &= n > 0
     g = np.flatnonzero(first)
-    sums = np.zeros((n, d))
-    if len(g):
-        r = store._sums.find(m["user"][g], m["vid"][g])
-        assert (r >= 0).all(), "a live entry without a running sum"
-        sums[g] = store._sums.sums[r]
-    sum_values = pa.array(sums.ravel(), type=pa.float64())
-    sum_col = pa.FixedSizeListArray.from_arrays(sum_values, d, mask=pa.array(~first))
+    r = store._sums.find(m["user"][g], m["vid"][g])
+    assert (r >= 0).all(), "a live entry without a running sum"
+    # a list column: d values on each group's first row, null elsewhere (no n x d copy)
+    offsets = np.r_[0, np.cumsum(first * d)].astype(np.int64)
+    sum_col = pa.LargeListArray.from_arrays(pa.array(offsets),
+                                            pa.array(store._sums.sums[r].ravel()),
+                                            mask=pa.array(~first))
     names = pa.array(store._vnames, type=pa.string())
     version = pa.DictionaryArray.from_arrays(pa.array(m["vid"].astype(np.int32)), names)
     meta = {"format": FORMAT, "codec": store.codec.name, "dim": d,

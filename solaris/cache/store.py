@@ -1,10 +1,10 @@
 """One shard's pair-embedding store: numpy slabs, a hash index, TTL by time buckets, versions.
 
-Layout (no Python object per entry, so ~200 bytes per fp32 entry of width 32, index included):
+Layout (no Python object per entry: ~180 bytes per fp32 entry of width 32, ~90 for int8,
+index and running sums included):
 
 - ``_meta``: one 32-byte record per slot (user, item, written_at, verifier score, version id,
-  read flag); version id 0 marks a free slot. One record per cache line pair: checking a key
-  costs one memory access.
+  read flag); version id 0 marks a free slot. Checking a key's fields costs one cache miss.
 - ``_rows``: the encoded vector of each slot (``codec.Codec`` bytes, int8 scale inline).
 - ``_index``: ``HashIndex`` over (user, item, version id) -> slot.
 - ``_sums``: ``UserSums``, float64 running sums per (user, version) for the aggregate.
@@ -22,15 +22,20 @@ never sees another's entries.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import logging
 import math
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 
 from solaris.cache import snapshot as _snap
+from solaris.cache.answer import answer_query
 from solaris.cache.codec import Codec
 from solaris.cache.index import HashIndex, key_hash
+from solaris.cache.inputs import check_ids, check_time, check_version
 from solaris.cache.query import ShardAnswer, ShardQuery
 from solaris.cache.sums import UserSums
 from solaris.config import CacheConfig
@@ -50,25 +55,18 @@ _COUNTERS = ("pair_hits", "pair_misses", "pair_stale", "pair_other_version", "nb
              "expired_unread", "dropped_on_put")
 
 
-def _ids(x: np.ndarray, name: str) -> np.ndarray:
-    if type(x) is np.ndarray and x.dtype == np.int64 and x.ndim == 1:  # the hot path
-        if x.size and x.min() < 0:
-            raise RequestError(f"{name}: negative id {int(x.min())}")
-        return x
-    a = np.asarray(x)
-    if a.ndim != 1 or (a.size and a.dtype.kind not in "iu"):
-        raise RequestError(f"{name}: expected a 1-D integer array, got shape {a.shape} "
-                           f"dtype {a.dtype}")
-    a = a.astype(np.int64, copy=False)
-    if a.size and a.min() < 0:
-        raise RequestError(f"{name}: negative id {int(a.min())}")
-    return a
+def _libc_trim() -> Callable[[], None]:
+    """glibc keeps freed heap blocks mapped (its mmap threshold rises after large frees), so
+    after a slab or index is rebuilt the process would keep the old arrays' pages; trimming
+    hands them back, so resident memory follows the live size. A no-op elsewhere."""
+    try:
+        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return lambda: None
+    return lambda: trim(0) and None
 
 
-def _time(now: float) -> float:
-    if not isinstance(now, (int, float, np.integer, np.floating)) or not math.isfinite(now):
-        raise RequestError(f"now={now!r}: must be a finite event time in seconds")
-    return float(now)
+_trim_heap = _libc_trim()
 
 
 def gather(meta: np.ndarray, idx: np.ndarray) -> np.ndarray:
@@ -94,7 +92,10 @@ def lowest(score: np.ndarray, written: np.ndarray, k: int) -> np.ndarray:
 
 
 class PairStore:
-    """Pair embeddings of one shard: batch put / get / aggregate / holders / answer."""
+    """Pair embeddings of one shard: batch put / get / aggregate / holders / answer.
+
+    Not thread-safe: one call at a time (the shard actor serialises its calls).
+    """
 
     def __init__(self, cfg: CacheConfig) -> None:
         self.cfg = cfg
@@ -114,9 +115,7 @@ class PairStore:
 
     # ---------------------------------------------------------------- versions and keys
     def _version_id(self, version: str, create: bool) -> int:
-        if not isinstance(version, str) or not version:
-            raise RequestError(f"version={version!r}: must be a non-empty string")
-        vid = self._vid.get(version, 0)
+        vid = self._vid.get(check_version(version), 0)
         if vid == 0 and create:
             if len(self._vnames) > np.iinfo(np.uint16).max:
                 raise RequestError(f"version={version!r}: more than 65535 versions seen")
@@ -153,7 +152,7 @@ class PairStore:
 
     def expire(self, now: float) -> int:
         """Drop every time bucket older than retention at ``now``; returns entries freed."""
-        now = _time(now)
+        now = check_time(now)
         before = self.counters["expired"]
         self._advance(now)
         return self.counters["expired"] - before
@@ -213,6 +212,7 @@ class PairStore:
         else:
             meta[:n] = gather(self._meta, live)
             rows[:n] = self._rows.take(live, axis=0)
+        log.debug("slab %d -> %d slots (%d live)", len(self._meta), cap, n)
         self._meta, self._rows = meta, rows
         self._free = np.arange(cap - 1, n - 1, -1, dtype=np.int64)
         self._rebuild_index()
@@ -221,6 +221,7 @@ class PairStore:
         live = np.flatnonzero(self._meta["vid"] != 0)
         m = gather(self._meta, live)
         self._index.rebuild(key_hash(m["user"], m["item"], m["vid"]), live, extra)
+        _trim_heap()
 
     def _alloc(self, k: int) -> np.ndarray:
         if len(self._free) < k:
@@ -239,8 +240,8 @@ class PairStore:
         verifier's) rank entries for eviction when the store is full: the lowest (score, then
         oldest) go first, incoming entries included. Missing scores count as 0.
         """
-        now = _time(now)
-        users, items = _ids(users, "users"), _ids(items, "items")
+        now = check_time(now)
+        users, items = check_ids(users, "users"), check_ids(items, "items")
         n = len(users)
         if len(items) != n:
             raise RequestError(f"items: length {len(items)} != users length {n}")
@@ -347,12 +348,10 @@ class PairStore:
 
     def answer(self, q: ShardQuery) -> ShardAnswer:
         """Everything one request needs from this shard, in one call (see cache/query.py)."""
-        from solaris.cache.answer import answer_query
-
-        now = _time(q.now)
-        pu, pi = _ids(q.pair_users, "pair_users"), _ids(q.pair_items, "pair_items")
-        au, ax = _ids(q.agg_users, "agg_users"), _ids(q.agg_exclude, "agg_exclude")
-        nu, ni = _ids(q.nbr_users, "nbr_users"), _ids(q.nbr_items, "nbr_items")
+        now = check_time(q.now)
+        pu, pi = check_ids(q.pair_users, "pair_users"), check_ids(q.pair_items, "pair_items")
+        au, ax = check_ids(q.agg_users, "agg_users"), check_ids(q.agg_exclude, "agg_exclude")
+        nu, ni = check_ids(q.nbr_users, "nbr_users"), check_ids(q.nbr_items, "nbr_items")
         if len(pi) != len(pu):
             raise RequestError(f"pair_items: length {len(pi)} != pair_users length {len(pu)}")
         if len(ax) != len(au):
