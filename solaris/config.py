@@ -306,6 +306,99 @@ class EnrichConfig:
         _check(self.max_candidates >= 1, "enrich.max_candidates", self.max_candidates,
                "must be >= 1")
 
+@dataclass(frozen=True)
+class VerifierConfig:
+    """Which served candidates are sent to precompute (DESIGN.md step 5) and at what rate."""
+
+    fraction: float = 0.2  # share of ALL a request's candidates, top by VM score, considered
+    horizon_s: float = 1800.0  # a found pair expiring within this event time is re-enqueued
+    # budget: pair-evaluations per second of the controller's clock (event or wall time, the
+    # caller's choice); 0 = no budget, the fraction stays fixed
+    budget_per_s: float = 0.0
+    min_fraction: float = 0.01  # lower bound of the adapted fraction
+    max_fraction: float = 1.0  # upper bound of the adapted fraction
+    interval_s: float = 10.0  # clock seconds between fraction updates (rate measured over it)
+    gain: float = 0.5  # log-space step: fraction *= (target / measured rate) ** gain
+    max_step: float = 2.0  # one update changes the fraction by at most this factor either way
+    # queue-depth feedback: above this many pending pairs the target rate shrinks in
+    # proportion (target * target_depth / depth); 0 = no depth feedback
+    target_depth: int = 0
+
+    def __post_init__(self) -> None:
+        _check(0.0 < self.min_fraction <= self.max_fraction <= 1.0, "verifier.min_fraction",
+               self.min_fraction, f"must satisfy 0 < min_fraction <= max_fraction="
+               f"{self.max_fraction} <= 1")
+        _check(self.min_fraction <= self.fraction <= self.max_fraction, "verifier.fraction",
+               self.fraction, f"must be within [min_fraction={self.min_fraction}, "
+               f"max_fraction={self.max_fraction}]")
+        _check(self.horizon_s >= 0, "verifier.horizon_s", self.horizon_s, "must be >= 0")
+        _check(self.budget_per_s >= 0, "verifier.budget_per_s", self.budget_per_s,
+               "must be >= 0 (0 = no budget)")
+        _check(self.interval_s > 0, "verifier.interval_s", self.interval_s, "must be > 0")
+        _check(0.0 < self.gain <= 1.0, "verifier.gain", self.gain, "must be in (0, 1]")
+        _check(self.max_step > 1.0, "verifier.max_step", self.max_step, "must be > 1")
+        _check(self.target_depth >= 0, "verifier.target_depth", self.target_depth,
+               "must be >= 0 (0 = no depth feedback)")
+
+
+@dataclass(frozen=True)
+class HistoryConfig:
+    """The event-time behaviour history per user that the FM's request part reads."""
+
+    max_events: int = 64  # events kept per user (a ring: the oldest arrival is overwritten)
+    max_users: int = 1_000_000  # users kept; past it the least recently active are evicted
+    evict_share: float = 0.01  # share of max_users evicted at once when full (amortises it)
+
+    def __post_init__(self) -> None:
+        _check(self.max_events >= 1, "history.max_events", self.max_events, "must be >= 1")
+        _check(self.max_users >= 1, "history.max_users", self.max_users, "must be >= 1")
+        _check(0.0 < self.evict_share <= 1.0, "history.evict_share", self.evict_share,
+               "must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """The precompute queue: bounded, priority by verifier score, leased to FM workers."""
+
+    capacity: int = 100_000  # pending + leased pairs; past it the lowest priority is dropped
+    lease_timeout_s: float = 30.0  # wall seconds before an un-acked lease returns to the queue
+    lease_pairs: int = 256  # default pairs per lease (whole request groups, >= one group)
+    snapshot_uri: str | None = None  # pyarrow.fs URI or local dir of queue snapshots
+    snapshot_every_s: float = 5.0  # wall seconds between queue snapshots
+
+    def __post_init__(self) -> None:
+        _check(self.capacity >= 1, "queue.capacity", self.capacity, "must be >= 1")
+        _check(self.lease_timeout_s > 0, "queue.lease_timeout_s", self.lease_timeout_s,
+               "must be > 0")
+        _check(self.lease_pairs >= 1, "queue.lease_pairs", self.lease_pairs, "must be >= 1")
+        _check(self.snapshot_every_s > 0, "queue.snapshot_every_s", self.snapshot_every_s,
+               "must be > 0")
+
+
+@dataclass(frozen=True)
+class PrecomputeConfig:
+    """FM worker pool that drains the queue (one FM + encoder per worker)."""
+
+    workers: int = 1  # workers started with the app
+    max_workers: int = 4  # upper bound when scaling with queue depth
+    # pending pairs per running worker above which one more worker is started
+    scale_up_depth: int = 5000
+    device: str = "auto"  # auto (a GPU where one exists, else CPU) | cpu | cuda
+    threads: int = 1  # torch intra-op threads per CPU worker
+    idle_wait_s: float = 0.05  # wall seconds a worker waits after an empty lease
+
+    def __post_init__(self) -> None:
+        _check(self.workers >= 1, "precompute.workers", self.workers, "must be >= 1")
+        _check(self.max_workers >= self.workers, "precompute.max_workers", self.max_workers,
+               f"must be >= precompute.workers={self.workers}")
+        _check(self.scale_up_depth >= 1, "precompute.scale_up_depth", self.scale_up_depth,
+               "must be >= 1")
+        _check(self.device in ("auto", "cpu", "cuda"), "precompute.device", self.device,
+               "must be one of auto, cpu, cuda")
+        _check(self.threads >= 1, "precompute.threads", self.threads, "must be >= 1")
+        _check(self.idle_wait_s >= 0, "precompute.idle_wait_s", self.idle_wait_s,
+               "must be >= 0")
+
 
 @dataclass(frozen=True)
 class SolarisConfig:
@@ -321,6 +414,10 @@ class SolarisConfig:
     report: ReportConfig = field(default_factory=ReportConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     enrich: EnrichConfig = field(default_factory=EnrichConfig)
+    verifier: VerifierConfig = field(default_factory=VerifierConfig)
+    history: HistoryConfig = field(default_factory=HistoryConfig)
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    precompute: PrecomputeConfig = field(default_factory=PrecomputeConfig)
 
 
 def _build(cls: type, values: dict[str, Any], where: str) -> Any:

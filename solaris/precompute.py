@@ -1,0 +1,138 @@
+"""The FM worker's pure step: leased request groups in, pair embeddings out.
+
+DESIGN.md step 6 and the request-side sharing contract. For a lease's groups (one served
+request each), ``PrecomputeWorker.run`` builds one request batch -- one row per group, the
+user's history as of the group's event time -- runs the FM's ``request_part`` once over it,
+then ``candidate_part`` over every chosen item of every group in one batch (``req_index``
+maps each item to its group's row), and compresses the last shared layer with the pair
+encoder. ``run_naive`` computes the same vectors with the plain per-pair forward (every pair
+carries its own copy of the request side), the baseline the precompute benchmark compares.
+
+The actor around it owns leasing, the cache write (with ``version``) and the ack.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from solaris.errors import RequestError
+from solaris.models.encoder import PairEncoder
+from solaris.models.fm import REQUEST_KEYS, FoundationModel
+from solaris.pqueue import Group
+
+log = logging.getLogger(__name__)
+
+Tensor = torch.Tensor
+Result = tuple[np.ndarray, np.ndarray, np.ndarray, float]  # users, items, vectors, seconds
+
+
+class SideFeatures(Protocol):
+    """Side-feature tables, indexed by user / item id (``FeatureTables`` has them)."""
+
+    user_cat: np.ndarray  # (num_users, n_uc) int
+    user_cont: np.ndarray  # (num_users, n_ud) float32
+    item_cat: np.ndarray  # (num_items, n_ic) int, raw codes
+    item_mh: np.ndarray  # (num_items, n_mh, M) int, codes + 1 (0 = pad)
+    item_cont: np.ndarray  # (num_items, n_id) float32
+
+
+class HistoryProvider(Protocol):
+    """What the worker needs of the history store (``solaris.history.HistoryStore``)."""
+
+    def batch(self, users: np.ndarray, now: np.ndarray, surfaces: np.ndarray,
+              history_len: int, item_cat: np.ndarray, user_cat: np.ndarray,
+              user_cont: np.ndarray) -> dict[str, np.ndarray]: ...
+
+
+class PrecomputeWorker:
+    """Runs FM + encoder over leased request groups, sharing each group's request part."""
+
+    def __init__(self, fm: FoundationModel, encoder: PairEncoder, history: HistoryProvider,
+                 tables: SideFeatures, version: str, device: str | torch.device = "cpu",
+                 timer: Callable[[], float] = time.perf_counter) -> None:
+        if not version:
+            raise RequestError(f"version={version!r}: must be non-empty")
+        self.device = torch.device(device)
+        self.fm = fm.to(self.device).eval()  # no dropout: precompute is inference
+        self.encoder = encoder.to(self.device).eval()
+        self.history = history
+        self.tables = tables
+        self.version = version
+        self.timer = timer  # measures FM-seconds (cost accounting, not TTL logic)
+        self.num_items = len(tables.item_cat)
+
+    # ------------------------------------------------------------------ batches
+    def _check(self, groups: Sequence[Group]) -> list[Group]:
+        out = []
+        for g in groups:
+            if g.version != self.version:
+                raise RequestError(f"group version={g.version!r}: this worker computes "
+                                   f"{self.version!r}")
+            items = np.asarray(g.items)
+            if items.ndim != 1 or (len(items) and (items.min() < 0
+                                                   or items.max() >= self.num_items)):
+                raise RequestError(f"group of user {g.user}: items outside 0..{self.num_items - 1}")
+            if len(items):
+                out.append(g)
+        return out
+
+    def _batches(self, groups: list[Group]) -> tuple[dict[str, Tensor], dict[str, Tensor],
+                                                      Tensor, np.ndarray, np.ndarray]:
+        """(request batch (R rows), candidate batch (B rows), req_index (B,), users, items)."""
+        t = self.tables
+        r_users = np.array([g.user for g in groups], np.int64)  # (R,)
+        r_now = np.array([g.now for g in groups], np.float64)  # (R,)
+        r_surf = np.array([g.surface for g in groups], np.int64)  # (R,)
+        req_np = self.history.batch(r_users, r_now, r_surf, self.fm.history_len, t.item_cat,
+                                    t.user_cat, t.user_cont)
+        sizes = np.array([len(g.items) for g in groups], np.int64)
+        items = np.concatenate([np.asarray(g.items, np.int64) for g in groups])  # (B,)
+        req_index = np.repeat(np.arange(len(groups)), sizes)  # (B,)
+        dev = self.device
+        req = {k: torch.from_numpy(np.ascontiguousarray(req_np[k])).to(dev) for k in REQUEST_KEYS}
+        cand = {"item": torch.from_numpy(items).to(dev),  # (B,)
+                "item_cat": torch.from_numpy(t.item_cat[items].astype(np.int64)).to(dev),
+                "item_mh": torch.from_numpy(t.item_mh[items].astype(np.int64)).to(dev),
+                "item_cont": torch.from_numpy(t.item_cont[items].astype(np.float32)).to(dev)}
+        return req, cand, torch.from_numpy(req_index).to(dev), r_users[req_index], items
+
+    def _empty(self) -> Result:
+        return (np.zeros(0, np.int64), np.zeros(0, np.int64),
+                np.zeros((0, self.encoder.width), np.float32), 0.0)
+
+    # ------------------------------------------------------------------ forward passes
+    def run(self, groups: Sequence[Group]) -> Result:
+        """(users (n,), items (n,), vectors (n, d) float32, FM-seconds) for every pair of
+        ``groups``, in group order; the request part runs once per group."""
+        groups = self._check(groups)
+        if not groups:
+            return self._empty()
+        req, cand, req_index, users, items = self._batches(groups)
+        with torch.inference_mode():
+            t0 = self.timer()
+            state = self.fm.request_part(req)  # R rows: one per group
+            shared = self.fm.candidate_part(state, cand, req_index)  # (B, S)
+            z = self.encoder.encode(shared).float().cpu().numpy()  # (B, d)
+            seconds = self.timer() - t0
+        return users, items, z, seconds
+
+    def run_naive(self, groups: Sequence[Group]) -> Result:
+        """Same result through the plain per-pair forward: each pair carries its own copy of
+        its group's request side, so the request part runs once per pair."""
+        groups = self._check(groups)
+        if not groups:
+            return self._empty()
+        req, cand, req_index, users, items = self._batches(groups)
+        with torch.inference_mode():
+            t0 = self.timer()
+            batch = {k: v.index_select(0, req_index) for k, v in req.items()}  # B rows each
+            batch.update(cand)
+            shared = self.fm.shared_layer(batch)  # (B, S)
+            z = self.encoder.encode(shared).float().cpu().numpy()  # (B, d)
+            seconds = self.timer() - t0
+        return users, items, z, seconds

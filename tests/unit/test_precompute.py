@@ -1,0 +1,131 @@
+"""FM worker step: the shared path equals the plain per-pair forward and the offline model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from solaris.config import EncoderConfig, FeatureConfig, FMConfig, HistoryConfig, QueueConfig, \
+    SyntheticConfig
+from solaris.data.synthetic import generate
+from solaris.errors import RequestError
+from solaris.features import FeatureTables
+from solaris.history import HistoryStore
+from solaris.models.encoder import PairEncoder
+from solaris.models.fm import FoundationModel
+from solaris.pqueue import Group, PrecomputeQueue
+from solaris.precompute import PrecomputeWorker
+
+L = 8
+V = "fm-test"
+
+
+@pytest.fixture(scope="module")
+def world():
+    torch.manual_seed(0)
+    ds = generate(SyntheticConfig(num_users=200, num_items=300, days=8.0,
+                                  target_interactions=6000))
+    ft = FeatureTables(ds, FeatureConfig(history_len=L))
+    fm = FoundationModel(FMConfig(emb_dim=8, seq_heads=2, dense_hidden=8, cross_layers=2,
+                                  shared_dim=16, head_hidden=8, dropout=0.1, version=V),
+                         ds.spec, ds.num_users, ds.num_items, ds.tasks, L)
+    enc = PairEncoder(16, EncoderConfig(width=8, hidden=16))
+    hs = HistoryStore(HistoryConfig(max_events=int(np.bincount(ft.user).max()), max_users=500))
+    for r in range(ft.num_rows):  # every event: `now` alone cuts each request's history
+        hs.record_impressions(int(ft.user[r]), ft.item[r:r + 1], ft.surface[r:r + 1],
+                              float(ft.ts[r]))
+        hs.record_labels(int(ft.user[r]), ft.item[r:r + 1], ft.labels[r:r + 1],
+                         float(ft.ts[r]), ts=ft.ts[r:r + 1].astype(float))
+    worker = PrecomputeWorker(fm, enc, hs, ft, version=V)
+    return ft, worker
+
+
+def _leased_groups(ft: FeatureTables, n_groups: int = 12, seed: int = 0) -> list[Group]:
+    """Request groups of assorted sizes through the real queue (one user has no history)."""
+    rng = np.random.default_rng(seed)
+    q = PrecomputeQueue(QueueConfig(capacity=10_000), clock=lambda: 0.0)
+    rows = rng.choice(ft.num_rows, n_groups, replace=False)
+    for j, r in enumerate(rows):
+        size = int(rng.integers(1, 40))
+        items = rng.choice(ft.num_items, size, replace=False)
+        now = float(ft.ts[r]) if j else 0.0  # now=0: nothing before it, empty history
+        q.put(np.full(size, ft.user[r]), items, rng.random(size), now, int(ft.surface[r]), V)
+    lease = q.lease(10_000)
+    assert len(lease.groups) == n_groups
+    return lease.groups
+
+
+def test_shared_path_equals_naive_per_pair_forward(world):
+    ft, worker = world
+    groups = _leased_groups(ft)
+    u1, i1, z1, s1 = worker.run(groups)
+    u2, i2, z2, s2 = worker.run_naive(groups)
+    np.testing.assert_array_equal(u1, u2)
+    np.testing.assert_array_equal(i1, i2)
+    assert z1.dtype == np.float32 and z1.shape == (sum(len(g.items) for g in groups), 8)
+    np.testing.assert_allclose(z1, z2, atol=1e-5, rtol=0)
+    assert s1 >= 0 and s2 >= 0
+    exp_users = np.concatenate([np.full(len(g.items), g.user) for g in groups])
+    np.testing.assert_array_equal(u1, exp_users)
+
+
+def test_request_part_runs_once_per_group(world):
+    ft, worker = world
+    groups = _leased_groups(ft, n_groups=5, seed=1)
+    rows_seen: list[int] = []
+    original = worker.fm.request_part
+
+    def counting(req):
+        rows_seen.append(int(req["user"].shape[0]))
+        return original(req)
+    worker.fm.request_part = counting
+    try:
+        worker.run(groups)
+        assert rows_seen == [5]  # one call, one row per group
+        rows_seen.clear()
+        worker.run_naive(groups)
+        assert rows_seen == [sum(len(g.items) for g in groups)]  # one row per pair
+    finally:
+        del worker.fm.request_part
+
+
+def test_worker_computes_what_the_offline_model_computes(world):
+    """A logged request re-run through history store + worker equals the FM and encoder on
+    FeatureTables' rows of that request (the batch contract end to end)."""
+    ft, worker = world
+    key = np.stack([ft.user, ft.ts], 1)
+    _, start, counts = np.unique(key, axis=0, return_index=True, return_counts=True)
+    groups, rows = [], []
+    for s, c in zip(start[counts >= 3][:10], counts[counts >= 3][:10]):
+        r = np.arange(s, s + c)
+        if len(np.unique(ft.item[r])) < c:
+            continue
+        groups.append(Group(int(ft.user[s]), float(ft.ts[s]), int(ft.surface[s]), V,
+                            ft.item[r], np.ones(c)))
+        rows.append(r)
+    assert len(groups) >= 5
+    _, _, z, _ = worker.run(groups)
+    with torch.inference_mode():
+        want = worker.encoder.encode(worker.fm.shared_layer(ft.batch(np.concatenate(rows))))
+    np.testing.assert_allclose(z, want.numpy(), atol=1e-5, rtol=0)
+
+
+def test_empty_and_wrong_version(world):
+    ft, worker = world
+    u, i, z, s = worker.run([])
+    assert len(u) == len(i) == 0 and z.shape == (0, 8) and s == 0.0
+    bad = Group(0, 1.0, 0, "other", np.array([1]), np.array([0.5]))
+    with pytest.raises(RequestError, match="other"):
+        worker.run([bad])
+    bad = Group(0, 1.0, 0, V, np.array([10_000]), np.array([0.5]))
+    with pytest.raises(RequestError, match="items outside"):
+        worker.run_naive([bad])
+
+
+def test_config_errors_name_the_field():
+    from solaris.config import ConfigError, PrecomputeConfig
+    with pytest.raises(ConfigError, match="precompute.device='tpu'"):
+        PrecomputeConfig(device="tpu")
+    with pytest.raises(ConfigError, match="precompute.max_workers=1"):
+        PrecomputeConfig(workers=2, max_workers=1)
