@@ -1,0 +1,503 @@
+"""FM worker actors: lease from the precompute queue, run FM + encoder, write the cache, ack.
+
+``FMWorker`` wraps one ``solaris.precompute.PrecomputeWorker`` built in ``__init__`` from the
+artifact files (``fm.pt`` and ``encoder.pt``, read with ``weights_only``), the side-feature
+tables and a history provider. One ``step()``:
+
+1. ``lease`` whole request groups from the queue actor (one call);
+2. ``PrecomputeWorker.run``: the FM's request part once per group, the candidate part over
+   every leased item in one batch, the encoder (``run_naive``: the plain per-pair forward);
+3. report the evaluations to the ``LedgerActor`` (``CostLedger``: a pair evaluated while the
+   ledger still holds an earlier evaluation of it counts as a duplicate) and, in parallel,
+   write the vectors to the owning cache shards (``CacheGroup.put``, one call per shard) with
+   the model version and the verifier scores as eviction ranks;
+4. ``ack`` the lease (after the write: a crash before it makes the pairs come back, and the
+   retry overwrites the same cache keys -- one live entry, one counted duplicate).
+
+``drain`` (and the background loop) pipelines these cycles: the next lease is requested
+before the current forward, and one lease's write + ack run in a second thread while the
+next lease's forward runs -- at most two leases in flight, each acked only after its write.
+
+A lease's entries are stamped with its latest request event time: the time the worker writes
+them in event time (in production the cache's ``now`` is the wall clock of the write), and
+one ``put`` per lease instead of one per request.
+
+Placement: ``num_gpus=1`` where GPUs exist (``PrecomputeConfig.device``: ``auto`` looks at
+the cluster's resources when the worker is created), CPU otherwise, with
+``PrecomputeConfig.threads`` torch threads. Fault injection for tests goes through
+``arm(fault)`` with the named points in ``FAULTS``.
+
+Scaling (``WorkerPool``): the pool starts ``PrecomputeConfig.workers`` workers; ``scale()``
+reads the queue depth and starts one more worker per ``scale_up_depth`` pending pairs
+above what the running workers cover, up to ``max_workers``; it never stops one (a worker
+with nothing to lease sleeps ``idle_wait_s`` and costs no FM time). On a cluster, call
+``scale()`` from the process that owns the pool (the serve app or a job) every few seconds:
+each new GPU worker asks for ``num_gpus=1``, so Ray's autoscaler starts a GPU node of the
+``cluster.yaml`` GPU worker type when none is free, and ``max_workers`` caps the GPUs used.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+import time
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from ray.exceptions import RayActorError, RayError
+
+from solaris.config import PrecomputeConfig, config_from_dict
+from solaris.data.schema import FeatureSpec
+from solaris.errors import CheckpointError, ConfigError
+from solaris.ledger import CostLedger
+from solaris.models.encoder import PairEncoder
+from solaris.models.fm import FoundationModel
+from solaris.pqueue import Lease
+from solaris.precompute import HistoryProvider, PrecomputeWorker
+from solaris.train.checkpoint import load_checkpoint
+
+log = logging.getLogger(__name__)
+
+WORKER_NUM_CPUS = 0.25  # logical share on the 2-core profile; on a cluster pass threads
+LEDGER_NUM_CPUS = 0.05
+FAULTS = ("mid_forward", "after_write_before_ack")
+
+
+# ---- what a worker is built from -----------------------------------------------------------
+@dataclass(frozen=True)
+class SideTables:
+    """The side-feature tables a worker needs (``SideFeatures``), without the interaction rows
+    ``FeatureTables`` also holds: what travels to every worker."""
+
+    user_cat: np.ndarray  # (num_users, n_uc) int
+    user_cont: np.ndarray  # (num_users, n_ud) float32
+    item_cat: np.ndarray  # (num_items, n_ic) int
+    item_mh: np.ndarray  # (num_items, n_mh, M) int, codes + 1
+    item_cont: np.ndarray  # (num_items, n_id) float32
+
+    @classmethod
+    def from_features(cls, ft: Any) -> "SideTables":
+        """The tables of a ``FeatureTables`` (or anything with the same five arrays)."""
+        return cls(ft.user_cat, ft.user_cont, ft.item_cat, ft.item_mh, ft.item_cont)
+
+
+def load_models(artifacts_dir: str | Path) -> tuple[FoundationModel, PairEncoder, str]:
+    """FM, encoder and their version from an artifact directory (``train_artifacts``)."""
+    root = Path(artifacts_dir)
+    names = {"fm": "fm.pt", "encoder": "encoder.pt"}
+    if (root / "manifest.json").exists():
+        manifest = json.loads((root / "manifest.json").read_text())
+        names = {k: manifest.get(k, v) for k, v in names.items()}
+    fm_ck = load_checkpoint(root / names["fm"], "fm")
+    meta = fm_ck["meta"]
+    fm = FoundationModel(config_from_dict({"fm": fm_ck["config"]}).fm,
+                         FeatureSpec.from_dict(meta["spec"]), meta["num_users"],
+                         meta["num_items"], tuple(meta["tasks"]), meta["history_len"])
+    fm.load_state_dict(fm_ck["state_dict"])
+    enc_ck = load_checkpoint(root / names["encoder"], "encoder")
+    enc = PairEncoder(enc_ck["meta"]["in_dim"],
+                      config_from_dict({"encoder": enc_ck["config"]}).encoder)
+    enc.load_state_dict(enc_ck["state_dict"])
+    version = str(enc_ck["meta"].get("version", ""))
+    if version != meta.get("version"):
+        raise CheckpointError(f"{root}: encoder version {version!r} != FM version "
+                              f"{meta.get('version')!r}")
+    enc.version = version
+    return fm, enc, version
+
+
+def worker_gpus(cfg: PrecomputeConfig) -> int:
+    """GPUs one worker asks for: ``cuda`` 1, ``cpu`` 0, ``auto`` 1 where the cluster has any."""
+    if cfg.device == "cpu":
+        return 0
+    if cfg.device == "cuda":
+        return 1
+    return 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
+
+
+# ---- the ledger ------------------------------------------------------------------------------
+@ray.remote(num_cpus=LEDGER_NUM_CPUS, max_restarts=0)
+class LedgerActor:
+    """One CostLedger (per FM+encoder version) that outlives the workers reporting to it."""
+
+    def __init__(self) -> None:
+        self._ledger = CostLedger()
+
+    def evaluated(self, users: np.ndarray, items: np.ndarray, seconds: float) -> int:
+        """Record FM evaluations; returns how many were duplicates."""
+        return self._ledger.evaluated(users, items, seconds)
+
+    def served(self, n: int = 1) -> None:
+        """``n`` requests answered (the router)."""
+        self._ledger.served(n)
+
+    def read(self, users: np.ndarray, items: np.ndarray) -> None:
+        """Pairs served as pair embeddings (the router's hits)."""
+        self._ledger.read(users, items)
+
+    def expired(self, users: np.ndarray, items: np.ndarray,
+                was_read: np.ndarray | None = None) -> None:
+        """Entries that left the cache (the shards)."""
+        self._ledger.expired(users, items, was_read)
+
+    def report(self) -> dict:
+        """``CostLedger.report``: evaluations, duplicates, FM-seconds, precision."""
+        return self._ledger.report()
+
+
+# ---- the worker ------------------------------------------------------------------------------
+@ray.remote(num_cpus=WORKER_NUM_CPUS, max_restarts=-1, max_task_retries=0, max_concurrency=2)
+class FMWorker:
+    """One PrecomputeWorker: lease -> FM + encoder -> cache write -> ack.
+
+    ``step`` runs one cycle with nothing overlapped (the fault tests' unit); ``drain`` and the
+    background loop (``start``) pipeline cycles. Two call threads: ``metrics``/``stop``
+    answer while a loop runs; cycles are serialised by a lock. Calls are not retried: a
+    worker that died mid-cycle left its leases un-acked, and the queue hands them out again.
+    """
+
+    def __init__(self, cfg: PrecomputeConfig, artifacts_dir: str, tables: SideTables,
+                 history: HistoryProvider, queue: Any, cache: Any, ledger: Any = None,
+                 lease_pairs: int | None = None, worker_id: int = 0) -> None:
+        torch.set_num_threads(cfg.threads)
+        self._cfg = cfg
+        self._queue = queue
+        self._cache = cache  # actors.cache.CacheGroup
+        self._ledger = ledger
+        self._lease_pairs = lease_pairs
+        self._id = worker_id
+        use_gpu = bool(ray.get_gpu_ids()) and torch.cuda.is_available()
+        if cfg.device == "cuda" and not use_gpu:
+            raise ConfigError("precompute.device='cuda': this worker got no usable GPU")
+        fm, enc, version = load_models(artifacts_dir)
+        self._worker = PrecomputeWorker(fm, enc, history, tables, version,
+                                        "cuda" if use_gpu else "cpu")
+        self.version = version
+        self._fault: str | None = None
+        self._hook: Any = None
+        self._step_lock = threading.Lock()  # one cycle (step or pipeline) at a time
+        self._count_lock = threading.Lock()  # counters: the writer thread updates them too
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix=f"fm-writer-{worker_id}")
+        self._stop = threading.Event()
+        self._loop: threading.Thread | None = None
+        self._counts = dict.fromkeys(("steps", "leases", "pairs", "written", "duplicates",
+                                      "late_acks", "errors", "ledger_errors"), 0)
+        self._fm_seconds = 0.0
+        # wall seconds per phase of the steps (where the time goes; "lease" counts empty polls)
+        self._phase = dict.fromkeys(("lease", "compute", "write", "ack"), 0.0)
+        with warnings.catch_warnings():  # Ray's property reads a deprecated attribute inside
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self._restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        log.info("FM worker %d: version %s on %s%s", worker_id, version,
+                 self._worker.device, " (restarted)" if self._restarted else "")
+
+    # -- fault injection (tests): named points, never timing
+    def arm(self, fault: str | None) -> None:
+        """Make the next step exit the process at ``fault`` (one of FAULTS; None disarms).
+        A restarted worker starts disarmed (a new process runs ``__init__``)."""
+        if fault is not None and fault not in FAULTS:
+            raise ConfigError(f"fault={fault!r}: must be one of {', '.join(FAULTS)} or None")
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        self._fault = fault
+        if fault == "mid_forward":  # inside the candidate part, after the request part ran
+            fm = self._worker.fm
+            target = getattr(fm, "inter_proj", None)
+            target = self._worker.encoder if target is None else target
+            self._hook = target.register_forward_hook(lambda *_: self._exit("mid_forward"))
+
+    def _exit(self, where: str) -> None:
+        log.warning("FM worker %d: fault %r armed, exiting", self._id, where)
+        os._exit(1)
+
+    # -- the cycle, in three stages
+    def _lease(self, ref: Any) -> Lease | None:
+        t0 = time.perf_counter()
+        lease = ray.get(ref)
+        with self._count_lock:
+            self._counts["steps"] += 1
+            self._phase["lease"] += time.perf_counter() - t0
+        return lease
+
+    def _lease_ref(self, max_pairs: int | None = None) -> Any:
+        limit = max_pairs if max_pairs is not None else self._lease_pairs
+        return self._queue.lease.remote(limit, self.version)
+
+    def _compute(self, lease: Lease, naive: bool) -> tuple:
+        """FM + encoder over the lease (``naive``: the per-pair forward); nack on failure."""
+        t0 = time.perf_counter()
+        try:
+            out = (self._worker.run_naive if naive else self._worker.run)(lease.groups)
+        except Exception:
+            self._fail(lease)
+            raise
+        with self._count_lock:
+            self._phase["compute"] += time.perf_counter() - t0
+        return out
+
+    def _fail(self, lease: Lease) -> None:
+        with self._count_lock:
+            self._counts["errors"] += 1
+        self._queue.nack.remote(lease.lease_id)  # back in the queue now, not after the timeout
+
+    def _finish(self, lease: Lease, result: tuple) -> dict[str, Any]:
+        """Ledger report and cache write (in parallel), then the ack."""
+        users, items, z, secs = result
+        t0 = time.perf_counter()
+        try:
+            scores = np.concatenate([g.priorities for g in lease.groups]).astype(np.float32)
+            ledger_ref = (self._ledger.evaluated.remote(users, items, secs)
+                          if self._ledger is not None else None)
+            now = max(g.now for g in lease.groups)
+            written = self._cache.put(users, items, z, self.version, now, scores)
+        except Exception:
+            self._fail(lease)
+            raise
+        dups = self._ledger_result(ledger_ref)
+        if written < len(users):
+            log.warning("FM worker %d: %d of %d pairs written (shard down or store full)",
+                        self._id, written, len(users))
+        if self._fault == "after_write_before_ack":
+            self._exit(self._fault)
+        t1 = time.perf_counter()
+        acked = bool(ray.get(self._queue.ack.remote(lease.lease_id)))
+        t2 = time.perf_counter()
+        if not acked:  # expired, or the queue restarted: the pairs may be evaluated again
+            log.warning("FM worker %d: late ack of lease %s", self._id, lease.lease_id)
+        with self._count_lock:
+            c, ph = self._counts, self._phase
+            ph["write"] += t1 - t0
+            ph["ack"] += t2 - t1
+            c["leases"] += 1
+            c["pairs"] += len(users)
+            c["written"] += written
+            c["duplicates"] += dups
+            c["late_acks"] += not acked
+            self._fm_seconds += secs
+        return {"lease": lease.lease_id, "pairs": len(users), "written": written,
+                "duplicates": dups, "acked": acked, "fm_seconds": secs}
+
+    def _ledger_result(self, ref: Any) -> int:
+        """Duplicates the ledger counted; accounting is best effort: a dead ledger is logged
+        and counted, never a reason to hold back the cache write's ack."""
+        if ref is None:
+            return 0
+        try:
+            return int(ray.get(ref))
+        except RayError as exc:
+            with self._count_lock:
+                self._counts["ledger_errors"] += 1
+            log.warning("FM worker %d: ledger report failed: %s", self._id, type(exc).__name__)
+            return 0
+
+    def step(self, max_pairs: int | None = None, naive: bool = False) -> dict[str, Any]:
+        """One lease -> compute -> write -> ack cycle, nothing overlapped; ``naive`` runs
+        the per-pair forward. ``lease`` is None in the report when the queue was empty."""
+        with self._step_lock:
+            lease = self._lease(self._lease_ref(max_pairs))
+            if lease is None:
+                return {"lease": None, "pairs": 0, "written": 0, "duplicates": 0,
+                        "acked": False, "fm_seconds": 0.0}
+            return self._finish(lease, self._compute(lease, naive))
+
+    def drain(self, naive: bool = False, max_leases: int | None = None,
+              lease_pairs: int | None = None) -> dict[str, Any]:
+        """Process leases (of ``lease_pairs``, default the worker's) until one comes back
+        empty (or ``max_leases``), pipelined: the next lease is requested before the current
+        forward and the write + ack of one lease run in a second thread during the next
+        forward (at most two leases in flight)."""
+        with self._step_lock:
+            return self._pipeline(naive, max_leases, lease_pairs)
+
+    def _pipeline(self, naive: bool, max_leases: int | None,
+                  lease_pairs: int | None = None) -> dict[str, Any]:
+        out = {"leases": 0, "pairs": 0, "written": 0, "duplicates": 0, "late_acks": 0,
+               "fm_seconds": 0.0}
+
+        def add(r: dict[str, Any]) -> None:
+            out["leases"] += 1
+            for k in ("pairs", "written", "duplicates", "fm_seconds"):
+                out[k] += r[k]
+            out["late_acks"] += not r["acked"]
+        pending: Future | None = None
+        lease = self._lease(self._lease_ref(lease_pairs))
+        n = 0
+        try:
+            while lease is not None:
+                n += 1
+                nxt = (self._lease_ref(lease_pairs) if max_leases is None or n < max_leases
+                       else None)
+                try:
+                    result = self._compute(lease, naive)
+                except Exception:
+                    if nxt is not None and (held := ray.get(nxt)) is not None:
+                        self._fail(held)
+                    raise
+                if pending is not None:
+                    add(pending.result())
+                pending = self._writer.submit(self._finish, lease, result)
+                lease = self._lease(nxt) if nxt is not None else None
+        finally:
+            if pending is not None:
+                add(pending.result())
+        return out
+
+    # -- background loop (optional; tests call step/drain directly)
+    def start(self) -> bool:
+        """Run ``drain`` in a background thread until ``stop``; False if already running."""
+        if self._loop is not None and self._loop.is_alive():
+            return False
+        self._stop.clear()
+        self._loop = threading.Thread(target=self._run_forever, name=f"fm-worker-{self._id}",
+                                      daemon=True)
+        self._loop.start()
+        return True
+
+    def _run_forever(self) -> None:
+        while not self._stop.is_set():
+            try:
+                with self._step_lock:  # a short pipeline: stop is checked between runs
+                    got = self._pipeline(False, max_leases=16)
+                if not got["leases"]:
+                    self._stop.wait(self._cfg.idle_wait_s)
+            except RayError as exc:  # queue or shard restarting: wait and try again
+                log.warning("FM worker %d: step failed: %s", self._id, type(exc).__name__)
+                self._stop.wait(max(self._cfg.idle_wait_s, 0.5))
+            except Exception:
+                log.exception("FM worker %d: step failed", self._id)
+                self._stop.wait(max(self._cfg.idle_wait_s, 0.5))
+
+    def stop(self) -> bool:
+        """Stop the background loop after its current step."""
+        self._stop.set()
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            loop.join()
+        return loop is not None
+
+    def metrics(self) -> dict[str, Any]:
+        """Steps, leases, pairs, writes, duplicates, late acks, FM-seconds, device, pid."""
+        return {**self._counts, "fm_seconds": self._fm_seconds,
+                "phase_seconds": dict(self._phase), "worker": self._id,
+                "version": self.version, "device": str(self._worker.device),
+                "pid": os.getpid(), "restarted": self._restarted,
+                "running": self._loop is not None}
+
+
+# ---- the pool --------------------------------------------------------------------------------
+class WorkerPool:
+    """Starts ``PrecomputeConfig.workers`` FM workers and adds more with the queue depth.
+
+    Lives in the caller's process (driver, job or serve app). The side tables and the history
+    go to the object store once and are shared by every worker (and every restart).
+    """
+
+    def __init__(self, cfg: PrecomputeConfig, artifacts_dir: str | Path, tables: SideTables,
+                 history: HistoryProvider, queue: Any, cache: Any, ledger: Any = None,
+                 lease_pairs: int | None = None, num_cpus: float = WORKER_NUM_CPUS) -> None:
+        self.cfg = cfg
+        self.queue = queue
+        self.cache = cache
+        self.ledger = ledger
+        self.num_gpus = worker_gpus(cfg)
+        self._args = (str(Path(artifacts_dir).resolve()), ray.put(tables), ray.put(history))
+        self._lease_pairs = lease_pairs
+        self._num_cpus = num_cpus
+        self.workers: list[Any] = []
+        for _ in range(cfg.workers):
+            self.add_worker()
+
+    def add_worker(self) -> Any:
+        """Start one more worker (no check against ``max_workers``; ``scale`` checks)."""
+        art, tables, history = self._args
+        w = FMWorker.options(num_cpus=self._num_cpus, num_gpus=self.num_gpus).remote(
+            self.cfg, art, tables, history, self.queue, self.cache, self.ledger,
+            self._lease_pairs, len(self.workers))
+        self.workers.append(w)
+        return w
+
+    def scale(self, depth: int | None = None) -> int:
+        """Add workers while ``depth`` (default: the queue's) exceeds ``scale_up_depth`` per
+        running worker, up to ``max_workers``; returns how many were added."""
+        if depth is None:
+            depth = int(ray.get(self.queue.metrics.remote())["depth"])
+        want = min(self.cfg.max_workers, max(len(self.workers),
+                                              math.ceil(depth / self.cfg.scale_up_depth)))
+        added = want - len(self.workers)
+        for _ in range(added):
+            self.add_worker()
+        if added:
+            log.info("precompute: depth %d -> %d workers", depth, len(self.workers))
+        return added
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Block until every worker has loaded its models."""
+        ray.get([w.metrics.remote() for w in self.workers], timeout=timeout_s)
+
+    def step_all(self, naive: bool = False) -> list[dict[str, Any] | None]:
+        """One step on every worker in parallel; None for a worker that died in it (Ray
+        restarts it; its lease returns to the queue after the timeout)."""
+        refs = [w.step.remote(naive=naive) for w in self.workers]
+        out: list[dict[str, Any] | None] = []
+        for i, ref in enumerate(refs):
+            try:
+                out.append(ray.get(ref))
+            except RayActorError as exc:
+                log.warning("precompute: worker %d died in a step: %s", i, type(exc).__name__)
+                out.append(None)
+        return out
+
+    def drain(self, timeout_s: float = 60.0) -> list[dict[str, Any] | None]:
+        """Step every worker until the queue holds nothing pending or leased (leases of dead
+        workers come back after the lease timeout); the step reports, in order."""
+        deadline = time.monotonic() + timeout_s
+        reports: list[dict[str, Any] | None] = []
+        while True:
+            got = self.step_all()
+            reports += got
+            if any(r is not None and r["lease"] is not None for r in got):
+                continue
+            m = ray.get(self.queue.metrics.remote())
+            if m["depth"] == 0 and m["leased"] == 0:
+                return reports
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"precompute: queue not drained after {timeout_s} s "
+                                   f"(depth {m['depth']}, leased {m['leased']})")
+            time.sleep(max(self.cfg.idle_wait_s, 0.05))
+
+    def start(self) -> None:
+        """Start every worker's background loop."""
+        ray.get([w.start.remote() for w in self.workers])
+
+    def stop(self) -> None:
+        """Stop every worker's background loop (after its current step)."""
+        ray.get([w.stop.remote() for w in self.workers])
+
+    def metrics(self) -> list[dict[str, Any] | None]:
+        """Each worker's metrics; None for one that did not answer."""
+        out = []
+        for w in self.workers:
+            try:
+                out.append(ray.get(w.metrics.remote(), timeout=30))
+            except RayError:
+                out.append(None)
+        return out
+
+    def shutdown(self) -> None:
+        """Kill every worker for good."""
+        for w in self.workers:
+            try:
+                ray.kill(w, no_restart=True)
+            except RayError:
+                pass
+        self.workers = []
