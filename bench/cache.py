@@ -15,10 +15,13 @@ Phases, one after the other so that none disturbs another's numbers:
    process's RSS growth beside it;
 3. latency: per request, in-process enrichment, the one-round Ray lookup, a no-op ping to one
    shard and a no-op to all four, in rotating order on one local Ray (2 CPUs); medians over
-   all requests; then ``ray.shutdown()``;
-4. int8 vs fp32: a teacher and vm_pair_100 trained once on MovieLens-100K (seed 0, the
-   report's validation grid), scored on the same test rows with fp32 z and int8-decoded z;
-   the change of the calibrated transfer ratio (Platt fitted on validation).
+   all requests; ray == inproc is checked bit for bit on every request. Then, outside the
+   timed loop, 300 more lookups broken into steps (client: plan, submit, wait, assemble;
+   each shard: time inside ``answer``) show where a round's time goes; ``ray.shutdown()``;
+4. int8 vs fp32 (``bench/int8_transfer.py``): a teacher and vm_pair_100 trained once on
+   MovieLens-100K (seed 0, the report's validation grid), scored on the same test rows with
+   fp32 z and int8-decoded z; the change of the calibrated transfer ratio (Platt fitted on
+   validation).
 
 Prints one table with each target's pass/fail, writes every number as JSON.
 """
@@ -37,10 +40,6 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # ``actors`` is a folder of the repo, not an installed package
-    sys.path.insert(0, str(ROOT))
-
 log = logging.getLogger("bench.cache")
 
 DIM = 32
@@ -56,6 +55,7 @@ VERSION = "fm1+enc32"
 NOW = 1_000_000.0
 FILL_CHUNKS = 20
 WRITE_SPAN_S = 3.5 * 3600  # every write within the 4 h read TTL at NOW
+PHASE_REQUESTS = 300  # lookups of the per-step breakdown that follows the timed loop
 
 
 # ---- workload ----------------------------------------------------------------------------------
@@ -174,7 +174,7 @@ def latency(entries: int, n_requests: int, warmup: int) -> dict:
     ecfg = EnrichConfig(user_knn_probe=10, item_knn_probe=10, item_tier=True, aggregate=True)
     cfg = cache_cfg(capacity=max(entries, 1024))
     ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False,
-             logging_level="warning", runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+             logging_level="warning")
     try:
         group = CacheGroup.create(cfg, group_id="bench")
         group.wait_ready()
@@ -211,9 +211,10 @@ def latency(entries: int, n_requests: int, warmup: int) -> dict:
             t_fan.append(timings[3])
             tiers += np.bincount(local.pair_tier, minlength=len(TIER_NAMES))
             agg += int(local.agg_present.sum())
-            same += bool(np.array_equal(local.pair_tier, remote.pair_tier)
-                         and np.allclose(local.pair_emb, remote.pair_emb, atol=1e-6))
+            same += all(np.array_equal(getattr(local, f), getattr(remote, f))
+                        for f in local.__dataclass_fields__)  # bit for bit
         client = group.metrics()["client"]
+        phases = round_phases(group, reqs[warmup:warmup + PHASE_REQUESTS], uk, ik, ecfg)
         group.shutdown()
     finally:
         ray.shutdown()
@@ -231,8 +232,42 @@ def latency(entries: int, n_requests: int, warmup: int) -> dict:
         "agg_share": agg / total,
         "ray_equals_inproc_share": same / n_requests,
         "deadline_ms": cfg.deadline_ms, "late_answers": client["late"],
-        "failed_answers": client["failed"],
+        "failed_answers": client["failed"], "round_phases": phases,
     }
+
+
+def round_phases(group, reqs, uk, ik, ecfg) -> dict:
+    """Where a lookup round's time goes, after the timed loop (not part of its numbers):
+    client-side medians of each step, and each shard's mean time inside ``answer`` (thread
+    CPU and wall) for queries with the user's part and for neighbour probes only."""
+    def answers() -> dict:
+        out: dict = {}
+        for m in group.metrics()["shards"]:
+            for kind, a in m.get("answers", {}).items():
+                o = out.setdefault(kind, [0, 0.0, 0.0])
+                o[0], o[1], o[2] = o[0] + a["calls"], o[1] + a["cpu_s"], o[2] + a["wall_s"]
+        return out
+
+    before = answers()
+    steps: dict[str, list[float]] = {}
+    for user, cands in reqs:
+        ph: dict[str, float] = {}
+        t = time.perf_counter()
+        group.lookup(user, cands, NOW, VERSION, uk, ik, ecfg, phases=ph)
+        ph["total"] = time.perf_counter() - t
+        for k, v in ph.items():
+            steps.setdefault(k, []).append(v * 1e3)
+    after = answers()
+    shard = {}
+    for kind, (n, cpu, wall) in after.items():
+        n0, cpu0, wall0 = before.get(kind, (0, 0.0, 0.0))
+        if n > n0:
+            shard[kind] = {"calls_per_lookup": (n - n0) / len(reqs),
+                           "cpu_ms_mean": (cpu - cpu0) / (n - n0) * 1e3,
+                           "wall_ms_mean": (wall - wall0) / (n - n0) * 1e3}
+    return {"requests": len(reqs),
+            "client_ms_p50": {k: float(np.median(v)) for k, v in steps.items()},
+            "shard_answer": shard}
 
 
 # ---- phase 3a: memory (run in a fresh subprocess per codec) -------------------------------------
@@ -294,84 +329,6 @@ def memory(entries: int) -> dict[str, dict]:
     return out
 
 
-# ---- phase 3b: int8 vs fp32 transfer ratio -------------------------------------------------------
-def int8_transfer(data_dir: str | None, threads: int) -> dict:
-    """The same trained vm_pair_100 on the same MovieLens test rows, fed fp32 vs int8 z."""
-    import copy
-
-    import torch
-
-    from solaris.cache.codec import Codec
-    from solaris.config import load_config
-    from solaris.data.load import load_dataset
-    from solaris.eval import metrics as M
-    from solaris.eval.transfer import TransferExperiment
-    from solaris.train.vertical import VMSpec, coverage_mask, predict_vm, train_vm
-
-    logging.basicConfig(level=logging.WARNING)
-    t0 = time.perf_counter()
-    ov: dict = {"data.dataset": "movielens", "train.threads": threads}
-    if data_dir:
-        ov["data.data_dir"] = data_dir
-    cfg = load_config(None, ov)
-    ds = load_dataset(cfg.data, fetch=True)
-    exp = TransferExperiment(cfg, ds)
-    seed, task = 0, 0
-    teacher = exp.teacher(seed)
-    probs, inputs = exp.inputs(teacher)
-    p = exp.periods
-    y_val, y_test = exp.tables.labels[p.val, task], exp.tables.labels[p.test, task]
-    fm_raw, fm_cal = exp.fm_predictions(probs, task)
-    vm_raw, vm_cal, _ = exp.run_variant([VMSpec("vm")], inputs, probs, task, seed)
-
-    spec = VMSpec("vm_pair_100", use_pair=True, coverage=1.0)
-    best = None
-    for lr in cfg.report.vm_lrs:  # the report's grid, best on validation (as run_variant)
-        model, v = train_vm(inputs, spec, cfg.vm, cfg.train, task=task, teacher_rows=p.vm,
-                            absent_rows=exp.absent_rows, val_rows=p.val, lr=lr, seed=seed,
-                            soft_labels=probs[:, task], num_users=ds.num_users,
-                            num_items=ds.num_items)
-        if best is None or v < best[0]:
-            best = (v, model)
-    assert best is not None
-    model = best[1]
-    z = inputs.pair.numpy()
-    codec = Codec("int8", z.shape[1])
-    z8 = codec.decode(codec.encode(z))
-    inputs8 = copy.copy(inputs)
-    inputs8.pair = torch.from_numpy(np.ascontiguousarray(z8, dtype=np.float32))
-    val_mask = coverage_mask(len(p.val), 1.0, seed + 1)
-    test_mask = coverage_mask(len(p.test), 1.0, seed + 2)
-    off_v, off_t = np.zeros(len(p.val), bool), np.zeros(len(p.test), bool)
-    preds = {}
-    for name, inp in (("fp32", inputs), ("int8", inputs8)):
-        preds[name] = (predict_vm(model, inp, p.val, val_mask, off_v),
-                       predict_vm(model, inp, p.test, test_mask, off_t))
-    ab32 = M.fit_platt(y_val, preds["fp32"][0])
-    ab8 = M.fit_platt(y_val, preds["int8"][0])
-    b_fm, b_vm = M.bce(y_test, fm_cal), M.bce(y_test, vm_cal)
-    cal32 = M.apply_platt(preds["fp32"][1], ab32)
-    cal8 = M.apply_platt(preds["int8"][1], ab8)  # Platt refitted on int8-fed validation
-    cal8_fixed = M.apply_platt(preds["int8"][1], ab32)  # the fp32 calibration kept
-    tr = {k: M.transfer_ratio(b_vm, M.bce(y_test, v), b_fm)
-          for k, v in (("fp32", cal32), ("int8", cal8), ("int8_fixed_platt", cal8_fixed))}
-    tr_raw = {k: M.transfer_ratio(M.bce(y_test, vm_raw), M.bce(y_test, preds[k][1]),
-                                  M.bce(y_test, fm_raw)) for k in ("fp32", "int8")}
-    gap = M.paired_bootstrap(M.bce_rows(y_test, vm_cal), M.bce_rows(y_test, fm_cal),
-                             cfg.report.bootstrap, cfg.report.alpha, seed)
-    return {
-        "int8_tr_delta": tr["int8"] - tr["fp32"],
-        "int8_tr_delta_fixed_platt": tr["int8_fixed_platt"] - tr["fp32"],
-        "int8_tr_delta_raw": tr_raw["int8"] - tr_raw["fp32"],
-        "tr_cal": tr, "tr_raw": tr_raw,
-        "bce_cal": {"fm": b_fm, "vm": b_vm, "vm_pair_100_fp32": M.bce(y_test, cal32),
-                    "vm_pair_100_int8": M.bce(y_test, cal8)},
-        "max_abs_pred_diff": float(np.abs(preds["int8"][1] - preds["fp32"][1]).max()),
-        "z_max_abs_err": float(np.abs(z8 - z).max()), "gap_cal": gap,
-        "test_rows": int(len(p.test)), "seed": seed, "seconds": round(time.perf_counter() - t0, 1),
-    }
-
-
 # ---- report -------------------------------------------------------------------------------------
 def rows(r: dict) -> list[tuple[str, str, str, str, bool | None]]:
     """(metric, value, detail, target, passed or None) for the table and the JSON checks."""
@@ -417,9 +374,18 @@ def table(r: dict) -> str:
         lines.append(f"workload: {lat['entries']} entries over {len(lat['shard_entries'])} shards, "
                      f"{lat['requests']} requests x {CANDIDATES} candidates; tiers: {ts}; "
                      f"aggregate {lat['agg_share']:.2f}")
-        lines.append(f"ray == inproc on {lat['ray_equals_inproc_share']:.3f} of requests; "
-                     f"late answers per shard {lat['late_answers']} "
+        lines.append(f"ray == inproc (bit for bit) on {lat['ray_equals_inproc_share']:.3f} of "
+                     f"requests; late answers per shard {lat['late_answers']} "
                      f"(deadline {lat['deadline_ms']:.0f} ms)")
+        ph = lat.get("round_phases")
+        if ph:
+            c = ph["client_ms_p50"]
+            lines.append("ray round, client p50 ms: " + ", ".join(
+                f"{k} {c[k]:.3f}" for k in ("plan", "submit", "wait", "assemble", "total")
+                if k in c))
+            lines.append("ray round, inside answer (mean ms cpu/wall): " + ", ".join(
+                f"{k} x{a['calls_per_lookup']:.2f} {a['cpu_ms_mean']:.3f}/{a['wall_ms_mean']:.3f}"
+                for k, a in ph["shard_answer"].items()))
     return "\n".join(lines)
 
 
@@ -465,6 +431,8 @@ def main(argv: list[str] | None = None) -> int:
     r["int8_tr_delta"] = None
     if not args.skip_tr:  # its own process: torch threads and memory go away with it
         log.info("transfer-ratio phase (MovieLens-100K)")
+        from int8_transfer import int8_transfer  # bench/ is the script's folder
+
         with mp.get_context("spawn").Pool(1) as pool:
             r["transfer"] = pool.apply(int8_transfer, (args.data_dir, args.threads))
         r["int8_tr_delta"] = r["transfer"]["int8_tr_delta"]

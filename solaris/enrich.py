@@ -1,16 +1,17 @@
 """A request's two SOLARIS slots (DESIGN.md step 3): plan the keys, route them, assemble.
 
-``plan`` picks the keys a request needs (the user's own pairs for the candidates and for
-their item neighbours, the aggregate excluding each candidate, the probe of the user's
-nearest neighbours); ``route`` groups them by shard into one ``ShardQuery`` per shard (one
-round of calls); each shard's ``PairStore.answer`` replies; ``assemble`` fills the slots in
-the fixed tier order pair -> user-neighbour -> item-neighbour -> zeros, with provenance
-(tier, age) per candidate, and the aggregate whenever it exists. ``enrich_local`` is the
-whole path against one in-process store.
+``plan`` picks what a request needs (the candidates, their probed item neighbours, the user's
+probed nearest neighbours); ``route`` splits it by shard into one ``ShardQuery`` per shard
+(one round of calls): the user's shard gets the user's part (own pairs, item-neighbour tier,
+aggregate), each neighbour's shard the probe of the neighbours it owns. Each shard's
+``PairStore.answer`` reduces its part to at most one row per candidate and tier
+(``solaris.cache.answer``); ``assemble`` fills the slots in the fixed tier order pair ->
+user-neighbour -> item-neighbour -> zeros, with provenance (tier, age) per candidate, and the
+aggregate excluding each candidate whenever it exists. ``enrich_local`` is the whole path
+against one in-process store; through the shard actors the result is the same, bit for bit.
 
 No Ray here: the shard client in ``actors/`` makes the calls between ``route`` and
-``assemble``; a shard that does not answer contributes ``None`` (all its keys miss).
-"""
+``assemble``; a shard that does not answer contributes ``None`` (all its keys miss)."""
 
 from __future__ import annotations
 
@@ -52,26 +53,55 @@ class NeighbourTable:
 
     def neighbours(self, keys: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(ids (len, k) int64 with -1 pad, sims (len, k) float32 with 0 pad) of each key."""
+        ids, sims = self._select(keys, k, True)
+        assert sims is not None
+        return ids, sims
+
+    def nearest(self, key: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids (<= k,) int64, sims float32) of one key's k nearest real neighbours: pads and
+        the key itself skipped, no padding (``neighbours`` of one key, without its pads)."""
+        if not 0 <= key < len(self.ids) or k == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        ids = self.ids[key]
+        keep = np.flatnonzero((ids >= 0) & (ids != key))[:k]
+        return ids[keep], self.sims[key, keep]
+
+    def neighbour_ids(self, keys: np.ndarray, k: int) -> np.ndarray:
+        """``neighbours(keys, k)[0]`` without gathering the similarities."""
+        return self._select(keys, k, False)[0]
+
+    def _select(self, keys: np.ndarray, k: int, with_sims: bool
+                ) -> tuple[np.ndarray, np.ndarray | None]:
         keys = np.asarray(keys, dtype=np.int64)
         n, width = self.ids.shape
         out_ids = np.full((len(keys), k), -1, dtype=np.int64)
-        out_sims = np.zeros((len(keys), k), dtype=np.float32)
+        out_sims = np.zeros((len(keys), k), dtype=np.float32) if with_sims else None
+        if k == 0 or width == 0 or len(keys) == 0:
+            return out_ids, out_sims
         known = (keys >= 0) & (keys < n)
-        if k == 0 or width == 0 or not known.any():
+        everything = bool(known.all())
+        rows = None if everything else np.flatnonzero(known)
+        kk = keys if everything else keys[rows]
+        ids = self.ids[kk, :k]  # (r, min(k, K)): only the first k of each row are copied
+        valid = (ids >= 0) & (ids != kk[:, None])
+        if valid.all() and width >= k:  # the usual case: the first k are real neighbours
+            if everything:
+                out_ids = ids
+            else:
+                out_ids[rows] = ids
+            if with_sims:
+                out_sims[slice(None) if everything else rows] = self.sims[kk, :k]
             return out_ids, out_sims
-        rows = np.flatnonzero(known)
-        ids = self.ids.take(keys[rows], axis=0)  # (r, K)
-        sims = self.sims.take(keys[rows], axis=0)
-        valid = (ids >= 0) & (ids != keys[rows, None])
-        if valid[:, :k].all():  # the usual case: the first k are real neighbours
-            w = min(k, width)
-            out_ids[rows, :w], out_sims[rows, :w] = ids[:, :w], sims[:, :w]
-            return out_ids, out_sims
+        # pads or the key itself among the first k: compact each row's valid neighbours
+        ids = self.ids.take(kk, axis=0)  # (r, K)
+        valid = (ids >= 0) & (ids != kk[:, None])
+        rows = np.arange(len(keys)) if everything else rows
         rank = np.cumsum(valid, axis=1) - 1  # position among the row's valid neighbours
         src = np.flatnonzero(valid & (rank < k))  # flat (row, column) of the kept ones
         dst = rows[src // width] * k + rank.ravel()[src]  # flat (key, rank) in the output
         out_ids.ravel()[dst] = ids.ravel()[src]
-        out_sims.ravel()[dst] = sims.ravel()[src]
+        if with_sims:
+            out_sims.ravel()[dst] = self.sims.take(kk, axis=0).ravel()[src]
         return out_ids, out_sims
 
 
@@ -80,14 +110,12 @@ class RequestPlan:
     """Every key one request needs, and how to read the answers back per candidate."""
 
     user: int
-    candidates: np.ndarray  # (C,) int64 as given
-    items: np.ndarray  # (U,) int64 distinct candidates, sorted
-    cand_to_item: np.ndarray  # (C,) int64 index into items
+    # (C,) int64 the candidates as given; a repeated one is simply asked twice (repeats are
+    # rare, and finding them would cost every request a sort)
+    items: np.ndarray
     nbr_users: np.ndarray  # (k,) int64 probed user neighbours, nearest first
     nbr_sims: np.ndarray  # (k,) float32
-    pair_items: np.ndarray  # (p,) int64 the user's pairs to get: items, then their neighbours
-    item_pos: np.ndarray  # (U,) int64 index of each item in pair_items
-    inbr_pos: np.ndarray  # (U, ki) int64 index of each item neighbour in pair_items, -1 pad
+    item_nbrs: np.ndarray  # (C, ki) int64 probed item neighbours, nearest first, -1 pad
     weighted: bool  # user-neighbour tier: similarity-weighted mean (else the nearest)
     aggregate: bool  # ask for the aggregated user embedding
     # filled by route(): which shard got the user's keys and which neighbours each shard got
@@ -104,122 +132,124 @@ def plan(user: int, candidates: np.ndarray, user_knn: NeighbourTable | None,
     if len(cands) > cfg.max_candidates:
         raise RequestError(f"candidates: {len(cands)} > enrich.max_candidates="
                            f"{cfg.max_candidates}")
-    items, cand_to_item = np.unique(cands, return_inverse=True)
     nbr_users = np.zeros(0, dtype=np.int64)
     nbr_sims = np.zeros(0, dtype=np.float32)
     if user_knn is not None and cfg.user_knn_probe > 0:
-        ids, sims = user_knn.neighbours(np.array([user]), cfg.user_knn_probe)
-        keep = ids[0] >= 0
-        nbr_users, nbr_sims = ids[0][keep], sims[0][keep]
-    inb = np.zeros((len(items), 0), dtype=np.int64)
+        nbr_users, nbr_sims = user_knn.nearest(int(user), cfg.user_knn_probe)
+    item_nbrs = np.zeros((len(cands), 0), dtype=np.int64)
     if item_knn is not None and cfg.item_tier and cfg.item_knn_probe > 0:
-        inb, _ = item_knn.neighbours(items, cfg.item_knn_probe)
-    # not deduplicated: a repeated key costs the store less than sorting them here does
-    U, ki = inb.shape
-    pair_items = np.concatenate([items, inb[inb >= 0]])
-    item_pos = np.arange(U)
-    inbr_pos = np.full(inb.shape, -1, dtype=np.int64)
-    inbr_pos[inb >= 0] = U + np.arange(len(pair_items) - U)
-    return RequestPlan(user=int(user), candidates=cands, items=items,
-                       cand_to_item=cand_to_item.reshape(-1), nbr_users=nbr_users,
-                       nbr_sims=nbr_sims, pair_items=pair_items, item_pos=item_pos,
-                       inbr_pos=inbr_pos, weighted=cfg.user_knn_mode == "weighted",
-                       aggregate=cfg.aggregate)
+        item_nbrs = item_knn.neighbour_ids(cands, cfg.item_knn_probe)
+    return RequestPlan(user=int(user), items=cands, nbr_users=nbr_users,
+                       nbr_sims=nbr_sims, item_nbrs=item_nbrs,
+                       weighted=cfg.user_knn_mode == "weighted", aggregate=cfg.aggregate)
 
 
 def route(plan: RequestPlan, shard_of: ShardOf, version: str, now: float) -> dict[int, ShardQuery]:
-    """One ShardQuery per shard holding any of the request's keys.
+    """One ShardQuery per shard holding any of the request's keys, the user's shard first.
 
-    The user's shard gets the user's own pairs (candidates and item neighbours) and the
-    aggregate; each neighbour's shard gets the probe of the neighbours it owns. Records the
-    split in ``plan`` so ``assemble`` can read the answers back.
+    The user's shard gets the user's part (own pairs, item-neighbour tier, aggregate); each
+    neighbour's shard gets the probe of the neighbours it owns. Records the split in ``plan``
+    so ``assemble`` can read the answers back.
     """
     now, version = check_time(now), check_version(version)
-    us = int(np.asarray(shard_of(np.array([plan.user], dtype=np.int64)))[0])
-    n_items = len(plan.items)
-    own = ShardQuery(version=version, now=now,
-                     pair_users=np.full(len(plan.pair_items), plan.user, dtype=np.int64),
-                     pair_items=plan.pair_items)
-    if plan.aggregate:
-        own.agg_users = np.full(n_items, plan.user, dtype=np.int64)
-        own.agg_exclude = plan.items
+    # one ring call for the user and its neighbours
+    shards = np.asarray(shard_of(np.concatenate(([plan.user], plan.nbr_users))), dtype=np.int64)
+    us = int(shards[0])
+    own = ShardQuery(version=version, now=now, items=plan.items, user=plan.user,
+                     item_nbrs=plan.item_nbrs, aggregate=plan.aggregate, nbr_all=plan.weighted)
     queries = {us: own}
     plan.user_shard = us
     plan.nbr_ranks = {}
-    if len(plan.nbr_users):
-        shards = np.asarray(shard_of(plan.nbr_users), dtype=np.int64)
-        for s in np.unique(shards).tolist():
-            ranks = np.flatnonzero(shards == s)
-            q = queries.setdefault(s, ShardQuery(version=version, now=now))
-            q.nbr_users = plan.nbr_users[ranks]
-            q.nbr_items = plan.items
-            plan.nbr_ranks[s] = ranks
+    nbr_shards = shards[1:]
+    for s in sorted(set(nbr_shards.tolist())):
+        ranks = np.flatnonzero(nbr_shards == s)
+        q = queries.get(s)
+        if q is None:
+            q = queries[s] = ShardQuery(version=version, now=now, items=plan.items,
+                                        nbr_all=plan.weighted)
+        q.nbr_users = plan.nbr_users[ranks]
+        plan.nbr_ranks[s] = ranks
     return queries
+
+
+def excluded_means(agg_sum: np.ndarray, agg_count: int, n: int, held_idx: np.ndarray,
+                   held_vectors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(means (n, d) float32, present (n,)): the user's aggregate leaving out each of n items.
+
+    ``agg_sum`` (d,) float64 and ``agg_count`` cover the user's retained pairs; item
+    ``held_idx[j]`` is one of them, with vector ``held_vectors[j]``, so its mean is
+    ``(sum - z) / (count - 1)``; every other item's is ``sum / count``. O(d) per item.
+    """
+    out = np.zeros((n, len(agg_sum)), dtype=np.float32)
+    present = np.full(n, agg_count > 0)
+    if agg_count > 0:
+        out[:] = (agg_sum / agg_count).astype(np.float32)
+    if len(held_idx):
+        if agg_count > 1:  # float64 sum minus the float32 vector, exactly as the store keeps it
+            out[held_idx] = ((agg_sum - held_vectors) / (agg_count - 1)).astype(np.float32)
+        else:  # the item is the user's only pair: nothing left to average
+            out[held_idx] = 0.0
+            present[held_idx] = False
+    return out, present
 
 
 def assemble(plan: RequestPlan, answers: dict[int, ShardAnswer | None], dim: int) -> Slots:
     """The VM's slots per candidate from the shards' answers (None = that shard missed)."""
-    U = len(plan.items)
-    emb = np.zeros((U, dim), dtype=np.float32)
-    tier = np.full(U, TIER_NONE, dtype=np.int64)
-    age = np.zeros(U)
-    agg_emb = np.zeros((U, dim), dtype=np.float32)
-    agg_present = np.zeros(U, dtype=bool)
+    C = len(plan.items)
+    emb = np.zeros((C, dim), dtype=np.float32)
+    tier = np.zeros(C, dtype=np.int64)  # TIER_NONE
+    age = np.zeros(C)
+    agg_emb = np.zeros((C, dim), dtype=np.float32)
+    agg_present = np.zeros(C, dtype=bool)
     own = answers.get(plan.user_shard)
-    found = np.zeros(len(plan.pair_items), dtype=bool)
     if own is not None:
-        found = own.pair_found
-        hit = found[plan.item_pos]
-        rows = plan.item_pos[hit]
-        emb[hit], age[hit] = own.pair_vectors[rows], own.pair_age_s[rows]
-        tier[hit] = TIER_PAIR
-        if plan.aggregate:
-            agg_emb, agg_present = own.agg_vectors.astype(np.float32), own.agg_present.copy()
+        f = own.own_fresh
+        rows = own.own_idx[f]
+        emb[rows], age[rows] = own.own_vectors[f], own.own_age_s[f]
+        tier[rows] = TIER_PAIR
+        if plan.aggregate and own.agg_count > 0:
+            agg_emb, agg_present = excluded_means(own.agg_sum, own.agg_count, C, own.own_idx,
+                                                  own.own_vectors)
     missing = tier == TIER_NONE
 
     # user-neighbour tier: hits of every neighbour shard, as (item, neighbour rank)
     parts = [(a, plan.nbr_ranks[s]) for s, a in answers.items()
-             if a is not None and s in plan.nbr_ranks and len(a.nbr_item_idx)]
+             if a is not None and s in plan.nbr_ranks and len(a.nbr_idx)]
     if parts and missing.any():
-        item = np.concatenate([a.nbr_item_idx for a, _ in parts])
-        rank = np.concatenate([r[a.nbr_user_idx] for a, r in parts])
-        vec = np.concatenate([a.nbr_vectors for a, _ in parts])
-        vage = np.concatenate([a.nbr_age_s for a, _ in parts])
-        use = missing[item]
-        item, rank, vec, vage = item[use], rank[use], vec[use], vage[use]
+        item = np.concatenate([a.nbr_idx for a, _ in parts])
+        rank = np.concatenate([r[a.nbr_rank] for a, r in parts])
+        use = np.flatnonzero(missing[item])
+        if len(parts) > 1:  # the order one shard holding every neighbour gives: item, rank
+            use = use[np.lexsort((rank[use], item[use]))]
+        item, rank = item[use], rank[use]
+        vec = np.concatenate([a.nbr_vectors for a, _ in parts])[use]
+        vage = np.concatenate([a.nbr_age_s for a, _ in parts])[use]
         if len(item):
             if plan.weighted:
                 w = np.maximum(plan.nbr_sims[rank].astype(np.float64), _MIN_WEIGHT)
-                wsum = np.bincount(item, w, minlength=U)
-                acc = np.zeros((U, dim))
+                wsum = np.bincount(item, w, minlength=C)
+                acc = np.zeros((C, dim))
                 np.add.at(acc, item, w[:, None] * vec)
                 got = wsum > 0
                 emb[got] = (acc[got] / wsum[got, None]).astype(np.float32)
-                age[got] = np.bincount(item, w * vage, minlength=U)[got] / wsum[got]
-            else:
-                # per item, nearest neighbour first; one shard's hits already come that way
-                o = np.arange(len(item)) if len(parts) == 1 else np.lexsort((rank, item))
-                first = o[np.r_[True, item[o][1:] != item[o][:-1]]]
-                got = np.zeros(U, dtype=bool)
-                got[item[first]] = True
-                emb[item[first]], age[item[first]] = vec[first], vage[first]
-            tier[got] = TIER_USER_NBR
+                age[got] = np.bincount(item, w * vage, minlength=C)[got] / wsum[got]
+                tier[got] = TIER_USER_NBR
+            else:  # per item, the nearest neighbour first (one shard sends only that one)
+                if len(parts) > 1:
+                    first = np.flatnonzero(np.concatenate(([True], item[1:] != item[:-1])))
+                    item, vec, vage = item[first], vec[first], vage[first]
+                emb[item], age[item] = vec, vage
+                tier[item] = TIER_USER_NBR
 
     # item-neighbour tier: the user's own fresh pair of the nearest item neighbour holding one
-    left = tier == TIER_NONE
-    if own is not None and plan.inbr_pos.shape[1] and left.any():
-        pos = plan.inbr_pos
-        f = (pos >= 0) & found[np.maximum(pos, 0)]  # (U, ki)
-        rows = np.flatnonzero(left & f.any(axis=1))
-        if len(rows):
-            src = pos[rows, f[rows].argmax(axis=1)]
-            emb[rows], age[rows] = own.pair_vectors[src], own.pair_age_s[src]
-            tier[rows] = TIER_ITEM_NBR
+    if own is not None and len(own.inbr_idx):
+        use = tier[own.inbr_idx] == TIER_NONE
+        rows = own.inbr_idx[use]
+        emb[rows], age[rows] = own.inbr_vectors[use], own.inbr_age_s[use]
+        tier[rows] = TIER_ITEM_NBR
 
-    c = plan.cand_to_item
-    return Slots(pair_emb=emb[c], pair_present=tier[c] != TIER_NONE, pair_tier=tier[c],
-                 pair_age_s=age[c], agg_emb=agg_emb[c], agg_present=agg_present[c],
-                 missing=missing[c])
+    return Slots(pair_emb=emb, pair_present=tier != TIER_NONE, pair_tier=tier, pair_age_s=age,
+                 agg_emb=agg_emb, agg_present=agg_present, missing=missing)
 
 
 def enrich_local(store: "PairStore", user: int, candidates: np.ndarray, now: float,
@@ -227,5 +257,9 @@ def enrich_local(store: "PairStore", user: int, candidates: np.ndarray, now: flo
                  item_knn: NeighbourTable | None, cfg: EnrichConfig) -> Slots:
     """The whole lookup against one in-process store (every key on shard 0)."""
     p = plan(user, candidates, user_knn, item_knn, cfg)
-    queries = route(p, lambda u: np.zeros(len(u), dtype=np.int64), version, now)
+    queries = route(p, _one_shard, version, now)
     return assemble(p, {s: store.answer(q) for s, q in queries.items()}, store.cfg.dim)
+
+
+def _one_shard(users: np.ndarray) -> np.ndarray:
+    return np.zeros(len(users), dtype=np.int64)

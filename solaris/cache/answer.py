@@ -1,119 +1,269 @@
-"""``PairStore.answer``: a request's three lookups on one shard in one vectorised pass.
+"""Reads of one shard's store: a request's answer (``answer_query``) and the batch reads behind
+``PairStore.get`` / ``aggregate`` / ``holders``.
 
-All keys of a query -- direct pairs, the aggregate's excluded items and the user-neighbour
-probe grid -- go through the hash index together, so a request costs a few numpy passes
-whatever its size.
+A request's answer is reduced here, on the shard, asking the hash index only what the tiers
+before left open (tier order: pair -> user-neighbour -> item-neighbour):
 
-The user-neighbour probe is a set intersection: for each candidate item, the users holding a
-fresh pair of it (the item's holders) intersected with the probed neighbours. Holders are
-found through the pair index itself: "does user u hold item i in version v" is one hash
-probe, so intersecting a small neighbour set (k ~ 10) with an item's holder set costs k
-probes, however many users hold the item (popular items have thousands of holders; walking a
-per-item holder list would cost that many steps). The probe grid is built item-major, so hits
-come out ordered by item, then neighbour.
+1. the user's own pairs of the candidates (on the user's shard: one lookup);
+2. the user-neighbour probe, a set intersection: which probed neighbours hold a fresh pair of
+   which candidate. "Does user v hold item i" is one hash probe, so intersecting k ~ 10
+   neighbours with an item's holders costs k probes however popular the item is (walking a
+   per-item holder list would cost its length). On the user's shard only candidates without a
+   fresh own pair are probed; in nearest mode only the nearest hit per candidate goes back;
+3. the item-neighbour tier (on the user's shard): for candidates without a fresh own pair,
+   the user's own pairs of their item neighbours; only the nearest fresh one per candidate
+   still open after step 2 goes back. Steps 2 and 3 share one lookup: each lookup costs ~50
+   numpy calls whatever its size, and on a 2-core machine those calls, not the keys, are most
+   of a shard's time.
+
+So an answer holds at most one row per candidate and tier (similarity-weighted mode: every
+neighbour hit), not one per key asked. The aggregate goes back as the user's running sum and
+count; the candidates' own retained pairs come with the own pairs, so the client leaves each
+candidate out in O(d). An entry's ``read`` flag records that it was served as its user's own
+pair (what speculation precision counts), not its use as a neighbour's imputation.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from solaris.cache.query import ShardAnswer, ShardQuery
+from solaris.cache.index import key_hash
+from solaris.cache.query import ShardAnswer
+from solaris.cache.slab import gather
 
 if TYPE_CHECKING:
     from solaris.cache.store import PairStore
 
 
-def answer_query(store: "PairStore", vid: int, now: float, pu: np.ndarray, pi: np.ndarray,
-                 au: np.ndarray, ax: np.ndarray, nu: np.ndarray, ni: np.ndarray) -> ShardAnswer:
-    """The ShardAnswer of checked query arrays (pairs pu/pi, aggregate au/ax, probe nu x ni)."""
-    d = store.codec.dim
-    n, a, k, m = len(pu), len(au), len(nu), len(ni)
+Keys = Callable[[np.ndarray], "np.ndarray | int"]
+
+
+def _find(store: "PairStore", h: np.ndarray, key_user: Keys, key_item: Keys, vid: int,
+          now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(pos, slot, age_s) of the keys held in version ``vid`` (any age), ascending positions.
+
+    ``h`` holds the key hashes; ``key_user(pos)`` / ``key_item(pos)`` give the fields of the
+    keys at those positions, so a key grid never needs materialising. The usual answer is one
+    ``probe`` and one gather of the matched records (which also give the ages); a rejected
+    fingerprint or a non-empty stash takes the general lookup.
+    """
+    index = store._index
+    if len(h) == 0 or index.live == 0:
+        return _NONE, _NONE, _NO_AGE
+    pos, slot, _ = index.probe(h)
+    m = gather(store._meta, slot)
+    ok = (m["item"] == key_item(pos)) & (m["user"] == key_user(pos)) & (m["vid"] == vid)
+    if ok.all() and not index.stashed:
+        return pos, slot, now - m["written"]
+    every = np.arange(len(h))
+    users = np.broadcast_to(np.asarray(key_user(every), dtype=np.int64), h.shape)
+    slot, _ = index.lookup(h, store._verifier(users, key_item(every), vid))
+    pos = np.flatnonzero(slot >= 0)
+    slot = slot[pos]
+    return pos, slot, now - store._meta["written"][slot]
+
+
+def _find_keys(store: "PairStore", users: np.ndarray | int, items: np.ndarray, vid: int,
+               now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_find`` of keys (users[j], items[j]); ``users`` may be one int for all."""
+    h = key_hash(users, items, vid)
+    if np.ndim(users):
+        return _find(store, h, users.__getitem__, items.__getitem__, vid, now)
+    return _find(store, h, lambda pos: users, items.__getitem__, vid, now)
+
+
+def _find_grid(store: "PairStore", users: np.ndarray, items: np.ndarray, vid: int,
+               now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``_find`` of every (item, user) of items (m,) x users (k,), item-major: position
+    ``row * k + rank`` is (items[row], users[rank])."""
+    k = len(users)
+    h = key_hash(users[None, :], items[:, None], vid).ravel()
+    return _find(store, h, lambda pos: users[pos % k], lambda pos: items[pos // k], vid, now)
+
+
+_NONE = np.zeros(0, dtype=np.int64)
+_NO_AGE = np.zeros(0)
+_NONE.setflags(write=False)
+_NO_AGE.setflags(write=False)
+
+
+def _vectors(store: "PairStore", slots: np.ndarray) -> np.ndarray:
+    """Decoded float32 vectors (n, d) of these slots."""
+    return store.codec.decode(store._rows.take(slots, axis=0))
+
+
+def _count_pairs(store: "PairStore", vid: int, users: np.ndarray | int, items: np.ndarray,
+                 held: np.ndarray, hits: int) -> None:
+    """Count own-pair hits, misses, stale reads and misses held in another version.
+    ``held``: positions of the keys held in ``vid`` (any age); ``users``: per key, or one."""
+    c, n = store.counters, len(items)
+    c["pair_hits"] += hits
+    c["pair_misses"] += n - hits
+    c["pair_stale"] += len(held) - hits
+    others = [v for v, cnt in store._vcount.items() if v != vid and cnt > 0]
+    if others and len(held) < n:  # a rollover signal: the pair exists, in another version
+        absent = np.ones(n, bool)
+        absent[held] = False
+        users = np.broadcast_to(np.asarray(users, dtype=np.int64), (n,))
+        for other in others:
+            slot, _ = store._lookup(users[absent], items[absent], other)
+            c["pair_other_version"] += int(np.count_nonzero(slot >= 0))
+
+
+def _first_of_each(rows: np.ndarray) -> np.ndarray:
+    """Positions opening each run of equal values in a sorted array."""
+    return np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1]))) if len(rows) \
+        else _NONE
+
+
+def answer_query(store: "PairStore", vid: int, now: float, items: np.ndarray, user: int,
+                 item_nbrs: np.ndarray, aggregate: bool, nbr_users: np.ndarray,
+                 nbr_all: bool) -> ShardAnswer:
+    """The ShardAnswer of a checked ShardQuery (its fields as arguments)."""
+    out = ShardAnswer.empty(store.codec.dim)
     c = store.counters
-    c["nbr_probes"] += k * m
-    c["agg_requests"] += a
+    n_items, own, k = len(items), user >= 0, len(nbr_users)
+    if own and aggregate:
+        c["agg_requests"] += n_items
     if vid == 0 or store._vcount.get(vid, 0) == 0:
-        c["pair_misses"] += n
-        _count_other_versions(store, vid, pu, pi)
-        q = ShardQuery(version="", now=now, pair_users=pu, pair_items=pi, agg_users=au,
-                       agg_exclude=ax)
-        return ShardAnswer.empty(q, d)
+        if own:
+            _count_pairs(store, vid, user, items, _NONE, 0)
+        return out
+    ttl = store.cfg.read_ttl_s
+    if not own:  # only the user-neighbour probe, of every candidate
+        if k and n_items:
+            pos, slot, age = _find_grid(store, nbr_users, items, vid, now)
+            f = age <= ttl
+            _neighbour_hits(out, store, pos[f], slot[f], age[f], k, np.arange(n_items),
+                            nbr_all)
+        return out
 
-    # one lookup for every key of the query
-    users = np.concatenate([pu, au, np.tile(nu, m)])
-    items = np.concatenate([pi, ax, np.repeat(ni, k)])
-    slot, _ = store._lookup(users, items, vid)
-    held = slot >= 0
-    hpos = np.flatnonzero(held)
-    hslot = slot[hpos]
-    age = np.zeros(len(slot))
-    age[hpos] = now - store._meta["written"][hslot]
-    fresh = held & (age <= store.cfg.read_ttl_s)
-    rows, decode = store._rows, store.codec.decode
+    # 1. the user's own pairs of the candidates
+    pos, slot, age = _find_keys(store, user, items, vid, now)
+    fresh = age <= ttl
+    hit = pos[fresh]
+    if aggregate:  # the retained stale ones too: the client leaves each candidate out
+        out.own_idx, out.own_fresh, out.own_age_s = pos, fresh, age
+        out.own_vectors = _vectors(store, slot)
+    else:
+        out.own_idx, out.own_fresh, out.own_age_s = hit, fresh[fresh], age[fresh]
+        out.own_vectors = _vectors(store, slot[fresh])
+    store._meta["read"][slot[fresh]] = 1  # served as its user's own pair
+    _count_pairs(store, vid, user, items, pos, len(hit))
+    if aggregate:
+        r = store._sums.find_one(user, vid)
+        if r >= 0:
+            out.agg_sum = store._sums.sums[r].copy()
+            out.agg_count = cnt = int(store._sums.counts[r])
+            # candidates whose mean, leaving themselves out, still averages something
+            c["agg_present"] += n_items if cnt > 1 else n_items - len(pos)
 
-    # direct pairs
-    found = fresh[:n]
-    fpos = np.flatnonzero(found)
-    pair_vec = np.zeros((n, d), dtype=np.float32)
-    if fpos.size:
-        hit_slots = slot[fpos]
-        pair_vec[fpos] = decode(rows.take(hit_slots, axis=0))
-        store._meta["read"][hit_slots] = 1
-    nf = len(fpos)
-    c["pair_hits"] += nf
-    c["pair_misses"] += n - nf
-    if n - nf:
-        c["pair_stale"] += int(np.count_nonzero(held[:n])) - nf
-        if len(store._vcount) > 1:
-            miss = ~held[:n]
-            _count_other_versions(store, vid, pu[miss], pi[miss])
-    pair_age = np.where(found, age[:n], 0.0)
-
-    # aggregate: running sum of the user's retained pairs, minus the excluded item
-    agg_vec = np.zeros((a, d), dtype=np.float32)
-    agg_present = np.zeros(a, dtype=bool)
-    agg_count = np.zeros(a, dtype=np.int64)
-    if a:
-        sums = store._sums
-        if (au == au[0]).all():  # the usual case: one user's request
-            r = sums.find_one(int(au[0]), vid)
-            num = np.zeros((a, d)) if r < 0 else np.repeat(sums.sums[r:r + 1], a, axis=0)
-            cnt = np.full(a, 0 if r < 0 else int(sums.counts[r]), dtype=np.int64)
-        else:
-            uu, inv = np.unique(au, return_inverse=True)
-            rows_a = sums.find(uu, vid)[inv.reshape(-1)]
-            has = rows_a >= 0
-            num = np.where(has[:, None], sums.sums[np.maximum(rows_a, 0)], 0.0)
-            cnt = np.where(has, sums.counts[np.maximum(rows_a, 0)], 0)
-        epos = np.flatnonzero(held[n:n + a])  # excluded items count while retained
-        if epos.size:
-            num[epos] -= decode(rows.take(slot[n + epos], axis=0))
-            cnt[epos] -= 1
-        agg_present = cnt > 0
-        agg_vec = (num / np.maximum(cnt, 1)[:, None]).astype(np.float32)
-        agg_vec[~agg_present] = 0.0
-        agg_count = cnt
-        c["agg_present"] += int(np.count_nonzero(agg_present))
-
-    # user-neighbour probe: item-major grid of (item, neighbour) keys
-    g = np.flatnonzero(fresh[n + a:])
-    c["nbr_hits"] += len(g)
-    gs = n + a + g
-    return ShardAnswer(
-        pair_found=found, pair_vectors=pair_vec, pair_age_s=pair_age,
-        agg_vectors=agg_vec, agg_present=agg_present, agg_count=agg_count,
-        nbr_item_idx=g // k if k else g, nbr_user_idx=g % k if k else g,
-        nbr_vectors=decode(rows.take(slot[gs], axis=0)) if g.size else np.zeros((0, d), np.float32),
-        nbr_age_s=age[gs])
+    # 2. the candidates without a fresh own pair: user-neighbour probe and item-neighbour
+    # tier in one lookup (grid of (item, neighbour) keys, then (user, item neighbour) keys)
+    ki = item_nbrs.shape[1]
+    need = np.ones(n_items, bool)
+    need[hit] = False
+    cols = np.flatnonzero(need)
+    m = len(cols)
+    if m == 0 or k + ki == 0:
+        return out
+    nbrs = item_nbrs[cols]  # (m, ki)
+    n_grid = m * k
+    users = np.empty(n_grid + m * ki, dtype=np.int64)
+    keys = np.empty_like(users)
+    users[:n_grid].reshape(m, k)[:] = nbr_users  # the grid, item-major
+    keys[:n_grid].reshape(m, k)[:] = items[cols, None]
+    users[n_grid:] = user  # then the user's pairs of the item neighbours
+    keys[n_grid:] = nbrs.ravel()  # a -1 pad matches nothing
+    pos, slot, age = _find_keys(store, users, keys, vid, now)
+    f = age <= ttl
+    pos, slot, age = pos[f], slot[f], age[f]
+    g = int(np.searchsorted(pos, n_grid))  # grid hits come first
+    rows = _neighbour_hits(out, store, pos[:g], slot[:g], age[:g], k, cols, nbr_all)
+    if ki:
+        c["inbr_probes"] += int(np.count_nonzero(nbrs >= 0))
+        p = pos[g:] - n_grid
+        row = p // ki
+        open_ = np.ones(m, bool)  # no user-neighbour hit: the item-neighbour tier applies
+        open_[rows] = False
+        use = np.flatnonzero(open_[row])
+        first = use[_first_of_each(row[use])]  # the nearest item neighbour held fresh
+        c["inbr_hits"] += len(first)
+        out.inbr_idx = cols[row[first]]
+        out.inbr_vectors, out.inbr_age_s = _vectors(store, slot[g:][first]), age[g:][first]
+    return out
 
 
-def _count_other_versions(store: "PairStore", vid: int, users: np.ndarray,
-                          items: np.ndarray) -> None:
-    """Count missed pairs that the store holds in another version (a rollover signal)."""
-    if len(users) == 0:
-        return
-    for other, cnt in store._vcount.items():
-        if other != vid and cnt > 0:
-            slot, _ = store._lookup(users, items, other)
-            store.counters["pair_other_version"] += int(np.count_nonzero(slot >= 0))
+def _neighbour_hits(out: ShardAnswer, store: "PairStore", pos: np.ndarray, slot: np.ndarray,
+                    age: np.ndarray, k: int, cols: np.ndarray, nbr_all: bool) -> np.ndarray:
+    """Fill ``out``'s user-neighbour hits from the fresh hits of an item-major (item,
+    neighbour) grid of ``len(cols)`` rows; returns the grid rows with a hit."""
+    c = store.counters
+    c["nbr_probes"] += len(cols) * k
+    row = pos // k
+    first = _first_of_each(row)  # the nearest neighbour holding each item
+    c["nbr_hits"] += len(first)
+    sel = slice(None) if nbr_all else first
+    out.nbr_idx, out.nbr_rank = cols[row[sel]], pos[sel] - row[sel] * k
+    out.nbr_vectors, out.nbr_age_s = _vectors(store, slot[sel]), age[sel]
+    return row[first]
+
+
+# ---- batch reads (PairStore.get / aggregate / holders) ------------------------------------------
+def get_pairs(store: "PairStore", vid: int, now: float, users: np.ndarray, items: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(found (n,), vectors (n, d) float32, age_s (n,)) of fresh pairs; zeros elsewhere."""
+    n, d = len(users), store.codec.dim
+    found, vecs, ages = np.zeros(n, bool), np.zeros((n, d), np.float32), np.zeros(n)
+    if vid == 0 or store._vcount.get(vid, 0) == 0:
+        _count_pairs(store, vid, users, items, _NONE, 0)
+        return found, vecs, ages
+    pos, slot, age = _find_keys(store, users, items, vid, now)
+    f = age <= store.cfg.read_ttl_s
+    hit = pos[f]
+    found[hit], vecs[hit], ages[hit] = True, _vectors(store, slot[f]), age[f]
+    store._meta["read"][slot[f]] = 1
+    _count_pairs(store, vid, users, items, pos, len(hit))
+    return found, vecs, ages
+
+
+def aggregate_rows(store: "PairStore", vid: int, users: np.ndarray, exclude: np.ndarray
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(vectors (a, d) float32, present (a,), count (a,)): the mean of each user's retained
+    pairs, leaving out one item per row (where retained)."""
+    a, d = len(users), store.codec.dim
+    store.counters["agg_requests"] += a
+    if vid == 0 or store._vcount.get(vid, 0) == 0 or a == 0:
+        return np.zeros((a, d), np.float32), np.zeros(a, bool), np.zeros(a, np.int64)
+    sums = store._sums
+    r = sums.find(users, vid)
+    has = r >= 0
+    num = np.where(has[:, None], sums.sums[np.maximum(r, 0)], 0.0)
+    cnt = np.where(has, sums.counts[np.maximum(r, 0)], 0)
+    slot, _ = store._lookup(users, exclude, vid)
+    e = np.flatnonzero(slot >= 0)  # the excluded item is retained: take it out
+    num[e] -= _vectors(store, slot[e])
+    cnt[e] -= 1
+    present = cnt > 0
+    vec = (num / np.maximum(cnt, 1)[:, None]).astype(np.float32)
+    vec[~present] = 0.0
+    store.counters["agg_present"] += int(np.count_nonzero(present))
+    return vec, present, cnt
+
+
+def holder_grid(store: "PairStore", vid: int, now: float, items: np.ndarray,
+                users: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(item_idx, user_idx, vectors, age_s) of every fresh (item, user) pair of the grid,
+    ordered by item then user."""
+    m, k, d = len(items), len(users), store.codec.dim
+    store.counters["nbr_probes"] += m * k
+    if vid == 0 or store._vcount.get(vid, 0) == 0 or m * k == 0:
+        z = np.zeros(0, np.int64)
+        return z, z, np.zeros((0, d), np.float32), np.zeros(0)
+    pos, slot, age = _find_grid(store, users, items, vid, now)
+    f = age <= store.cfg.read_ttl_s
+    g = pos[f]
+    store.counters["nbr_hits"] += len(g)
+    return g // k, g % k, _vectors(store, slot[f]), age[f]

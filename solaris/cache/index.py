@@ -8,7 +8,7 @@ Bucketised cuckoo hashing: cells are grouped in buckets of ``WAYS`` = 4 (32 byte
 sit in one of two buckets, ``b1`` (from the high 32 bits of its hash) or ``b2 = (g - b1) mod
 nb`` where ``g`` comes from the low 32 bits. Since ``b1 + b2 = g``, either bucket and the
 fingerprint give the other, so an occupant can be moved ("kicked") without knowing its key.
-A lookup gathers the two bucket rows of every key in one ``take``; no key ever needs more.
+A lookup gathers the two bucket rows of every key (one ``take`` per row); no key needs more.
 
 Each cell packs ``fingerprint << 32 | slot`` (the fingerprint is the low 32 bits of the hash).
 The owner confirms the full key of each fingerprint match, so answers are exact. The rare
@@ -28,7 +28,6 @@ _SLOT_LIMIT = np.uint64(1 << 31)  # real slots are < 2**31; EMPTY has all-ones l
 _S32 = np.uint64(32)
 WAYS = 4  # cells per bucket
 _ROW = np.dtype("<u4")  # a row of WAYS bools read as one integer: byte j = column j
-_ONE = np.uint32(1)
 _TARGET_LOAD = 0.5  # keys per cell right after a (re)build
 _MAX_LOAD = 0.8  # above this, inserts rebuild larger first (kicks get long past ~0.9)
 _MIN_LOAD = 0.15  # below this (and not tiny), the table is rebuilt smaller
@@ -77,12 +76,6 @@ Verify = Callable[[np.ndarray, np.ndarray], np.ndarray]
 """verify(key_positions, slots) -> bool mask: does slot hold the key at each key position."""
 
 
-def _first_byte(bits: np.ndarray) -> np.ndarray:
-    """Column of the lowest set byte of each row-as-integer (rows with any byte set)."""
-    low = bits & (~bits + _ONE)
-    return (np.bitwise_count(low - _ONE) >> 3).astype(np.int64)
-
-
 class HashIndex:
     """Maps 64-bit key hashes to int32 slots; the owner holds keys and confirms matches."""
 
@@ -109,15 +102,11 @@ class HashIndex:
     def _buckets(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(b1, b2, fingerprint-in-place) of each hash."""
         nb = np.uint64(self._nb)
-        b1 = (((h >> _S32) * nb) >> _S32).astype(np.int64)
-        fp = (h & _LOW32) << _S32
-        return b1, self._other(b1, fp), fp
-
-    def _other(self, b: np.ndarray, fp: np.ndarray) -> np.ndarray:
-        """The alternative bucket of a cell with fingerprint ``fp`` (high half) in bucket b."""
-        g = (((fp >> _S32) * np.uint64(self._nb)) >> _S32).astype(np.int64)
-        o = g - b
-        return np.where(o < 0, o + self._nb, o)
+        low = h & _LOW32
+        b1 = (((h >> _S32) * nb) >> _S32).view(np.int64)  # < nb < 2**63: the view is exact
+        o = ((low * nb) >> _S32).view(np.int64) - b1  # b2 = (g - b1) mod nb
+        o += (o >> 63) & self._nb  # + nb where negative (arithmetic shift: all ones)
+        return b1, o, low << _S32
 
     def needs_rebuild(self, n_new: int) -> bool:
         """True when n_new more keys would pass the load limit, or the table is far larger
@@ -134,30 +123,56 @@ class HashIndex:
     def lookup(self, h: np.ndarray, verify: Verify) -> tuple[np.ndarray, np.ndarray]:
         """(slot (n,) int64, cell (n,) int64) of each key hash; -1 where absent.
 
-        Gathers both bucket rows of every key in one pass; the first fingerprint match (b1
-        before b2) goes to ``verify``. A rejected match (p ~ 2**-32 per cell) is resolved
-        key by key; the stash (almost always empty) is checked for keys not found, and its
-        cells come back as ``-2 - stash index``.
+        ``probe`` finds the first fingerprint match of each key; it goes to ``verify``. A
+        rejected match (p ~ 2**-32 per cell) is resolved key by key; the stash (almost always
+        empty) is checked for keys not found, and its cells come back as ``-2 - stash index``.
         """
         n = len(h)
         slot = np.full(n, -1, dtype=np.int64)
         cell = np.full(n, -1, dtype=np.int64)
         if n == 0 or self.live == 0:
             return slot, cell
-        b1, b2, fp = self._buckets(h)
-        b = np.concatenate([b1, b2])
-        c = self._rows.take(b, axis=0)  # (2n, WAYS): rows of b1, then rows of b2
-        match = (c ^ np.concatenate([fp, fp])[:, None]) < _SLOT_LIMIT
-        mv = match.view(_ROW).ravel()  # (2n,)
-        row = np.where(mv[:n] != 0, np.arange(n), np.arange(n, 2 * n))  # b1's row, else b2's
-        keys = np.flatnonzero(mv[row] != 0)
-        row = row[keys]
-        at = b[row] * WAYS + _first_byte(mv[row])
-        cand = (self._cells[at] & _LOW32).astype(np.int64)
+        keys, cand, at = self.probe(h)
         ok = verify(keys, cand)
         slot[keys[ok]], cell[keys[ok]] = cand[ok], at[ok]
-        if not ok.all():
-            self._lookup_rows(keys[~ok], b1, b2, fp, verify, slot, cell)
+        if not ok.all() or len(self._stash_v):
+            self.resolve(h, verify, slot, cell, keys[~ok])
+        return slot, cell
+
+    def probe(self, h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(keys, slots, cells) of the key hashes with a fingerprint match in their rows: the
+        first match of each (b1's row before b2's), for the owner to confirm.
+
+        Gathers both bucket rows of every key, one ``take`` each; no key needs more. A key
+        whose match the owner rejects, or that is absent while the stash holds cells, goes to
+        ``resolve``.
+        """
+        b1, b2, fp = self._buckets(h)
+        rows = self._rows
+        # a fingerprint match: cell ^ fp leaves only the slot bits (EMPTY leaves all ones)
+        m1 = ((rows.take(b1, axis=0) ^ fp[:, None]) < _SLOT_LIMIT).view(_ROW).ravel()  # (n,)
+        m2 = ((rows.take(b2, axis=0) ^ fp[:, None]) < _SLOT_LIMIT).view(_ROW).ravel()
+        in1 = m1 != 0
+        mv = np.where(in1, m1, m2)  # b1's row first, else b2's
+        keys = np.flatnonzero(mv)
+        col = mv[keys].view(np.bool_).reshape(-1, WAYS).argmax(axis=1)  # first matching cell
+        at = np.where(in1[keys], b1[keys], b2[keys]) * WAYS + col
+        return keys, (self._cells[at] & _LOW32).view(np.int64), at
+
+    @property
+    def stashed(self) -> int:
+        """Cells waiting in the stash (lookups of absent keys scan it while non-empty)."""
+        return len(self._stash_v)
+
+    def resolve(self, h: np.ndarray, verify: Verify, slot: np.ndarray, cell: np.ndarray,
+                rejected: np.ndarray) -> None:
+        """Complete ``probe``'s answer in place: every fingerprint match of the ``rejected``
+        keys, one key at a time, then the stash for keys still absent."""
+        if len(rejected) == 0 and not len(self._stash_v):
+            return
+        b1, b2, fp = self._buckets(h)
+        if len(rejected):
+            self._lookup_rows(rejected, b1, b2, fp, verify, slot, cell)
         if len(self._stash_v):
             miss = np.flatnonzero(slot < 0)
             sb, sv = self._stash_b, self._stash_v
@@ -167,7 +182,6 @@ class HashIndex:
             cand = (sv[j] & _LOW32).astype(np.int64)
             ok = verify(miss[r], cand)
             slot[miss[r[ok]]], cell[miss[r[ok]]] = cand[ok], -2 - j[ok]  # stash cells < -1
-        return slot, cell
 
     def _lookup_rows(self, keys, b1, b2, fp, verify: Verify, slot, cell) -> None:
         """Every fingerprint match in both rows of these keys, one key at a time (the path
@@ -215,8 +229,8 @@ class HashIndex:
             f2 = (self._rows.take(b2[todo], axis=0) == EMPTY).view(_ROW).ravel()
             in1 = f1 != 0
             has = in1 | (f2 != 0)
-            target = np.where(in1, b1[todo] * WAYS + _first_byte(f1),
-                              b2[todo] * WAYS + _first_byte(f2))[has]
+            col = np.where(in1, f1, f2)[has].view(np.bool_).reshape(-1, WAYS).argmax(axis=1)
+            target = np.where(in1, b1[todo], b2[todo])[has] * WAYS + col
             # several keys may pick one free cell: write all, keep the ones that stuck
             cells[target] = val[todo[has]]
             won = np.zeros(len(todo), dtype=bool)

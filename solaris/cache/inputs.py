@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from solaris.errors import RequestError
+
+if TYPE_CHECKING:
+    from solaris.cache.query import ShardQuery
 
 
 def check_ids(x: np.ndarray, name: str) -> np.ndarray:
@@ -37,3 +41,24 @@ def check_version(version: str) -> str:
     if not isinstance(version, str) or not version:
         raise RequestError(f"version={version!r}: must be a non-empty string")
     return version
+
+
+def check_query(q: "ShardQuery") -> tuple[float, np.ndarray, int, np.ndarray, np.ndarray]:
+    """(now, items, user, item_nbrs, nbr_users) of a ShardQuery, checked by name."""
+    now = check_time(q.now)
+    items = check_ids(q.items, "items")
+    nbr_users = check_ids(q.nbr_users, "nbr_users")
+    user = q.user
+    if not isinstance(user, (int, np.integer)) or isinstance(user, bool) or user < -1:
+        raise RequestError(f"user={user!r}: must be a user id, or -1 for none")
+    inb = q.item_nbrs
+    if type(inb) is not np.ndarray or inb.dtype != np.int64:
+        inb = np.asarray(inb)
+        if inb.size and inb.dtype.kind not in "iu":
+            raise RequestError(f"item_nbrs: expected integers, got dtype {inb.dtype}")
+        inb = inb.astype(np.int64)
+    if inb.ndim != 2 or (user >= 0 and inb.shape[1] and inb.shape[0] != len(items)):
+        raise RequestError(f"item_nbrs: shape {inb.shape}, expected ({len(items)}, ki)")
+    if inb.size and inb.min() < -1:
+        raise RequestError(f"item_nbrs: id {int(inb.min())} (-1 is the only pad)")
+    return now, items, int(user), inb, nbr_users

@@ -5,37 +5,45 @@ verbatim (no re-encoding, so int8 / fp16 entries come back bit-identical). The f
 running sum of each (user, version) rides on the first row of its group (null elsewhere), so
 the aggregate after a restore is bit-identical too, not re-added in another order. Counters,
 the codec and the latest event time seen live in the schema metadata.
+
+The table goes to Parquet through ``pyarrow.fs`` (``write_snapshot`` / ``read_snapshot``), so
+a shard restarted on another node finds it; a write lands whole or not at all.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import uuid
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from solaris.cache.index import key_hash
+from solaris.cache.slab import gather
 from solaris.errors import DataError
 
 if TYPE_CHECKING:
     from solaris.cache.store import PairStore
 
 FORMAT = 1
+log = logging.getLogger(__name__)
 
 
 def to_table(store: "PairStore") -> pa.Table:
     """Every live entry of ``store`` as an Arrow table (see the module docstring)."""
-    from solaris.cache.store import gather
-
     live = np.flatnonzero(store._meta["vid"] != 0)
     m = store._meta
     live = live[np.lexsort((m["item"][live], m["user"][live], m["vid"][live]))]
     m = gather(store._meta, live)
     n, d, rb = len(live), store.codec.dim, store.codec.row_bytes
     rows = store._rows.take(live, axis=0)  # (n, row_bytes)
-    first = np.r_[True, (m["user"][1:] != m["user"][:-1]) | (m["vid"][1:] != m["vid"][:-1])]
-    first &= n > 0
+    first = np.ones(n, dtype=bool)  # opens a (user, version) group
+    first[1:] = (m["user"][1:] != m["user"][:-1]) | (m["vid"][1:] != m["vid"][:-1])
     g = np.flatnonzero(first)
     r = store._sums.find(m["user"][g], m["vid"][g])
     assert (r >= 0).all(), "a live entry without a running sum"
@@ -113,3 +121,54 @@ def load_into(store: "PairStore", table: pa.Table) -> None:
         store._sums.sums[r] = flat
     store.counters.update({k: int(v) for k, v in meta.get("counters", {}).items()
                            if k in store.counters})
+
+
+# ---- files ---------------------------------------------------------------------------------------
+def snapshot_location(uri: str, group_id: str, shard: int, num_shards: int
+                      ) -> tuple[pafs.FileSystem, str]:
+    """Filesystem and path of one shard's snapshot under ``uri`` (a pyarrow.fs URI or a dir).
+
+    The shard count is part of the name: with another count, users live on other shards.
+    """
+    if "://" not in uri:
+        uri = os.path.abspath(uri)
+    fs, root = pafs.FileSystem.from_uri(uri)
+    name = f"shard-{shard:03d}-of-{num_shards:03d}.parquet"
+    return fs, f"{root.rstrip('/')}/{group_id}/{name}"
+
+
+def write_snapshot(fs: pafs.FileSystem, path: str, table: pa.Table) -> None:
+    """Write ``table`` to a temporary file beside ``path``, then move it over ``path``.
+
+    A crash mid-write leaves a stray temporary file, never a half-written snapshot.
+    """
+    parent = path.rsplit("/", 1)[0]
+    fs.create_dir(parent, recursive=True)
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    try:
+        pq.write_table(table, tmp, filesystem=fs)
+        fs.move(tmp, path)
+    except BaseException:
+        try:
+            fs.delete_file(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_snapshot(fs: pafs.FileSystem, path: str) -> pa.Table | None:
+    """The snapshot at ``path``, or None when there is none; stray temporaries are removed."""
+    parent, name = path.rsplit("/", 1)
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(parent, allow_not_found=True))
+    except OSError:
+        infos = []
+    for info in infos:
+        if info.base_name.startswith(f"{name}.tmp-"):
+            try:
+                fs.delete_file(info.path)
+            except OSError:
+                log.warning("could not remove stale snapshot temp %s", info.path)
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return None
+    return pq.read_table(path, filesystem=fs)

@@ -3,8 +3,9 @@
 Layout (no Python object per entry: ~180 bytes per fp32 entry of width 32, ~90 for int8,
 index and running sums included):
 
-- ``_meta``: one 32-byte record per slot (user, item, written_at, verifier score, version id,
-  read flag); version id 0 marks a free slot. Checking a key's fields costs one cache miss.
+- ``_meta``: one 32-byte ``slab.META`` record per slot (user, item, written_at, verifier
+  score, version id, read flag); version id 0 marks a free slot. Checking a key's fields costs
+  one cache miss.
 - ``_rows``: the encoded vector of each slot (``codec.Codec`` bytes, int8 scale inline).
 - ``_index``: ``HashIndex`` over (user, item, version id) -> slot.
 - ``_sums``: ``UserSums``, float64 running sums per (user, version) for the aggregate.
@@ -31,28 +32,26 @@ from typing import Callable
 import numpy as np
 import pyarrow as pa
 
+from solaris.cache import answer as _answer
 from solaris.cache import snapshot as _snap
-from solaris.cache.answer import answer_query
 from solaris.cache.codec import Codec
 from solaris.cache.index import HashIndex, key_hash
-from solaris.cache.inputs import check_ids, check_time, check_version
+from solaris.cache.inputs import check_ids, check_query, check_time, check_version
 from solaris.cache.query import ShardAnswer, ShardQuery
+from solaris.cache.slab import META, gather
 from solaris.cache.sums import UserSums
 from solaris.config import CacheConfig
 from solaris.errors import RequestError
 
 log = logging.getLogger(__name__)
 
-META = np.dtype([("user", "<i8"), ("item", "<i8"), ("written", "<f8"), ("score", "<f4"),
-                 ("vid", "<u2"), ("read", "u1"), ("pad", "u1")])
-assert META.itemsize == 32
 _MIN_SLOTS = 256
 _GROW = 1.25  # slab growth factor (bounded by cfg.capacity)
 _SHRINK_BELOW = 0.6  # live share of the slab under which it is rebuilt smaller ...
 _SHRUNK = 1.15  # ... to this many slots per live entry
 _COUNTERS = ("pair_hits", "pair_misses", "pair_stale", "pair_other_version", "nbr_probes",
-             "nbr_hits", "agg_requests", "agg_present", "evictions", "expired",
-             "expired_unread", "dropped_on_put")
+             "nbr_hits", "inbr_probes", "inbr_hits", "agg_requests", "agg_present",
+             "evictions", "expired", "expired_unread", "dropped_on_put")
 
 
 def _libc_trim() -> Callable[[], None]:
@@ -67,12 +66,6 @@ def _libc_trim() -> Callable[[], None]:
 
 
 _trim_heap = _libc_trim()
-
-
-def gather(meta: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    """meta[idx] for an index array: whole records gathered as 4 x uint64 rows, ~30x faster
-    than numpy's structured fancy indexing."""
-    return meta.view(np.uint64).reshape(-1, 4).take(idx, axis=0).view(META).reshape(-1)
 
 
 def lowest(score: np.ndarray, written: np.ndarray, k: int) -> np.ndarray:
@@ -129,15 +122,18 @@ class PairStore:
         version id or one per key."""
         if h is None:
             h = key_hash(users, items, vid)
+        return self._index.lookup(h, self._verifier(users, items, vid))
+
+    def _verifier(self, users: np.ndarray, items: np.ndarray, vid: int | np.ndarray):
+        """verify(pos, slots): does each slot hold key ``pos`` of (users, items, vid)."""
         meta = self._meta
         per_key = np.ndim(vid) > 0
 
         def verify(pos: np.ndarray, slots: np.ndarray) -> np.ndarray:
-            # field by field: gathering whole structured records is ~30x slower
-            same_v = meta["vid"][slots] == (vid[pos] if per_key else vid)
-            same_u = meta["user"][slots] == users[pos]
-            return same_u & (meta["item"][slots] == items[pos]) & same_v
-        return self._index.lookup(h, verify)
+            m = gather(meta, slots)  # whole records in one pass (one cache line each)
+            same_v = m["vid"] == (vid[pos] if per_key else vid)
+            return (m["user"] == users[pos]) & (m["item"] == items[pos]) & same_v
+        return verify
 
     # ---------------------------------------------------------------- expiry
     def _cutoff(self) -> int:
@@ -324,17 +320,16 @@ class PairStore:
     def get(self, users: np.ndarray, items: np.ndarray, version: str,
             now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(found (n,), vectors (n, d) float32, age_s (n,)) of fresh pairs of ``version``."""
-        a = self.answer(ShardQuery(version=version, now=now, pair_users=users,
-                                   pair_items=items))
-        return a.pair_found, a.pair_vectors, a.pair_age_s
+        now, vid, users, items = self._read(now, version, users, items, "users", "items")
+        return _answer.get_pairs(self, vid, now, users, items)
 
     def aggregate(self, users: np.ndarray, exclude_items: np.ndarray, version: str,
                   now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(vectors (a, d), present (a,), count (a,)): mean of each user's retained pairs of
         ``version``, leaving out ``exclude_items`` (one item per row)."""
-        a = self.answer(ShardQuery(version=version, now=now, agg_users=users,
-                                   agg_exclude=exclude_items))
-        return a.agg_vectors, a.agg_present, a.agg_count
+        now, vid, users, excl = self._read(now, version, users, exclude_items, "users",
+                                           "exclude_items")
+        return _answer.aggregate_rows(self, vid, users, excl)
 
     def holders(self, items: np.ndarray, users: np.ndarray, version: str, now: float
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -342,23 +337,29 @@ class PairStore:
 
         Returns (item_idx, user_idx, vectors, age_s) of every hit, ordered by item then user.
         """
-        a = self.answer(ShardQuery(version=version, now=now, nbr_users=users,
-                                   nbr_items=items))
-        return a.nbr_item_idx, a.nbr_user_idx, a.nbr_vectors, a.nbr_age_s
+        now = check_time(now)
+        items, users = check_ids(items, "items"), check_ids(users, "users")
+        vid = self._version_id(version, create=False)
+        self._advance(now)
+        return _answer.holder_grid(self, vid, now, items, users)
+
+    def _read(self, now, version, a, b, name_a: str, name_b: str):
+        """Checked (now, version id, a, b) of a keyed read, after expiring up to ``now``."""
+        now = check_time(now)
+        a, b = check_ids(a, name_a), check_ids(b, name_b)
+        if len(b) != len(a):
+            raise RequestError(f"{name_b}: length {len(b)} != {name_a} length {len(a)}")
+        vid = self._version_id(version, create=False)
+        self._advance(now)
+        return now, vid, a, b
 
     def answer(self, q: ShardQuery) -> ShardAnswer:
         """Everything one request needs from this shard, in one call (see cache/query.py)."""
-        now = check_time(q.now)
-        pu, pi = check_ids(q.pair_users, "pair_users"), check_ids(q.pair_items, "pair_items")
-        au, ax = check_ids(q.agg_users, "agg_users"), check_ids(q.agg_exclude, "agg_exclude")
-        nu, ni = check_ids(q.nbr_users, "nbr_users"), check_ids(q.nbr_items, "nbr_items")
-        if len(pi) != len(pu):
-            raise RequestError(f"pair_items: length {len(pi)} != pair_users length {len(pu)}")
-        if len(ax) != len(au):
-            raise RequestError(f"agg_exclude: length {len(ax)} != agg_users length {len(au)}")
+        now, items, user, item_nbrs, nbr_users = check_query(q)
         vid = self._version_id(q.version, create=False)
         self._advance(now)
-        return answer_query(self, vid, now, pu, pi, au, ax, nu, ni)
+        return _answer.answer_query(self, vid, now, items, user, item_nbrs, bool(q.aggregate),
+                                    nbr_users, bool(q.nbr_all))
 
     # ---------------------------------------------------------------- state
     def metrics(self) -> dict:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from solaris.cache.query import (TIER_ITEM_NBR, TIER_NONE, TIER_PAIR, TIER_USER_NBR,
                                  ShardQuery)
+from solaris.cache import wire
 from solaris.cache.ring import HashRing
 from solaris.cache.store import PairStore
 from solaris.config import CacheConfig, EnrichConfig
@@ -112,7 +113,7 @@ configs = st.builds(EnrichConfig, user_knn_probe=st.integers(0, 6),
                     aggregate=st.booleans())
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, database=None)
 @given(seed=st.integers(0, 2**31), cfg=configs, user=st.integers(0, N_USERS - 1),
        cands=st.lists(st.integers(0, N_ITEMS + 2), min_size=0, max_size=20))
 def test_local_enrichment_matches_reference(seed, cfg, user, cands):
@@ -124,7 +125,7 @@ def test_local_enrichment_matches_reference(seed, cfg, user, cands):
     check(slots, reference(entries, user, cands, now, uk, ik, cfg))
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30, deadline=None, database=None)
 @given(seed=st.integers(0, 2**31), cfg=configs, user=st.integers(0, N_USERS - 1),
        n_shards=st.integers(1, 4), down=st.integers(-1, 3))
 def test_sharded_enrichment_routes_once_per_shard_and_reads_dead_shards_as_misses(
@@ -144,15 +145,35 @@ def test_sharded_enrichment_routes_once_per_shard_and_reads_dead_shards_as_misse
     assert set(queries) == expect
     for s, q in queries.items():
         assert isinstance(q, ShardQuery) and q.version == V and q.now == now
-        assert (ring(q.pair_users) == s).all() and (ring(q.agg_users) == s).all()
+        assert q.user == -1 or (q.user == user and ring(np.array([user]))[0] == s)
         assert (ring(q.nbr_users) == s).all()
+    assert [q.user for q in queries.values()].count(user) == 1
     probed = np.concatenate([q.nbr_users for q in queries.values()])
     assert sorted(probed.tolist()) == sorted(nbrs)
+    # what crosses the wire comes back bit for bit
+    for q in queries.values():
+        back = wire.decode_query(wire.encode_query(q))
+        assert (back.version, back.now, back.user, back.aggregate, back.nbr_all) == \
+            (q.version, q.now, q.user, q.aggregate, q.nbr_all)
+        for name in ("items", "item_nbrs", "nbr_users"):
+            assert np.array_equal(getattr(back, name), getattr(q, name)), name
 
     answers = {s: (None if s == down else stores[s].answer(q)) for s, q in queries.items()}
     slots = assemble(p, answers, D)
+    # an answer that crossed the wire assembles into the same slots, bit for bit
+    over = {s: None if a is None else wire.decode_answer(wire.encode_answer(a))
+            for s, a in answers.items()}
+    same = assemble(p, over, D)
+    for name in slots.__dataclass_fields__:
+        assert np.array_equal(getattr(slots, name), getattr(same, name)), name
     up = lambda u: int(ring(np.array([u]))[0]) != down  # noqa: E731
     check(slots, reference(entries, user, cands, now, uk, ik, cfg, up=up))
+    if down not in queries:  # every shard up: the same slots as one store holding everything, bit for bit
+        whole = PairStore(CACHE)
+        fill(whole, entries)
+        local = enrich_local(whole, user, cands, now, V, uk, ik, cfg)
+        for name in slots.__dataclass_fields__:
+            assert np.array_equal(getattr(slots, name), getattr(local, name)), name
 
 
 def test_tier_order_nearest_and_weighted_by_hand():
@@ -212,3 +233,15 @@ def test_neighbour_table_skips_self_and_pads():
 def test_bad_requests_name_the_value(call, message):
     with pytest.raises(RequestError, match=message):
         call(PairStore(CACHE))
+
+
+def test_nearest_of_one_key_equals_its_neighbours_row():
+    rng = np.random.default_rng(5)
+    t = NeighbourTable(rng.integers(-1, 9, (9, 7)), rng.random((9, 7)), "k")
+    for key in range(-1, 11):
+        for k in (0, 1, 3, 7, 9):
+            ids, sims = t.nearest(key, k)
+            row_ids, row_sims = t.neighbours(np.array([key]), k)
+            keep = row_ids[0] >= 0
+            assert ids.tolist() == row_ids[0][keep].tolist()
+            assert sims.tolist() == row_sims[0][keep].tolist()

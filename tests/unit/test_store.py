@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from solaris.cache.codec import Codec, error_bound
 from solaris.cache.index import HashIndex, key_hash, key_hash_one
 from solaris.cache.query import ShardQuery
+from solaris.cache.snapshot import read_snapshot, snapshot_location, write_snapshot
 from solaris.cache.store import PairStore, lowest
 from solaris.config import CacheConfig
 from solaris.errors import RequestError
@@ -108,7 +109,8 @@ op = st.one_of(
 
 
 @pytest.mark.parametrize("codec", ["fp32", "fp16", "int8"])
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
 @given(ops=st.lists(op, min_size=1, max_size=20))
 def test_store_matches_reference(codec, ops):
     cfg = make_cfg(codec=codec)
@@ -179,7 +181,7 @@ def test_put_rejects_bad_input_by_name():
 
 # ------------------------------------------------------------------ capacity and eviction
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30, deadline=None, database=None)
 @given(batches=st.lists(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 30),
                                            st.floats(0, 1, width=32)),
                                  min_size=1, max_size=12), min_size=1, max_size=12),
@@ -277,7 +279,7 @@ def test_bytes_per_entry_budget():
 # ------------------------------------------------------------------ codecs
 
 @pytest.mark.parametrize("codec", ["fp32", "fp16", "int8"])
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, database=None)
 @given(seed=st.integers(0, 2**31),
        scale=st.sampled_from([1e-44, 1e-38, 1e-6, 1e-3, 1.0, 30.0, 6e4]),
        n=st.integers(0, 20))
@@ -305,7 +307,7 @@ def test_int8_payload_and_fp16_overflow():
 
 # ------------------------------------------------------------------ snapshot
 
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=10, deadline=None, database=None)
 @given(seed=st.integers(0, 2**31), codec=st.sampled_from(["fp32", "fp16", "int8"]))
 def test_snapshot_restore_round_trip_is_exact(tmp_path_factory, seed, codec):
     cfg = make_cfg(codec=codec)
@@ -321,20 +323,39 @@ def test_snapshot_restore_round_trip_is_exact(tmp_path_factory, seed, codec):
     path = tmp_path_factory.mktemp("snap") / "shard.parquet"
     pq.write_table(store.snapshot(), path)
     back = PairStore.restore(cfg, pq.read_table(path))
-    q = ShardQuery(version="v1", now=now + 10, pair_users=np.repeat(np.arange(6), 9),
-                   pair_items=np.tile(np.arange(9), 6), agg_users=np.repeat(np.arange(6), 9),
-                   agg_exclude=np.tile(np.arange(9), 6), nbr_users=np.arange(6),
-                   nbr_items=np.arange(9))
     for version in VERSIONS:
-        q.version = version
-        a, b = store.answer(q), back.answer(q)
-        for name in a.__dataclass_fields__:
-            assert np.array_equal(getattr(a, name), getattr(b, name)), name
+        for user in range(6):
+            q = ShardQuery(version=version, now=now + 10, items=np.arange(9), user=user,
+                           item_nbrs=(np.arange(9)[:, None] + np.arange(1, 4)) % 9,
+                           aggregate=True, nbr_users=np.array([(user + 1) % 6, (user + 3) % 6]),
+                           nbr_all=True)
+            a, b = store.answer(q), back.answer(q)
+            for name in a.__dataclass_fields__:
+                assert np.array_equal(getattr(a, name), getattr(b, name)), name
+            found, vecs, age = store.get(np.full(9, user), np.arange(9), version, now + 10)
+            assert [np.array_equal(x, y) for x, y in
+                    zip((found, vecs, age), back.get(np.full(9, user), np.arange(9), version,
+                                                     now + 10))] == [True] * 3
+            agg = store.aggregate(np.full(9, user), np.arange(9), version, now + 10)
+            assert all(np.array_equal(x, y) for x, y in
+                       zip(agg, back.aggregate(np.full(9, user), np.arange(9), version, now + 10)))
     after = store.metrics()
     assert {k: v for k, v in back.metrics().items() if k not in ("slots", "total_bytes",
             "payload_bytes", "index_bytes", "sums_bytes")} == \
         {k: v for k, v in after.items() if k not in ("slots", "total_bytes", "payload_bytes",
                                                      "index_bytes", "sums_bytes")}
+
+
+def test_snapshot_write_is_atomic_and_stale_temps_are_removed(tmp_path):
+    fs, path = snapshot_location(str(tmp_path), "g", 1, 3)
+    assert path.endswith("/g/shard-001-of-003.parquet")
+    assert read_snapshot(fs, path) is None
+    write_snapshot(fs, path, pa.table({"x": [1, 2, 3]}))
+    stray = tmp_path / "g" / "shard-001-of-003.parquet.tmp-deadbeef"
+    stray.write_bytes(b"half a parquet file")  # what a crash mid-write leaves behind
+    assert read_snapshot(fs, path).column("x").to_pylist() == [1, 2, 3]
+    assert not stray.exists()
+    assert sorted(p.name for p in stray.parent.iterdir()) == ["shard-001-of-003.parquet"]
 
 
 def test_restore_rejects_a_snapshot_of_another_codec():
@@ -351,7 +372,7 @@ def test_restore_rejects_a_snapshot_of_another_codec():
 
 # ------------------------------------------------------------------ hash index
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=30, deadline=None, database=None)
 @given(ops=st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 400), max_size=60)),
                     max_size=15),
        collide=st.booleans())
