@@ -46,11 +46,10 @@ import uuid
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 import ray
 
+from solaris.cache.snapshot import read_snapshot, write_snapshot
 from solaris.config import QueueConfig
 from solaris.pqueue import Lease, PrecomputeQueue
 
@@ -66,27 +65,6 @@ def queue_snapshot_location(uri: str, queue_id: str) -> tuple[pafs.FileSystem, s
         uri = os.path.abspath(uri)
     fs, root = pafs.FileSystem.from_uri(uri)
     return fs, f"{root.rstrip('/')}/queue-{queue_id}/{QUEUE_FILE}"
-
-
-def _write(fs: pafs.FileSystem, path: str, table: pa.Table) -> None:
-    """Temporary file beside ``path``, then a move: a crash never leaves half a snapshot."""
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-    try:
-        pq.write_table(table, tmp, filesystem=fs)
-        fs.move(tmp, path)
-    except BaseException:
-        try:
-            fs.delete_file(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def _read(fs: pafs.FileSystem, path: str) -> pa.Table | None:
-    if fs.get_file_info(path).type != pafs.FileType.File:
-        return None
-    return pq.read_table(path, filesystem=fs)
 
 
 @ray.remote(num_cpus=QUEUE_NUM_CPUS, max_restarts=-1, max_task_retries=3)
@@ -121,7 +99,7 @@ class PrecomputeQueueActor:
     def _restore(self) -> None:
         fs, path = self._snap
         try:
-            table = _read(fs, path)
+            table = read_snapshot(fs, path)
         except Exception:  # a corrupt snapshot must not crash-loop the queue: start empty
             log.exception("queue %s: cannot read %s; starting empty", self._queue_id, path)
             return
@@ -141,7 +119,7 @@ class PrecomputeQueueActor:
                     return {"path": path, "rows": None, "seconds": 0.0}
                 table = self._queue.snapshot()
             try:
-                _write(fs, path, table)
+                write_snapshot(fs, path, table)
             except Exception:
                 self._snapshot_errors += 1
                 raise
