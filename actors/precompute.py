@@ -7,7 +7,7 @@ tables and a history provider. One ``step()``:
 1. ``lease`` whole request groups from the queue actor (one call);
 2. ``PrecomputeWorker.run``: the FM's request part once per group, the candidate part over
    every leased item in one batch, the encoder (``run_naive``: the plain per-pair forward);
-3. report the evaluations to the ``LedgerActor`` (``CostLedger``: a pair evaluated while the
+3. report the evaluations to the ``LedgerActor`` (``actors/ledger.py``; ``CostLedger``: a pair evaluated while the
    ledger still holds an earlier evaluation of it counts as a duplicate) and, in parallel,
    write the vectors to the owning cache shards (``CacheGroup.put``, one call per shard) with
    the model version and the verifier scores as eviction ranks;
@@ -38,7 +38,6 @@ each new GPU worker asks for ``num_gpus=1``, so Ray's autoscaler starts a GPU no
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -46,7 +45,6 @@ import threading
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,64 +53,15 @@ import ray
 import torch
 from ray.exceptions import RayActorError, RayError
 
-from solaris.config import PrecomputeConfig, config_from_dict
-from solaris.data.schema import FeatureSpec
-from solaris.errors import CheckpointError, ConfigError
-from solaris.ledger import CostLedger
-from solaris.models.encoder import PairEncoder
-from solaris.models.fm import FoundationModel
+from solaris.config import PrecomputeConfig
+from solaris.errors import ConfigError
 from solaris.pqueue import Lease
-from solaris.precompute import HistoryProvider, PrecomputeWorker
-from solaris.train.checkpoint import load_checkpoint
+from solaris.precompute import HistoryProvider, PrecomputeWorker, SideTables, load_models
 
 log = logging.getLogger(__name__)
 
 WORKER_NUM_CPUS = 0.25  # logical share on the 2-core profile; on a cluster pass threads
-LEDGER_NUM_CPUS = 0.05
 FAULTS = ("mid_forward", "after_write_before_ack")
-
-
-# ---- what a worker is built from -----------------------------------------------------------
-@dataclass(frozen=True)
-class SideTables:
-    """The side-feature tables a worker needs (``SideFeatures``), without the interaction rows
-    ``FeatureTables`` also holds: what travels to every worker."""
-
-    user_cat: np.ndarray  # (num_users, n_uc) int
-    user_cont: np.ndarray  # (num_users, n_ud) float32
-    item_cat: np.ndarray  # (num_items, n_ic) int
-    item_mh: np.ndarray  # (num_items, n_mh, M) int, codes + 1
-    item_cont: np.ndarray  # (num_items, n_id) float32
-
-    @classmethod
-    def from_features(cls, ft: Any) -> "SideTables":
-        """The tables of a ``FeatureTables`` (or anything with the same five arrays)."""
-        return cls(ft.user_cat, ft.user_cont, ft.item_cat, ft.item_mh, ft.item_cont)
-
-
-def load_models(artifacts_dir: str | Path) -> tuple[FoundationModel, PairEncoder, str]:
-    """FM, encoder and their version from an artifact directory (``train_artifacts``)."""
-    root = Path(artifacts_dir)
-    names = {"fm": "fm.pt", "encoder": "encoder.pt"}
-    if (root / "manifest.json").exists():
-        manifest = json.loads((root / "manifest.json").read_text())
-        names = {k: manifest.get(k, v) for k, v in names.items()}
-    fm_ck = load_checkpoint(root / names["fm"], "fm")
-    meta = fm_ck["meta"]
-    fm = FoundationModel(config_from_dict({"fm": fm_ck["config"]}).fm,
-                         FeatureSpec.from_dict(meta["spec"]), meta["num_users"],
-                         meta["num_items"], tuple(meta["tasks"]), meta["history_len"])
-    fm.load_state_dict(fm_ck["state_dict"])
-    enc_ck = load_checkpoint(root / names["encoder"], "encoder")
-    enc = PairEncoder(enc_ck["meta"]["in_dim"],
-                      config_from_dict({"encoder": enc_ck["config"]}).encoder)
-    enc.load_state_dict(enc_ck["state_dict"])
-    version = str(enc_ck["meta"].get("version", ""))
-    if version != meta.get("version"):
-        raise CheckpointError(f"{root}: encoder version {version!r} != FM version "
-                              f"{meta.get('version')!r}")
-    enc.version = version
-    return fm, enc, version
 
 
 def worker_gpus(cfg: PrecomputeConfig) -> int:
@@ -122,36 +71,6 @@ def worker_gpus(cfg: PrecomputeConfig) -> int:
     if cfg.device == "cuda":
         return 1
     return 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
-
-
-# ---- the ledger ------------------------------------------------------------------------------
-@ray.remote(num_cpus=LEDGER_NUM_CPUS, max_restarts=0)
-class LedgerActor:
-    """One CostLedger (per FM+encoder version) that outlives the workers reporting to it."""
-
-    def __init__(self) -> None:
-        self._ledger = CostLedger()
-
-    def evaluated(self, users: np.ndarray, items: np.ndarray, seconds: float) -> int:
-        """Record FM evaluations; returns how many were duplicates."""
-        return self._ledger.evaluated(users, items, seconds)
-
-    def served(self, n: int = 1) -> None:
-        """``n`` requests answered (the router)."""
-        self._ledger.served(n)
-
-    def read(self, users: np.ndarray, items: np.ndarray) -> None:
-        """Pairs served as pair embeddings (the router's hits)."""
-        self._ledger.read(users, items)
-
-    def expired(self, users: np.ndarray, items: np.ndarray,
-                was_read: np.ndarray | None = None) -> None:
-        """Entries that left the cache (the shards)."""
-        self._ledger.expired(users, items, was_read)
-
-    def report(self) -> dict:
-        """``CostLedger.report``: evaluations, duplicates, FM-seconds, precision."""
-        return self._ledger.report()
 
 
 # ---- the worker ------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ def build(work: Path) -> dict:
     """Train the artifacts, fill the history store; the FLOP split of one pair."""
     import torch
 
-    from actors.precompute import SideTables, load_models
+    from solaris.precompute import SideTables, load_models
     from solaris.config import HistoryConfig, load_config
     from solaris.data.load import load_dataset
     from solaris.features import FeatureTables
@@ -103,7 +103,8 @@ def measure(w: dict, work: Path, trials: int, pairs: int, lease_sizes: list[int]
     import ray
 
     from actors.cache import CacheGroup
-    from actors.precompute import LedgerActor, WorkerPool
+    from actors.ledger import LedgerActor
+    from actors.precompute import WorkerPool
     from actors.queue import create_queue
     from solaris.config import CacheConfig, PrecomputeConfig, QueueConfig
 

@@ -13,17 +13,23 @@ The actor around it owns leasing, the cache write (with ``version``) and the ack
 
 from __future__ import annotations
 
+import json
 import logging
 import time
-from typing import Callable, Protocol, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 import torch
 
-from solaris.errors import RequestError
+from solaris.config import config_from_dict
+from solaris.data.schema import FeatureSpec
+from solaris.errors import CheckpointError, RequestError
 from solaris.models.encoder import PairEncoder
 from solaris.models.fm import REQUEST_KEYS, FoundationModel
 from solaris.pqueue import Group
+from solaris.train.checkpoint import load_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -136,3 +142,45 @@ class PrecomputeWorker:
             z = self.encoder.encode(shared).float().cpu().numpy()  # (B, d)
             seconds = self.timer() - t0
         return users, items, z, seconds
+
+
+@dataclass(frozen=True)
+class SideTables:
+    """The side-feature tables a worker needs (``SideFeatures``), without the interaction rows
+    ``FeatureTables`` also holds: what travels to every worker."""
+
+    user_cat: np.ndarray  # (num_users, n_uc) int
+    user_cont: np.ndarray  # (num_users, n_ud) float32
+    item_cat: np.ndarray  # (num_items, n_ic) int
+    item_mh: np.ndarray  # (num_items, n_mh, M) int, codes + 1
+    item_cont: np.ndarray  # (num_items, n_id) float32
+
+    @classmethod
+    def from_features(cls, ft: Any) -> "SideTables":
+        """The tables of a ``FeatureTables`` (or anything with the same five arrays)."""
+        return cls(ft.user_cat, ft.user_cont, ft.item_cat, ft.item_mh, ft.item_cont)
+
+
+def load_models(artifacts_dir: str | Path) -> tuple[FoundationModel, PairEncoder, str]:
+    """FM, encoder and their version from an artifact directory (``train_artifacts``)."""
+    root = Path(artifacts_dir)
+    names = {"fm": "fm.pt", "encoder": "encoder.pt"}
+    if (root / "manifest.json").exists():
+        manifest = json.loads((root / "manifest.json").read_text())
+        names = {k: manifest.get(k, v) for k, v in names.items()}
+    fm_ck = load_checkpoint(root / names["fm"], "fm")
+    meta = fm_ck["meta"]
+    fm = FoundationModel(config_from_dict({"fm": fm_ck["config"]}).fm,
+                         FeatureSpec.from_dict(meta["spec"]), meta["num_users"],
+                         meta["num_items"], tuple(meta["tasks"]), meta["history_len"])
+    fm.load_state_dict(fm_ck["state_dict"])
+    enc_ck = load_checkpoint(root / names["encoder"], "encoder")
+    enc = PairEncoder(enc_ck["meta"]["in_dim"],
+                      config_from_dict({"encoder": enc_ck["config"]}).encoder)
+    enc.load_state_dict(enc_ck["state_dict"])
+    version = str(enc_ck["meta"].get("version", ""))
+    if version != meta.get("version"):
+        raise CheckpointError(f"{root}: encoder version {version!r} != FM version "
+                              f"{meta.get('version')!r}")
+    enc.version = version
+    return fm, enc, version

@@ -24,8 +24,10 @@ ray = pytest.importorskip("ray")
 from ray.exceptions import RayActorError  # noqa: E402
 
 from actors.cache import CacheGroup  # noqa: E402
-from actors.precompute import LedgerActor, SideTables, WorkerPool  # noqa: E402
+from actors.ledger import LedgerActor  # noqa: E402
+from actors.precompute import WorkerPool  # noqa: E402
 from actors.queue import create_queue  # noqa: E402
+from solaris.precompute import SideTables  # noqa: E402
 from solaris.cache.query import TIER_PAIR  # noqa: E402
 from solaris.config import (CacheConfig, EnrichConfig, HistoryConfig,  # noqa: E402
                             PrecomputeConfig, QueueConfig, load_config)

@@ -1,0 +1,39 @@
+"""The cost-ledger actor: one ``CostLedger`` that outlives the workers reporting to it."""
+
+from __future__ import annotations
+
+import numpy as np
+import ray
+
+from solaris.ledger import CostLedger
+
+LEDGER_NUM_CPUS = 0.05
+
+
+@ray.remote(num_cpus=LEDGER_NUM_CPUS, max_restarts=0)
+class LedgerActor:
+    """One CostLedger (per FM+encoder version) that outlives the workers reporting to it."""
+
+    def __init__(self) -> None:
+        self._ledger = CostLedger()
+
+    def evaluated(self, users: np.ndarray, items: np.ndarray, seconds: float) -> int:
+        """Record FM evaluations; returns how many were duplicates."""
+        return self._ledger.evaluated(users, items, seconds)
+
+    def served(self, n: int = 1) -> None:
+        """``n`` requests answered (the router)."""
+        self._ledger.served(n)
+
+    def read(self, users: np.ndarray, items: np.ndarray) -> None:
+        """Pairs served as pair embeddings (the router's hits)."""
+        self._ledger.read(users, items)
+
+    def expired(self, users: np.ndarray, items: np.ndarray,
+                was_read: np.ndarray | None = None) -> None:
+        """Entries that left the cache (the shards)."""
+        self._ledger.expired(users, items, was_read)
+
+    def report(self) -> dict:
+        """``CostLedger.report``: evaluations, duplicates, FM-seconds, precision."""
+        return self._ledger.report()
