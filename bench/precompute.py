@@ -50,12 +50,12 @@ def build(work: Path) -> dict:
     """Train the artifacts, fill the history store; the FLOP split of one pair."""
     import torch
 
-    from solaris.precompute import SideTables, load_models
     from solaris.config import HistoryConfig, load_config
     from solaris.data.load import load_dataset
     from solaris.features import FeatureTables
     from solaris.history import HistoryStore
     from solaris.models.flops import fm_candidate_flops, fm_request_flops, flops_per_pair
+    from solaris.precompute import SideTables, load_models
     from solaris.train.artifacts import train_artifacts
 
     torch.set_num_threads(1)
@@ -67,13 +67,7 @@ def build(work: Path) -> dict:
     ft = FeatureTables(ds, cfg.features)
     hs = HistoryStore(HistoryConfig(max_events=2 * cfg.features.history_len,
                                     max_users=ds.num_users))
-    key = np.stack([ft.user, ft.ts], 1)  # rows in event order; one request per (user, ts)
-    _, start, count = np.unique(key, axis=0, return_index=True, return_counts=True)
-    for s, c in zip(start.tolist(), count.tolist()):
-        r = slice(s, s + c)
-        u, t = int(ft.user[s]), float(ft.ts[s])
-        hs.record_impressions(u, ft.item[r], ft.surface[r], t)
-        hs.record_labels(u, ft.item[r], ft.labels[r], t, ts=ft.ts[r].astype(float))
+    hs.replay_log(ft.user, ft.item, ft.surface, ft.labels, ft.ts)
     fm, _, _ = load_models(work)
     fm.eval()
     batch = ft.batch(np.arange(ft.num_rows - 512, ft.num_rows))  # late rows: full histories

@@ -158,6 +158,18 @@ class HistoryStore:
         self._active[s] = max(self._active[s], now)
         self.counters["impressions"] += n
 
+    def replay_log(self, users: np.ndarray, items: np.ndarray, surfaces: np.ndarray,
+                   labels: np.ndarray, ts: np.ndarray) -> None:
+        """Feed a logged interaction log (event order; one request per (user, ts)): each
+        request's impressions, then its labels at the same event time."""
+        key = np.stack([np.asarray(users), np.asarray(ts)], 1)
+        _, start, count = np.unique(key, axis=0, return_index=True, return_counts=True)
+        for s, c in zip(start.tolist(), count.tolist()):
+            r = slice(s, s + c)
+            u, t = int(users[s]), float(ts[s])
+            self.record_impressions(u, items[r], surfaces[r], t)
+            self.record_labels(u, items[r], labels[r], t, ts=np.asarray(ts[r], dtype=float))
+
     def record_labels(self, user: int, items: np.ndarray, labels: np.ndarray, now: float,
                       ts: np.ndarray | None = None,
                       surfaces: np.ndarray | int | None = None) -> None:

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -41,7 +42,7 @@ def run_ablations(exp: TransferExperiment, seeds: int, task: int = 0) -> dict:
         add("vm", exp.run_variant([VMSpec("vm")], inputs, probs, task, seed)[0])
         for w in WIDTHS:
             exp.progress(f"ablations seed {seed}: width {w or 'raw'}")
-            enc = train_encoder(base.fm, exp.tables, p.fm, _width_cfg(exp, w), seed,
+            enc = train_encoder(base.fm, exp.tables, p.fm, replace(exp.cfg.encoder, width=w), seed,
                                 f"{exp.cfg.fm.version}+enc{w}")
             t = Teacher(fm=base.fm, encoder=enc, fm_fit=base.fm_fit, version=enc.version)
             pr, inp = exp.inputs(t)
@@ -81,7 +82,3 @@ def run_ablations(exp: TransferExperiment, seeds: int, task: int = 0) -> dict:
                        "the full FM's gap",
             "seconds": round(time.perf_counter() - t0, 1)}
 
-
-def _width_cfg(exp: TransferExperiment, width: int):
-    from dataclasses import replace
-    return replace(exp.cfg.encoder, width=width)

@@ -20,10 +20,9 @@ from solaris.config import SolarisConfig
 from solaris.data.schema import Dataset
 from solaris.data.split import Periods, time_split, warm_mask
 from solaris.eval import metrics as M
-from solaris.features import FeatureTables, aggregate_embeddings
-from solaris.train.teacher import Teacher, build_teacher, teacher_outputs
-from solaris.train.vertical import (SlotArrays, VMInputs, VMSpec, coverage_mask, predict_vm,
-                                    train_vm)
+from solaris.features import FeatureTables
+from solaris.train.teacher import Teacher, build_teacher, vm_inputs
+from solaris.train.vertical import VMInputs, VMSpec, coverage_mask, predict_vm, train_vm
 
 log = logging.getLogger(__name__)
 
@@ -62,23 +61,15 @@ class TransferExperiment:
             np.zeros(0, dtype=np.int64)
 
     # ---- teacher -------------------------------------------------------------------------
-    def teacher(self, seed: int, fm_rows: np.ndarray | None = None, width: int | None = None,
+    def teacher(self, seed: int, fm_rows: np.ndarray | None = None,
                 task_mask: tuple[bool, ...] | None = None) -> Teacher:
-        enc_cfg = self.cfg.encoder
-        if width is not None:
-            from dataclasses import replace
-            enc_cfg = replace(enc_cfg, width=width)
         rows = self.periods.fm if fm_rows is None else fm_rows
-        return build_teacher(self.tables, rows, self.cfg.fm, enc_cfg, self.cfg.train, seed,
-                             task_mask=task_mask)
+        return build_teacher(self.tables, rows, self.cfg.fm, self.cfg.encoder, self.cfg.train,
+                             seed, task_mask=task_mask)
 
     def inputs(self, teacher: Teacher) -> tuple[np.ndarray, VMInputs]:
         """Teacher probabilities for every row and the VM inputs built from its z."""
-        rows = np.arange(self.tables.num_rows)
-        probs, z = teacher_outputs(teacher, self.tables, rows)
-        agg, present = aggregate_embeddings(self.tables.user, self.tables.item, self.tables.ts, z,
-                                            self.cfg.features.agg_window_s, self.cfg.features.history_ties)
-        return probs, VMInputs(self.tables, SlotArrays(z, agg, present))
+        return vm_inputs(teacher, self.tables, self.cfg.features)
 
     # ---- VMs -----------------------------------------------------------------------------
     def run_variant(self, grid: list[VMSpec], inputs: VMInputs, probs: np.ndarray, task: int,

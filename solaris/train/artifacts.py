@@ -25,11 +25,10 @@ from solaris.config import SolarisConfig, config_to_dict
 from solaris.data.schema import Dataset
 from solaris.data.split import time_split
 from solaris.eval import metrics as M
-from solaris.features import FeatureTables, aggregate_embeddings
+from solaris.features import FeatureTables
 from solaris.train.checkpoint import save_checkpoint
-from solaris.train.teacher import build_teacher, teacher_outputs
-from solaris.train.vertical import (SlotArrays, VMInputs, VMSpec, coverage_mask, predict_vm,
-                                    train_vm)
+from solaris.train.teacher import build_teacher, vm_inputs
+from solaris.train.vertical import VMSpec, coverage_mask, predict_vm, train_vm
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +44,7 @@ def train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: 
     tables = FeatureTables(ds, cfg.features)
     say("training FM + encoder")
     teacher = build_teacher(tables, periods.fm, cfg.fm, cfg.encoder, cfg.train, seed)
-    probs, z = teacher_outputs(teacher, tables, np.arange(tables.num_rows))
-    agg, present = aggregate_embeddings(tables.user, tables.item, tables.ts, z,
-                                        cfg.features.agg_window_s, cfg.features.history_ties)
-    inputs = VMInputs(tables, SlotArrays(z, agg, present))
+    probs, inputs = vm_inputs(teacher, tables, cfg.features)
     sizes = {"num_users": ds.num_users, "num_items": ds.num_items, "tasks": list(ds.tasks),
              "history_len": cfg.features.history_len, "spec": ds.spec.to_dict()}
     save_checkpoint(out / "fm.pt", teacher.fm, "fm", config_to_dict(cfg.fm), version=teacher.version,

@@ -15,11 +15,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from solaris.config import EncoderConfig, FMConfig, TrainConfig
-from solaris.features import FeatureTables
+from solaris.config import EncoderConfig, FeatureConfig, FMConfig, TrainConfig
+from solaris.features import FeatureTables, aggregate_embeddings
 from solaris.models.encoder import PairEncoder, encoder_loss
 from solaris.models.fm import FoundationModel
 from solaris.train.loop import FitResult, fit, predict_in_batches, seed_everything
+from solaris.train.vertical import SlotArrays, VMInputs
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,16 @@ def teacher_outputs(teacher: Teacher, tables: FeatureTables, rows: np.ndarray
     out = predict_in_batches(run, len(rows), 2048)
     t = len(tables.tasks)
     return out[:, :t].astype(np.float64), out[:, t:].astype(np.float32)
+
+
+def vm_inputs(teacher: Teacher, tables: FeatureTables, features: FeatureConfig
+              ) -> tuple[np.ndarray, VMInputs]:
+    """The snapshot's probabilities for every row (N, T) and the VM inputs built from its z:
+    each row's own pair embedding and its causal aggregate (``aggregate_embeddings``)."""
+    probs, z = teacher_outputs(teacher, tables, np.arange(tables.num_rows))
+    agg, present = aggregate_embeddings(tables.user, tables.item, tables.ts, z,
+                                        features.agg_window_s, features.history_ties)
+    return probs, VMInputs(tables, SlotArrays(z, agg, present))
 
 
 def build_teacher(tables: FeatureTables, fm_rows: np.ndarray, fm_cfg: FMConfig,

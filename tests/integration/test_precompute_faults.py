@@ -82,13 +82,7 @@ def world(tmp_path_factory) -> World:
     manifest = train_artifacts(cfg, ds, art, seed=0)
     ft = FeatureTables(ds, cfg.features)
     hs = HistoryStore(HistoryConfig(max_events=64, max_users=ds.num_users))
-    key = np.stack([ft.user, ft.ts], 1)  # rows are in event order; one request per (user, ts)
-    _, start, count = np.unique(key, axis=0, return_index=True, return_counts=True)
-    for s, c in zip(start.tolist(), count.tolist()):
-        r = slice(s, s + c)
-        u, t = int(ft.user[s]), float(ft.ts[s])
-        hs.record_impressions(u, ft.item[r], ft.surface[r], t)
-        hs.record_labels(u, ft.item[r], ft.labels[r], t, ts=ft.ts[r].astype(float))
+    hs.replay_log(ft.user, ft.item, ft.surface, ft.labels, ft.ts)
     rng = np.random.default_rng(0)
     t0 = float(ft.ts.max()) + 60.0
     users = rng.choice(np.unique(ft.user), REQUESTS, replace=False)

@@ -73,6 +73,18 @@ def test_history_reads_only_events_strictly_before_now(tables):
     _assert_equal(_online_batch(hs, ft, rows), ft, rows)
 
 
+def test_replaying_a_log_gives_the_offline_history(tables):
+    """``replay_log`` (how workers and benchmarks fill a store from a logged dataset) ends in
+    the same state as feeding it request by request."""
+    ft = tables
+    per_user = int(np.bincount(ft.user).max())
+    hs = HistoryStore(HistoryConfig(max_events=per_user, max_users=1000))
+    hs.replay_log(ft.user, ft.item, ft.surface, ft.labels, ft.ts)
+    rows = np.arange(ft.num_rows)
+    _assert_equal(_online_batch(hs, ft, rows), ft, rows)
+    assert hs.counters["labels_matched"] == ft.num_rows
+
+
 def test_ring_keeps_the_newest_events_per_user():
     hs = HistoryStore(HistoryConfig(max_events=4, max_users=10))
     hs.record_impressions(0, np.arange(3), 0, now=10.0)
