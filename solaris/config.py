@@ -401,6 +401,53 @@ class PrecomputeConfig:
 
 
 @dataclass(frozen=True)
+class KnnConfig:
+    """The KNN rebuild job (user and item neighbour tables) and how routers read its output."""
+
+    k: int = 100  # neighbours kept per user (self excluded), cosine similarity
+    item_k: int = 20  # neighbours kept per item
+    exact_max: int = 1_000_000  # below this many rows an exact index; at or above it an IVF index
+    recall_queries: int = 1000  # random queries of the recall@10 check against exact search
+    min_recall: float = 0.95  # a build with recall@10 below this is refused (not published)
+    table_uri: str | None = None  # pyarrow.fs URI or local dir of versioned tables + pointer
+    poll_s: float = 5.0  # wall seconds between a router's checks of the published pointer
+
+    def __post_init__(self) -> None:
+        _check(self.k >= 1, "knn.k", self.k, "must be >= 1")
+        _check(self.item_k >= 1, "knn.item_k", self.item_k, "must be >= 1")
+        _check(self.exact_max >= 1, "knn.exact_max", self.exact_max, "must be >= 1")
+        _check(self.recall_queries >= 1, "knn.recall_queries", self.recall_queries, "must be >= 1")
+        _check(0.0 <= self.min_recall <= 1.0, "knn.min_recall", self.min_recall,
+               "must be in [0, 1]")
+        _check(self.poll_s > 0, "knn.poll_s", self.poll_s, "must be > 0")
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """The Ray Serve app: router + vertical models (serve_app.py)."""
+
+    artifacts_dir: str | None = None  # trained artifacts (solaris train); None = build the default
+    mode: str = "solaris"  # solaris (cache lookups) | vm (VM alone) | inline (FM in the request path)
+    max_candidates: int = 1000  # candidates per /rank request; more is a 422 naming the field
+    max_body_bytes: int = 1_000_000  # larger request bodies are a 413
+    vm_batch_size: int = 16  # requests per @serve.batch call of a VM replica
+    vm_batch_wait_s: float = 0.002  # how long a VM batch waits to fill
+    rollout_threshold: float = 0.8  # a new version's coverage / the old one's at which VMs switch
+
+    def __post_init__(self) -> None:
+        _check(self.mode in ("solaris", "vm", "inline"), "serve.mode", self.mode,
+               "must be one of solaris, vm, inline")
+        _check(self.max_candidates >= 1, "serve.max_candidates", self.max_candidates, "must be >= 1")
+        _check(self.max_body_bytes >= 1024, "serve.max_body_bytes", self.max_body_bytes,
+               "must be >= 1024")
+        _check(self.vm_batch_size >= 1, "serve.vm_batch_size", self.vm_batch_size, "must be >= 1")
+        _check(self.vm_batch_wait_s >= 0, "serve.vm_batch_wait_s", self.vm_batch_wait_s,
+               "must be >= 0")
+        _check(0.0 < self.rollout_threshold <= 1.0, "serve.rollout_threshold",
+               self.rollout_threshold, "must be in (0, 1]")
+
+
+@dataclass(frozen=True)
 class SolarisConfig:
     """Root of the config tree."""
 
@@ -418,6 +465,8 @@ class SolarisConfig:
     history: HistoryConfig = field(default_factory=HistoryConfig)
     queue: QueueConfig = field(default_factory=QueueConfig)
     precompute: PrecomputeConfig = field(default_factory=PrecomputeConfig)
+    knn: KnnConfig = field(default_factory=KnnConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
 
 
 def _build(cls: type, values: dict[str, Any], where: str) -> Any:
