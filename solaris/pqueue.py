@@ -60,6 +60,7 @@ class Group:
     version: str  # FM+encoder version to compute
     items: np.ndarray  # (n,) int64, highest priority first
     priorities: np.ndarray  # (n,) float64
+    queued_at: float = float("nan")  # wall time the group was first queued (precompute lag)
 
 
 @dataclass
@@ -83,10 +84,11 @@ class _Pair:
 
 
 class _Group:
-    __slots__ = ("key", "items", "prio", "token", "order")
+    __slots__ = ("key", "items", "prio", "token", "order", "born")
 
-    def __init__(self, key: GroupKey, order: int) -> None:
+    def __init__(self, key: GroupKey, order: int, born: float = float("nan")) -> None:
         self.key = key
+        self.born = born  # wall time first queued
         self.items: dict[int, float] = {}  # item -> priority
         self.prio = -np.inf
         self.token = -1
@@ -114,6 +116,7 @@ class PrecomputeQueue:
         self._leased: dict[PairKey, str] = {}  # leased pair -> lease id
         self._next_lease = 0
         self.counters = dict.fromkeys(_COUNTERS, 0)
+        self._lag = [0, 0.0]  # acked groups, their summed queued -> acked wall seconds
 
     # ------------------------------------------------------------------ internals
     def _token(self) -> int:
@@ -124,7 +127,7 @@ class PrecomputeQueue:
         gid = self._gid_of.get(key)
         if gid is None:
             gid = self._gid_of[key] = self._next_gid
-            self._groups[gid] = _Group(key, gid)
+            self._groups[gid] = _Group(key, gid, self._clock())
             self._next_gid += 1
         return gid
 
@@ -306,7 +309,7 @@ class PrecomputeQueue:
         o = np.lexsort((items, -prios))
         for item in items.tolist():
             del self._pending[(user, item, version)]
-        return Group(user, now, surface, version, items[o], prios[o])
+        return Group(user, now, surface, version, items[o], prios[o], g.born)
 
     def ack(self, lease_id: str, now_wall: float | None = None) -> bool:
         """The lease's pairs are in the cache: forget them. False if the lease is unknown
@@ -321,6 +324,11 @@ class PrecomputeQueue:
                 del self._leased[(g.user, item, g.version)]
         self.counters["acks"] += 1
         self.counters["acked_pairs"] += lease.num_pairs
+        now = self._now(now_wall)
+        for g in lease.groups:  # queued -> written (acked): the precompute lag, wall seconds
+            if g.queued_at == g.queued_at:
+                self._lag[0] += 1
+                self._lag[1] += now - g.queued_at
         return True
 
     def nack(self, lease_id: str, now_wall: float | None = None) -> bool:
@@ -347,7 +355,8 @@ class PrecomputeQueue:
         self._reclaim(self._now(now_wall))
         return {"depth": len(self._pending), "groups": len(self._groups),
                 "leased": len(self._leased), "open_leases": len(self._leases),
-                "capacity": self.cfg.capacity, **self.counters}
+                "capacity": self.cfg.capacity, **self.counters,
+                "lag_s_mean": self._lag[1] / self._lag[0] if self._lag[0] else None}
 
     # ------------------------------------------------------------------ durability
     def snapshot(self) -> pa.Table:

@@ -5,6 +5,7 @@ Layout of the artifact directory::
     manifest.json        versions, tasks, feature spec, periods, file names, validation BCEs
     fm.pt                FM state dict + FMConfig (+ sizes)        kind "fm"
     encoder.pt           encoder state dict + EncoderConfig        kind "encoder"
+    side.npz             side-feature tables by user / item id (what serving and workers read)
     vm_<task>.pt         VM state dict + VMConfig (+ slot width)   kind "vm"
 
 Serving VMs read both SOLARIS slots and are trained with feature dropout at
@@ -25,7 +26,9 @@ from solaris.config import SolarisConfig, config_to_dict
 from solaris.data.schema import Dataset
 from solaris.data.split import time_split
 from solaris.eval import metrics as M
+from solaris.errors import CheckpointError
 from solaris.features import FeatureTables
+from solaris.precompute import SideTables
 from solaris.train.checkpoint import save_checkpoint
 from solaris.train.teacher import build_teacher, vm_inputs
 from solaris.train.vertical import VMSpec, coverage_mask, predict_vm, train_vm
@@ -67,10 +70,37 @@ def train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: 
                         task=task, slot_dim=inputs.dim, coverage=coverage, **sizes)
         vms[task] = {"file": f"vm_{task}.pt", "val_bce": v, "test_bce": M.bce(y, pt),
                      "test_auc": M.auc(y, pt), "fm_test_bce": M.bce(y, probs[periods.test, t])}
+    save_side_tables(out / "side.npz", SideTables.from_features(tables))
     manifest = {
         "dataset": ds.name, "version": teacher.version, "tasks": list(ds.tasks),
+        "sizes": {"num_users": ds.num_users, "num_items": ds.num_items},
+        "side_tables": "side.npz",
         "fm": "fm.pt", "encoder": "encoder.pt", "vms": vms, "periods": periods.as_dict(),
         "config": config_to_dict(cfg), "seed": seed, "seconds": round(time.perf_counter() - t0, 1),
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest
+
+
+def save_side_tables(path: str | Path, side: SideTables) -> Path:
+    """Write the five side-feature arrays (numpy ``.npz``, no pickled objects); atomic."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, **{k: getattr(side, k) for k in _SIDE_KEYS})
+    tmp.replace(path)
+    return path
+
+
+def load_side_tables(path: str | Path) -> SideTables:
+    """Read ``save_side_tables``' file; CheckpointError naming the file if missing or corrupt."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: side tables not found (re-run `solaris train`)")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return SideTables(**{k: f[k] for k in _SIDE_KEYS})
+    except Exception as e:  # truncated zip, missing key, foreign file
+        raise CheckpointError(f"{path}: cannot read side tables ({type(e).__name__}: {e})") from e
+
+
+_SIDE_KEYS = ("user_cat", "user_cont", "item_cat", "item_mh", "item_cont")

@@ -1,0 +1,478 @@
+"""The SOLARIS Ray Serve app: a lookup router (HTTP ingress) and the vertical models.
+
+    serve run serve_app:app                      # local: default artifacts, built once if missing
+    serve run serve_app:build_app config=PATH    # a config tree (YAML) with a serve: section
+    serve deploy configs/serve.yaml              # replicas, queues, autoscaling
+
+``LookupRouter`` answers ``POST /rank``: it looks up the request's two SOLARIS slots in the
+cache group (one parallel round with a deadline; ``actors.cache.CacheGroup``), calls the
+task's ``VerticalModel`` deployment (``@serve.batch`` across requests), answers with a score,
+the tier and the embedding age per candidate and the versions used, and then -- without
+making the caller wait -- records the impressions in the history store and hands the
+verifier's picks to the precompute queue. ``Precompute`` owns the FM worker pools (one per
+live version) and exports queue and cache metrics. Errors become HTTP codes here only:
+malformed input is a 4xx naming the field, unknown ids are served through the fallbacks, a
+missing VM replica is a 503 with Retry-After after one retry.
+"""
+
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+from ray import serve
+from ray.util import metrics as ray_metrics
+
+from solaris import verifier
+from solaris.cache.query import TIER_PAIR, Slots
+from solaris.config import SolarisConfig, config_to_dict, load_config
+from solaris.errors import SolarisError
+from solaris.rollout import RolloutPolicy
+from solaris.scoring import Artifacts, InlineFM, ScoreRequest, VMScorer
+from solaris.serving import (TIER_NAMES, KnnTables, default_artifacts_dir, ensure_artifacts,
+                             settings_from_args)
+
+log = logging.getLogger("solaris.serve")
+
+MAX_ID = 2**62  # ids are int64 on every path
+RETRY_AFTER_S = 2  # what a 503 asks the client to wait
+
+
+# --------------------------------------------------------------------------- HTTP schemas
+class RankRequest(BaseModel):
+    """One ranking request: a user and the candidates an earlier stage retrieved."""
+
+    model_config = ConfigDict(extra="forbid")
+    user_id: int = Field(ge=0, le=MAX_ID, description="user id (unknown users are served)")
+    candidates: list[int] = Field(min_length=1, description="candidate item ids")
+    task: str = Field(min_length=1, max_length=64, description="the VM's task, e.g. click")
+    surface: int = Field(0, ge=0, le=1_000_000, description="surface code (feed, search, ...)")
+    request_id: str | None = Field(None, max_length=128)
+    now: float | None = Field(None, ge=0, allow_inf_nan=False,
+                              description="event time in epoch seconds (default: wall time)")
+    features: dict[str, float] | None = Field(None, description="optional real-time features "
+                                              "(accepted; the shipped VMs read none)")
+    mode: Literal["solaris", "vm", "inline"] | None = Field(
+        None, description="override the app's mode for this request (benchmarks, debugging)")
+
+
+class RankResponse(BaseModel):
+    request_id: str
+    task: str
+    mode: str
+    scores: list[float]
+    tiers: list[str]
+    ages_s: list[float]
+    aggregate: list[bool]
+    versions: dict[str, str]
+
+
+class FeedbackRequest(BaseModel):
+    """Labels for items shown to a user (0/1 per task, in the app's task order)."""
+
+    model_config = ConfigDict(extra="forbid")
+    user_id: int = Field(ge=0, le=MAX_ID)
+    items: list[int] = Field(min_length=1)
+    labels: list[list[int]] = Field(min_length=1, description="(len(items), num_tasks) of 0/1")
+    now: float | None = Field(None, ge=0, allow_inf_nan=False)
+
+
+api = FastAPI(title="SOLARIS", version="0.1.0",
+              description="Vertical models served with precomputed FM pair embeddings.")
+
+
+def _problem(status: int, field: str, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"detail": [{"loc": ["body", field], "msg": message}]}, status_code=status,
+                        headers=headers)
+
+
+@api.middleware("http")
+async def _limit_body(request: Request, call_next):
+    """Refuse bodies past ``serve.max_body_bytes`` before parsing them (413)."""
+    limit = getattr(request.app.state, "max_body_bytes", 1_000_000)
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.isdigit():
+            return _problem(400, "content-length", f"not a number: {length[:32]!r}")
+        if int(length) > limit:
+            return _problem(413, "body", f"{length} bytes; the limit is {limit}")
+    return await call_next(request)
+
+
+def _knn_tables(cfg: SolarisConfig) -> KnnTables | None:
+    """The published KNN tables (``jobs/rebuild_knn.py``) if ``knn.table_uri`` is set."""
+    if not cfg.knn.table_uri:
+        return None
+    from solaris import knn
+
+    return KnnTables(cfg.knn, knn.load_snapshot, knn.current_version)
+
+
+class _Unavailable(SolarisError):
+    """No VM replica answered (a 503)."""
+
+
+class _Backend:
+    """The app's handles on the actors: cache group, queue, ledger (created or attached)."""
+
+    def __init__(self, cfg: SolarisConfig, settings: dict[str, Any]):
+        import ray
+
+        from actors.cache import CacheGroup
+        from actors.ledger import LedgerActor
+        from actors.queue import create_queue
+
+        app_id = settings["app_id"]
+        self.group = CacheGroup.create(cfg.cache, group_id=app_id)
+        self.queue = create_queue(cfg.queue, queue_id=app_id, name=f"solaris-queue-{app_id}")
+        self.ledger = LedgerActor.options(name=f"solaris-ledger-{app_id}",
+                                          get_if_exists=True).remote()
+        self._ray = ray
+
+    def history_provider(self) -> Any:
+        provider = getattr(self.group, "history_provider", None)
+        if provider is not None:
+            return provider()
+        from solaris.config import HistoryConfig
+        from solaris.history import HistoryStore
+
+        return HistoryStore(HistoryConfig())
+
+    def record_impressions(self, user: int, items: np.ndarray, surface: int, now: float) -> None:
+        rec = getattr(self.group, "record_impressions", None)
+        if rec is not None:
+            rec(user, items, surface, now)
+
+    def record_labels(self, user: int, items: np.ndarray, labels: np.ndarray, now: float) -> None:
+        rec = getattr(self.group, "record_labels", None)
+        if rec is not None:
+            rec(user, items, labels, now)
+
+    def enqueue(self, user: int, items: np.ndarray, scores: np.ndarray, now: float, surface: int,
+                version: str) -> None:
+        """Hand picks to the queue without waiting (one call per request and version)."""
+        n = len(items)
+        self.queue.put.remote(np.full(n, user, np.int64), items, scores.astype(np.float64),
+                              now, surface, version)
+
+
+# --------------------------------------------------------------------------- deployments
+@serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=64,
+                  max_queued_requests=256, health_check_period_s=2.0)
+class VerticalModel:
+    """One task's VMs (one per live version), scoring batches of requests."""
+
+    def __init__(self, settings: dict[str, Any], task: str):
+        import torch
+
+        torch.set_num_threads(1)
+        cfg = load_config(settings.get("config"), settings.get("overrides"))
+        self.task = task
+        self.scorers: dict[str, VMScorer] = {}
+        for d in settings["artifact_dirs"]:
+            art = Artifacts.open(d)
+            if task in art.tasks:
+                self.scorers[art.version] = VMScorer(art, task, art.side_tables(),
+                                                     cfg.cache.read_ttl_s)
+        self.score.set_max_batch_size(cfg.serve.vm_batch_size)
+        self.score.set_batch_wait_timeout_s(cfg.serve.vm_batch_wait_s)
+        log.info("VM %s: versions %s", task, list(self.scorers))
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.002)
+    async def score(self, reqs: list[tuple[str, ScoreRequest]]) -> list[np.ndarray]:
+        out: list[np.ndarray | None] = [None] * len(reqs)
+        for version in {v for v, _ in reqs}:
+            idx = [i for i, (v, _) in enumerate(reqs) if v == version]
+            for i, p in zip(idx, self.scorers[version].score([reqs[i][1] for i in idx])):
+                out[i] = p
+        return out  # type: ignore[return-value]
+
+    def versions(self) -> list[str]:
+        return list(self.scorers)
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0.05}, num_replicas=1)
+class Precompute:
+    """FM worker pools (one per live version) and the queue / cache gauges."""
+
+    def __init__(self, settings: dict[str, Any]):
+        from actors.precompute import WorkerPool
+
+        cfg = load_config(settings.get("config"), settings.get("overrides"))
+        self.backend = _Backend(cfg, settings)
+        self.pools = {}
+        for d in settings["artifact_dirs"]:
+            art = Artifacts.open(d)
+            pool = WorkerPool(cfg.precompute, art.root, art.side_tables(),
+                              self.backend.history_provider(), self.backend.queue,
+                              self.backend.group, self.backend.ledger)
+            pool.start()
+            self.pools[art.version] = pool
+        self._gauges = {k: ray_metrics.Gauge(f"solaris_{k}", description=d) for k, d in (
+            ("queue_depth", "pending precompute pairs"),
+            ("queue_dropped", "pairs dropped on queue overflow (cumulative)"),
+            ("precompute_lag_s", "wall seconds from enqueue to cache write (recent mean)"),
+            ("cache_entries", "live pair embeddings in the cache group"),
+            ("version_mismatch", "own-pair lookups that found only another version (cumulative)"),
+            ("fm_workers", "running FM workers"))}
+        self._last: dict[str, Any] = {}
+        self._stop = threading.Event()
+        threading.Thread(target=self._poll, name="solaris-gauges", daemon=True).start()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(2.0):
+            try:
+                self._last = self._collect()
+            except Exception:  # a dead actor mid-restart: keep the last values
+                log.exception("metrics poll failed")
+
+    def _collect(self) -> dict[str, Any]:
+        import ray
+
+        q = ray.get(self.backend.queue.metrics.remote(), timeout=5)
+        shards = [s for s in self.backend.group.metrics(timeout_s=5)["shards"] if s.get("up")]
+        for pool in self.pools.values():
+            pool.scale(q.get("depth"))
+        vals = {"queue_depth": q.get("depth", 0), "queue_dropped": q.get("dropped", 0),
+                "precompute_lag_s": q.get("lag_s_mean") or 0.0,
+                "cache_entries": sum(s.get("entries", 0) for s in shards),
+                "version_mismatch": sum(s.get("pair_other_version", 0) for s in shards),
+                "fm_workers": sum(len(p.workers) for p in self.pools.values())}
+        for k, v in vals.items():
+            self._gauges[k].set(float(v))
+        return {"queue": q, **vals}
+
+    def summary(self) -> dict[str, Any]:
+        """The last gauges, the queue's metrics and each pool's worker metrics."""
+        out = dict(self._last or self._collect())
+        out["workers"] = {v: p.metrics() for v, p in self.pools.items()}
+        return out
+
+    def __del__(self) -> None:
+        self._stop.set()
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=64,
+                  max_queued_requests=256, health_check_period_s=2.0)
+@serve.ingress(api)
+class LookupRouter:
+    """HTTP ingress: enrich via the cache group, call the VM, answer, then speculate."""
+
+    def __init__(self, settings: dict[str, Any], vms: dict[str, Any], precompute: Any = None):
+        cfg = load_config(settings.get("config"), settings.get("overrides"))
+        self.cfg: SolarisConfig = cfg
+        self.settings = settings
+        self.vms = vms  # task -> DeploymentHandle
+        self.precompute = precompute  # Precompute's handle, or None (no FM workers)
+        arts = [Artifacts.open(d) for d in settings["artifact_dirs"]]
+        self.arts = {a.version: a for a in arts}
+        self.tasks = sorted({t for a in arts for t in a.tasks})
+        self.policy = RolloutPolicy({t: [a.version for a in arts if t in a.tasks]
+                                     for t in self.tasks}, cfg.serve.rollout_threshold)
+        self.backend = _Backend(cfg, settings)
+        self.knn = _knn_tables(cfg)
+        self._inline: InlineFM | None = None
+        self._inline_lock = threading.Lock()
+        self._io = ThreadPoolExecutor(4, thread_name_prefix="router-io")
+        self._after: set[asyncio.Task] = set()
+        self._shadow_every = int(settings.get("shadow_every", 4))
+        self._requests = 0
+        self._budget = verifier.BudgetController(cfg.verifier, time.monotonic)
+        api.state.max_body_bytes = cfg.serve.max_body_bytes
+        self._m_latency = ray_metrics.Histogram(
+            "solaris_rank_latency_ms", description="router latency of /rank",
+            boundaries=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000], tag_keys=("mode", "task"))
+        self._m_tier = ray_metrics.Counter("solaris_candidates", description="candidates by tier",
+                                           tag_keys=("tier",))
+        self._m_agg = ray_metrics.Counter("solaris_aggregate_present",
+                                          description="candidates with the user slot present")
+        self._m_errors = ray_metrics.Counter("solaris_rank_errors", tag_keys=("code",),
+                                             description="non-2xx answers of /rank")
+        self._m_enqueued = ray_metrics.Counter("solaris_enqueued_pairs",
+                                               description="verifier picks handed to the queue")
+        log.info("router: tasks %s, versions %s, mode %s, knn %s", self.tasks, list(self.arts),
+                 cfg.serve.mode, self.knn.version if self.knn else None)
+
+    # -- helpers
+    def _inline_fm(self) -> InlineFM:
+        with self._inline_lock:
+            if self._inline is None:
+                art = self.arts[self.policy.active[self.tasks[0]]]
+                self._inline = InlineFM(art, art.side_tables(), self.backend.history_provider())
+            return self._inline
+
+    def _lookup(self, user: int, items: np.ndarray, now: float, version: str) -> Slots:
+        knn = self.knn.current() if self.knn else None
+        return self.backend.group.lookup(user, items, now, version,
+                                         knn.users if knn else None, knn.items if knn else None,
+                                         self.cfg.enrich)
+
+    async def _score(self, task: str, version: str, req: ScoreRequest) -> np.ndarray:
+        handle = self.vms[task]
+        for attempt in (0, 1):
+            try:
+                return await handle.score.remote((version, req))
+            except Exception as e:  # replica died mid-call, or none is running: retry once
+                if attempt:
+                    raise _Unavailable(f"no VM replica for task {task!r} answered: "
+                                       f"{type(e).__name__}") from e
+                await asyncio.sleep(0.05)
+        raise AssertionError("unreachable")
+
+    # -- endpoints
+    @api.get("/healthz")
+    async def healthz(self) -> dict[str, Any]:
+        return {"ok": True, "tasks": self.tasks, "versions": self.policy.state(),
+                "mode": self.cfg.serve.mode, "knn": self.knn.version if self.knn else None}
+
+    @api.post("/rank", response_model=RankResponse,
+              responses={413: {"description": "body too large"},
+                         422: {"description": "a field is malformed (named in detail.loc)"},
+                         503: {"description": "no VM replica (Retry-After)"}})
+    async def rank(self, body: RankRequest) -> Any:
+        t0 = time.perf_counter()
+        mode = body.mode or self.cfg.serve.mode
+        if body.task not in self.vms:
+            return self._error(422, "task", f"{body.task!r} is not served (tasks: "
+                               f"{', '.join(self.tasks)})", mode, body.task)
+        if len(body.candidates) > self.cfg.serve.max_candidates:
+            return self._error(422, "candidates", f"{len(body.candidates)} candidates; the limit "
+                               f"is {self.cfg.serve.max_candidates}", mode, body.task)
+        items = np.asarray(body.candidates, np.int64)
+        if items.min() < 0 or items.max() > MAX_ID:
+            return self._error(422, "candidates", "ids must be in [0, 2**62]", mode, body.task)
+        now = float(body.now) if body.now is not None else time.time()
+        version = self.policy.active[body.task]
+        loop = asyncio.get_running_loop()
+        slots: Slots | None = None
+        if mode == "solaris":
+            slots = await loop.run_in_executor(self._io, self._lookup, body.user_id, items, now,
+                                               version)
+        elif mode == "inline":
+            slots = await loop.run_in_executor(self._io, self._inline_fm().slots, body.user_id,
+                                               items, body.surface, now)
+        req = ScoreRequest(body.user_id, items, body.surface, slots)
+        try:
+            probs = await self._score(body.task, version, req)
+        except _Unavailable as e:
+            return self._error(503, "task", str(e), mode, body.task,
+                               headers={"Retry-After": str(RETRY_AFTER_S)})
+        rid = body.request_id or uuid.uuid4().hex
+        tiers = slots.pair_tier if slots is not None else np.zeros(len(items), np.int64)
+        resp = RankResponse(
+            request_id=rid, task=body.task, mode=mode, scores=probs.astype(float).tolist(),
+            tiers=[TIER_NAMES[int(t)] for t in tiers],
+            ages_s=(slots.pair_age_s.tolist() if slots is not None else [0.0] * len(items)),
+            aggregate=(slots.agg_present.tolist() if slots is not None else [False] * len(items)),
+            versions={"fm": version if mode != "vm" else "", "vm": version,
+                      "knn": (self.knn.version or "") if self.knn else ""})
+        self._m_latency.observe((time.perf_counter() - t0) * 1000.0,
+                                tags={"mode": mode, "task": body.task})
+        if mode == "solaris" and slots is not None:
+            task = asyncio.create_task(self._after_answer(body, items, now, probs, slots))
+            self._after.add(task)
+            task.add_done_callback(self._after.discard)
+        return resp
+
+    async def _after_answer(self, body: RankRequest, items: np.ndarray, now: float,
+                            probs: np.ndarray, slots: Slots) -> None:
+        """Metrics, history, the shadow lookup of a pending version, and the verifier's picks
+        -- after the answer is on its way; never raises."""
+        try:
+            for t, n in zip(*np.unique(slots.pair_tier, return_counts=True)):
+                self._m_tier.inc(float(n), tags={"tier": TIER_NAMES[int(t)]})
+            n_agg = int(np.count_nonzero(slots.agg_present))
+            if n_agg:  # Ray counters take only positive increments
+                self._m_agg.inc(float(n_agg))
+            found = slots.pair_tier == TIER_PAIR
+            version = self.policy.active[body.task]
+            self.policy.observe(version, int(found.sum()), len(items))
+            self.backend.record_impressions(body.user_id, items, body.surface, now)
+            picks = verifier.choose(probs, items, found, slots.pair_age_s,
+                                    np.zeros(len(items), bool), self.cfg.verifier,
+                                    self.cfg.cache.read_ttl_s, self._budget.fraction)
+            self._requests += 1
+            pending = self.policy.pending(body.task)
+            versions = [version]
+            if pending is not None:
+                versions.append(pending)
+                if self._requests % self._shadow_every == 0:
+                    loop = asyncio.get_running_loop()
+                    shadow = await loop.run_in_executor(self._io, self._lookup, body.user_id,
+                                                        items, now, pending)
+                    self.policy.observe(pending, int((shadow.pair_tier == TIER_PAIR).sum()),
+                                        len(items))
+                    self.policy.maybe_switch(body.task)
+            if len(picks):
+                for v in versions:
+                    self.backend.enqueue(body.user_id, items[picks], probs[picks], now,
+                                         body.surface, v)
+                self._m_enqueued.inc(float(len(picks) * len(versions)))
+            self._budget.record(len(picks))
+        except Exception:
+            log.exception("after-answer work failed for user %s", body.user_id)
+
+    @api.post("/feedback", responses={422: {"description": "a field is malformed"}})
+    async def feedback(self, body: FeedbackRequest) -> dict[str, Any]:
+        n, t = len(body.items), len(self.arts[next(iter(self.arts))].tasks)
+        y = np.asarray(body.labels)
+        if y.shape != (n, t) or not np.isin(y, (0, 1)).all():
+            return _problem(422, "labels", f"expected {n} rows of {t} values in {{0, 1}}, "
+                            f"got shape {list(y.shape)}")
+        items = np.asarray(body.items, np.int64)
+        if items.min() < 0 or items.max() > MAX_ID:
+            return _problem(422, "items", "ids must be in [0, 2**62]")
+        now = float(body.now) if body.now is not None else time.time()
+        self.backend.record_labels(body.user_id, items, y.astype(np.float64), now)
+        return {"ok": True, "labels": n}
+
+    @api.get("/stats")
+    async def stats(self) -> dict[str, Any]:
+        """The router's rollout state and the precompute backend's last gauges."""
+        out: dict[str, Any] = {"rollout": self.policy.state(), "mode": self.cfg.serve.mode,
+                               "serve": config_to_dict(self.cfg.serve),
+                               "knn": {"version": self.knn.version, "swaps": self.knn.swaps}
+                               if self.knn else None}
+        if self.precompute is not None:
+            try:
+                out["precompute"] = await asyncio.wait_for(
+                    self.precompute.summary.remote(), timeout=10)
+            except Exception as e:
+                out["precompute"] = {"error": type(e).__name__}
+        return out
+
+    def _error(self, status: int, field: str, msg: str, mode: str, task: str,
+               headers: dict | None = None) -> JSONResponse:
+        self._m_errors.inc(tags={"code": str(status)})
+        return _problem(status, field, msg, headers)
+
+
+# --------------------------------------------------------------------------- the app
+def build_app(args: dict[str, str] | None = None) -> Any:
+    """The Serve application. ``args`` (``serve run serve_app:build_app key=value``):
+    ``config`` (YAML of the config tree), ``artifacts`` (a directory; a comma-separated list
+    rolls out the later versions), ``mode`` (solaris | vm | inline), ``app_id``."""
+    settings = settings_from_args(args or {})
+    cfg = load_config(settings.get("config"), settings.get("overrides"))
+    if not settings["artifact_dirs"]:
+        settings["artifact_dirs"] = [str(ensure_artifacts(cfg, default_artifacts_dir(cfg)))]
+    tasks = sorted({t for d in settings["artifact_dirs"] for t in Artifacts.open(d).tasks})
+    vms = {t: VerticalModel.options(name=f"VM_{t}").bind(settings, t) for t in tasks}
+    pre = Precompute.bind(settings) if settings["precompute"] else None
+    return LookupRouter.options(name="LookupRouter").bind(settings, vms, pre)
+
+
+def __getattr__(name: str) -> Any:
+    """``serve run serve_app:app`` builds the default app on first access (not at import,
+    so replicas importing this module never build anything)."""
+    if name == "app":
+        return build_app({})
+    raise AttributeError(name)

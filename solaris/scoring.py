@@ -1,0 +1,197 @@
+"""Scoring on the serving path: the vertical models, and the FM inline (the benchmark's baseline).
+
+``VMScorer`` runs one trained VM over a batch of requests (the shape ``@serve.batch`` hands
+a replica): each request's candidates with the two SOLARIS slots as the router looked them
+up (or none, for the VM alone). ``InlineFM`` is the same FM + encoder artifact that fills
+the cache, run in the request path: the request part once, the candidate part over all
+candidates, the pair slot filled for every known candidate with age 0.
+
+Ids the models never saw are served, never refused: an unknown user or item reads an
+out-of-vocabulary embedding (the mean of the trained rows) and zero side features, and in
+the inline FM an unknown item's pair slot is absent.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from solaris.cache.query import TIER_NONE, TIER_PAIR, Slots
+from solaris.config import config_from_dict
+from solaris.data.schema import FeatureSpec
+from solaris.errors import CheckpointError, RequestError
+from solaris.models.fm import REQUEST_KEYS
+from solaris.models.vm import VerticalModel
+from solaris.precompute import HistoryProvider, SideTables, load_models
+from solaris.train.artifacts import load_side_tables
+from solaris.train.checkpoint import load_checkpoint
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """An artifact directory (``solaris train``): version, tasks, VM files, side tables."""
+
+    root: Path
+    version: str
+    tasks: tuple[str, ...]
+    vm_files: dict[str, str]  # task -> VM checkpoint file name
+    num_users: int
+    num_items: int
+    dim: int  # pair-embedding width
+
+    @classmethod
+    def open(cls, root: str | Path) -> "Artifacts":
+        root = Path(root)
+        path = root / "manifest.json"
+        if not path.exists():
+            raise CheckpointError(f"{root}: no manifest.json (train artifacts with `solaris train`)")
+        try:
+            m = json.loads(path.read_text())
+            vms = {t: v["file"] for t, v in m["vms"].items()}
+            return cls(root, str(m["version"]), tuple(m["tasks"]), vms,
+                       int(m["sizes"]["num_users"]), int(m["sizes"]["num_items"]),
+                       int(m["config"]["encoder"]["width"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{path}: malformed manifest ({type(e).__name__}: {e})") from e
+
+    def side_tables(self) -> SideTables:
+        return load_side_tables(self.root / "side.npz")
+
+
+def _with_oov_row(emb: nn.Embedding) -> nn.Embedding:
+    """The table plus one row (index n) holding the mean of the trained rows."""
+    w = emb.weight.detach()
+    return nn.Embedding.from_pretrained(torch.cat([w, w.mean(0, keepdim=True)]), freeze=True)
+
+
+@dataclass
+class ScoreRequest:
+    """One request as a VM replica receives it."""
+
+    user: int
+    items: np.ndarray  # (C,) int64
+    surface: int
+    slots: Slots | None  # None: no SOLARIS inputs (the VM alone)
+
+
+class VMScorer:
+    """One trained VM (``vm_<task>.pt``) scoring whole requests, batched across requests."""
+
+    def __init__(self, artifacts: Artifacts, task: str, side: SideTables,
+                 read_ttl_s: float = 4 * 3600.0):
+        if task not in artifacts.vm_files:
+            raise RequestError(f"task={task!r}: no VM for it (tasks: {', '.join(artifacts.tasks)})")
+        ck = load_checkpoint(artifacts.root / artifacts.vm_files[task], "vm")
+        meta = ck["meta"]
+        cfg = config_from_dict({"vm": ck["config"]}).vm
+        model = VerticalModel(cfg, FeatureSpec.from_dict(meta["spec"]), meta["num_users"],
+                              meta["num_items"], meta["slot_dim"])
+        model.load_state_dict(ck["state_dict"])
+        model.user_emb = _with_oov_row(model.user_emb)
+        model.item_emb = _with_oov_row(model.item_emb)
+        self.model = model.eval()
+        self.task = task
+        self.version = str(meta.get("version", ""))
+        self.dim = int(meta["slot_dim"])
+        self.num_users, self.num_items = int(meta["num_users"]), int(meta["num_items"])
+        self.num_surfaces = FeatureSpec.from_dict(meta["spec"]).num_surfaces
+        self.side = side
+        self.read_ttl_s = float(read_ttl_s)
+
+    def _inputs(self, r: ScoreRequest) -> dict[str, np.ndarray]:
+        items = np.asarray(r.items, np.int64)
+        c = len(items)
+        known_i = items < self.num_items
+        it = np.where(known_i, items, self.num_items)  # OOV row
+        known_u = 0 <= r.user < self.num_users
+        u = r.user if known_u else self.num_users
+        s = self.side
+        item_cat = np.zeros((c, s.item_cat.shape[1]), np.int64)
+        item_cat[known_i] = s.item_cat[items[known_i]]
+        item_cont = np.zeros((c, s.item_cont.shape[1]), np.float32)
+        item_cont[known_i] = s.item_cont[items[known_i]]
+        user_cat = s.user_cat[r.user] if known_u else np.zeros(s.user_cat.shape[1], np.int64)
+        out = {
+            "user": np.full(c, u, np.int64), "item": it,
+            "surface": np.full(c, min(max(r.surface, 0), self.num_surfaces - 1), np.int64),
+            "user_cat": np.broadcast_to(np.asarray(user_cat, np.int64), (c, len(user_cat))),
+            "item_cat": item_cat, "item_cont": item_cont,
+        }
+        z = r.slots
+        if z is None:
+            zero = np.zeros((c, self.dim), np.float32)
+            out.update(pair_emb=zero, pair_present=np.zeros(c, np.float32),
+                       pair_tier=np.zeros(c, np.int64), pair_age=np.zeros(c, np.float32),
+                       agg_emb=zero, agg_present=np.zeros(c, np.float32))
+        else:
+            # the age enters as a share of the read TTL (the VM saw 0 = fresh in training)
+            out.update(pair_emb=z.pair_emb, pair_present=z.pair_present.astype(np.float32),
+                       pair_tier=z.pair_tier.astype(np.int64),
+                       pair_age=(z.pair_age_s / self.read_ttl_s).astype(np.float32),
+                       agg_emb=z.agg_emb, agg_present=z.agg_present.astype(np.float32))
+        return out
+
+    @torch.inference_mode()
+    def score(self, requests: Sequence[ScoreRequest]) -> list[np.ndarray]:
+        """Probabilities (C_r,) float32 of each request's candidates, one forward for all."""
+        if not requests:
+            return []
+        parts = [self._inputs(r) for r in requests]
+        batch = {k: torch.from_numpy(np.ascontiguousarray(np.concatenate([p[k] for p in parts])))
+                 for k in parts[0]}
+        probs = torch.sigmoid(self.model(batch)).numpy()  # (sum C,)
+        cuts = np.cumsum([len(r.items) for r in requests])[:-1]
+        return np.split(probs, cuts)
+
+
+class InlineFM:
+    """The cache's FM + encoder run in the request path: a pair slot for every known candidate."""
+
+    def __init__(self, artifacts: Artifacts, side: SideTables, history: HistoryProvider):
+        fm, enc, version = load_models(artifacts.root)
+        self.fm, self.encoder, self.version = fm.eval(), enc.eval(), version
+        self.side = side
+        self.history = history
+        self.num_users, self.num_items = artifacts.num_users, artifacts.num_items
+        self.dim = enc.width
+
+    @torch.inference_mode()
+    def embed(self, user: int, items: np.ndarray, surface: int, now: float
+              ) -> tuple[np.ndarray, np.ndarray]:
+        """(z (C, d) float32, known (C,) bool): the pair embedding of every known candidate."""
+        items = np.asarray(items, np.int64)
+        # an unknown user has no trained row: none of its pairs is computed
+        known = (items < self.num_items) & (0 <= user < self.num_users)
+        z = np.zeros((len(items), self.dim), np.float32)
+        if not known.any():
+            return z, known
+        s = self.side
+        req_np = self.history.batch(np.array([user], np.int64), np.array([now], np.float64),
+                                    np.array([max(surface, 0)], np.int64), self.fm.history_len,
+                                    s.item_cat, s.user_cat, s.user_cont)
+        req = {k: torch.from_numpy(np.ascontiguousarray(req_np[k])) for k in REQUEST_KEYS}
+        it = items[known]
+        cand = {"item": torch.from_numpy(it),  # (B,)
+                "item_cat": torch.from_numpy(s.item_cat[it].astype(np.int64)),
+                "item_mh": torch.from_numpy(s.item_mh[it].astype(np.int64)),
+                "item_cont": torch.from_numpy(s.item_cont[it].astype(np.float32))}
+        state = self.fm.request_part(req)  # one row: the request
+        shared = self.fm.candidate_part(state, cand, torch.zeros(len(it), dtype=torch.long))
+        z[known] = self.encoder.encode(shared).float().numpy()  # (B, d)
+        return z, known
+
+    def slots(self, user: int, items: np.ndarray, surface: int, now: float) -> Slots:
+        z, known = self.embed(user, items, surface, now)
+        c = len(z)
+        return Slots(pair_emb=z, pair_present=known,
+                     pair_tier=np.where(known, TIER_PAIR, TIER_NONE).astype(np.int64),
+                     pair_age_s=np.zeros(c), agg_emb=np.zeros_like(z),
+                     agg_present=np.zeros(c, bool), missing=np.zeros(c, bool))

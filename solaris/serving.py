@@ -1,0 +1,148 @@
+"""What the Serve app needs that is not Ray: settings, default artifacts, KNN tables, names.
+
+``ensure_artifacts`` builds the embedded default (synthetic data, ``solaris train``) once per
+config under a file lock, so the first ``serve run serve_app:app`` on a fresh checkout works
+and no replica ever trains anything. ``KnnTables`` holds the published user / item neighbour
+tables and swaps to a newer published version when the pointer moves (checked every
+``knn.poll_s`` on the wall clock), without a restart.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from solaris.cache.query import TIER_ITEM_NBR, TIER_NONE, TIER_PAIR, TIER_USER_NBR
+from solaris.config import KnnConfig, SolarisConfig, config_to_dict, load_config
+from solaris.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+TIER_NAMES = {TIER_NONE: "none", TIER_PAIR: "pair", TIER_USER_NBR: "user_neighbour",
+              TIER_ITEM_NBR: "item_neighbour"}
+ARTIFACTS_ENV = "SOLARIS_ARTIFACTS"  # overrides where the default artifacts live
+_SETTING_KEYS = ("config", "artifacts", "mode", "app_id", "precompute")
+
+
+def settings_from_args(args: dict[str, Any]) -> dict[str, Any]:
+    """The app's settings from ``serve run`` / config-file args (all strings there).
+
+    ``config``: YAML of the config tree; ``artifacts``: artifact dir(s), comma-separated,
+    oldest version first (later ones are rolled out); ``mode``: solaris | vm | inline;
+    ``app_id``: names the app's actors (cache shards, queue, ledger); ``precompute``:
+    "false" runs no FM workers. Unknown keys are an error that names them.
+    """
+    unknown = sorted(set(args) - set(_SETTING_KEYS))
+    if unknown:
+        raise ConfigError(f"app args {unknown}: unknown (known: {', '.join(_SETTING_KEYS)})")
+    overrides: dict[str, Any] = {}
+    if args.get("mode"):
+        overrides["serve.mode"] = str(args["mode"])
+    cfg = load_config(args.get("config"), overrides)
+    dirs = args.get("artifacts") or cfg.serve.artifacts_dir or ""
+    dirs = dirs if isinstance(dirs, list) else [d for d in str(dirs).split(",") if d]
+    precompute = str(args.get("precompute", "true")).lower() not in ("false", "0", "no")
+    return {"config": args.get("config"), "overrides": overrides,
+            "artifact_dirs": [str(Path(d).resolve()) for d in dirs],
+            "app_id": str(args.get("app_id") or "solaris"), "precompute": precompute}
+
+
+def default_artifacts_dir(cfg: SolarisConfig) -> Path:
+    """Where the embedded default's artifacts live: ``$SOLARIS_ARTIFACTS`` or a per-config
+    folder under ``~/.cache/solaris/artifacts``."""
+    if os.environ.get(ARTIFACTS_ENV):
+        return Path(os.environ[ARTIFACTS_ENV])
+    key = json.dumps({k: config_to_dict(getattr(cfg, k)) for k in
+                      ("data", "split", "features", "fm", "encoder", "vm", "train")},
+                     sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base / "solaris" / "artifacts" / f"{cfg.data.dataset}-{digest}"
+
+
+def ensure_artifacts(cfg: SolarisConfig, out: Path,
+                     progress: Callable[[str], None] | None = None) -> Path:
+    """``out`` holding trained artifacts: built now (once, under a lock) if missing."""
+    out = Path(out)
+    if (out / "manifest.json").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second builder waits, then finds them built
+        if (out / "manifest.json").exists():
+            return out
+        from solaris.data.load import load_dataset
+        from solaris.train.artifacts import train_artifacts
+
+        log.warning("no artifacts in %s: building the embedded default once (%s data, about "
+                    "a minute on 2 CPUs)", out, cfg.data.dataset)
+        t0 = time.perf_counter()
+        ds = load_dataset(cfg.data)
+        manifest = train_artifacts(cfg, ds, out, progress=progress)
+        log.warning("built artifacts of version %s in %.0f s", manifest["version"],
+                    time.perf_counter() - t0)
+    return out
+
+
+@dataclass(frozen=True)
+class KnnSnapshot:
+    """One published KNN build: user and item neighbour tables (``solaris.enrich``)."""
+
+    version: str
+    users: Any  # solaris.enrich.NeighbourTable | None
+    items: Any  # solaris.enrich.NeighbourTable | None
+
+
+class KnnTables:
+    """The current published KNN tables; swaps to a newer version when the pointer moves.
+
+    ``loader(uri) -> KnnSnapshot`` and ``probe(uri) -> version`` are injected (the KNN
+    module's reader); ``clock`` is the wall clock that paces the polls.
+    """
+
+    def __init__(self, cfg: KnnConfig, loader: Callable[[str], KnnSnapshot],
+                 probe: Callable[[str], str | None], clock: Callable[[], float] = time.monotonic):
+        if not cfg.table_uri:
+            raise ConfigError("knn.table_uri=None: no published KNN tables to read")
+        self.cfg = cfg
+        self._loader, self._probe, self._clock = loader, probe, clock
+        self._lock = threading.Lock()
+        self._snap: KnnSnapshot | None = None
+        self._next_poll = -float("inf")
+        self.swaps = 0
+        self.errors = 0
+
+    @property
+    def version(self) -> str | None:
+        return self._snap.version if self._snap else None
+
+    def current(self) -> KnnSnapshot | None:
+        """The tables to use now (None before the first publish); polls when due. A failed
+        read keeps the tables in use (logged and counted), never raises."""
+        now = self._clock()
+        if now < self._next_poll:
+            return self._snap
+        with self._lock:
+            if now < self._next_poll:
+                return self._snap
+            self._next_poll = now + self.cfg.poll_s
+            try:
+                v = self._probe(self.cfg.table_uri)
+                if v is not None and (self._snap is None or v != self._snap.version):
+                    snap = self._loader(self.cfg.table_uri)
+                    log.info("KNN tables: %s -> %s", self.version, snap.version)
+                    self._snap = snap
+                    self.swaps += 1
+            except Exception:
+                self.errors += 1
+                log.exception("KNN tables: could not read %s; keeping %s", self.cfg.table_uri,
+                              self.version)
+        return self._snap
