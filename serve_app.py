@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 import numpy as np
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
@@ -92,6 +93,15 @@ api = FastAPI(title="SOLARIS", version="0.1.0",
 def _problem(status: int, field: str, message: str, headers: dict | None = None) -> JSONResponse:
     return JSONResponse({"detail": [{"loc": ["body", field], "msg": message}]}, status_code=status,
                         headers=headers)
+
+
+@api.exception_handler(RequestValidationError)
+async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """422 naming each bad field; the offending input is not echoed back (it may be huge,
+    or NaN, which JSON cannot carry)."""
+    detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+              for e in exc.errors()]
+    return JSONResponse({"detail": detail}, status_code=422)
 
 
 @api.middleware("http")
@@ -306,7 +316,8 @@ class LookupRouter:
         with self._inline_lock:
             if self._inline is None:
                 art = self.arts[self.policy.active[self.tasks[0]]]
-                self._inline = InlineFM(art, art.side_tables(), self.backend.history_provider())
+                self._inline = InlineFM(art, art.side_tables(), self.backend.history_provider(),
+                                        self.cfg.serve.inline_sharing)
             return self._inline
 
     def _lookup(self, user: int, items: np.ndarray, now: float, version: str) -> Slots:
@@ -411,6 +422,10 @@ class LookupRouter:
                     self.policy.observe(pending, int((shadow.pair_tier == TIER_PAIR).sum()),
                                         len(items))
                     self.policy.maybe_switch(body.task)
+            art = self.arts[version]
+            if body.user_id >= art.num_users:  # the FM has no row for this user
+                picks = picks[:0]
+            picks = picks[items[picks] < art.num_items]  # nor for unknown items
             if len(picks):
                 for v in versions:
                     self.backend.enqueue(body.user_id, items[picks], probs[picks], now,
@@ -423,15 +438,16 @@ class LookupRouter:
     @api.post("/feedback", responses={422: {"description": "a field is malformed"}})
     async def feedback(self, body: FeedbackRequest) -> dict[str, Any]:
         n, t = len(body.items), len(self.arts[next(iter(self.arts))].tasks)
-        y = np.asarray(body.labels)
-        if y.shape != (n, t) or not np.isin(y, (0, 1)).all():
-            return _problem(422, "labels", f"expected {n} rows of {t} values in {{0, 1}}, "
-                            f"got shape {list(y.shape)}")
+        if len(body.labels) != n or any(len(row) != t or not set(row) <= {0, 1}
+                                        for row in body.labels):
+            return _problem(422, "labels", f"expected {n} rows (one per item) of {t} values "
+                            "in {0, 1}")
+        y = np.asarray(body.labels, np.float64)
         items = np.asarray(body.items, np.int64)
         if items.min() < 0 or items.max() > MAX_ID:
             return _problem(422, "items", "ids must be in [0, 2**62]")
         now = float(body.now) if body.now is not None else time.time()
-        self.backend.record_labels(body.user_id, items, y.astype(np.float64), now)
+        self.backend.record_labels(body.user_id, items, y, now)
         return {"ok": True, "labels": n}
 
     @api.get("/stats")

@@ -411,6 +411,13 @@ class KnnConfig:
     min_recall: float = 0.95  # a build with recall@10 below this is refused (not published)
     table_uri: str | None = None  # pyarrow.fs URI or local dir of versioned tables + pointer
     poll_s: float = 5.0  # wall seconds between a router's checks of the published pointer
+    nlist: int = 0  # IVF inverted lists; 0 = about 4 * sqrt(rows)
+    train_per_list: int = 64  # k-means training sample per IVF list (capped at the rows)
+    recall_margin: float = 0.01  # nprobe is tuned to min_recall + this on separate queries
+    max_nprobe: int = 1024  # tuning doubles nprobe up to this (then the build is refused)
+    search_batch: int = 4096  # queries per faiss call when filling a whole table
+    keep_versions: int = 3  # published versions kept on storage (older ones are deleted)
+    seed: int = 0  # seed of the training sample and the recall queries
 
     def __post_init__(self) -> None:
         _check(self.k >= 1, "knn.k", self.k, "must be >= 1")
@@ -420,6 +427,15 @@ class KnnConfig:
         _check(0.0 <= self.min_recall <= 1.0, "knn.min_recall", self.min_recall,
                "must be in [0, 1]")
         _check(self.poll_s > 0, "knn.poll_s", self.poll_s, "must be > 0")
+        _check(self.nlist >= 0, "knn.nlist", self.nlist, "must be >= 0 (0 = 4 * sqrt(rows))")
+        _check(self.train_per_list >= 39, "knn.train_per_list", self.train_per_list,
+               "must be >= 39 (faiss k-means needs 39 points per centroid)")
+        _check(0.0 <= self.recall_margin < 1.0, "knn.recall_margin", self.recall_margin,
+               "must be in [0, 1)")
+        _check(self.max_nprobe >= 1, "knn.max_nprobe", self.max_nprobe, "must be >= 1")
+        _check(self.search_batch >= 1, "knn.search_batch", self.search_batch, "must be >= 1")
+        _check(self.keep_versions >= 2, "knn.keep_versions", self.keep_versions,
+               "must be >= 2 (a reader of the previous pointer must still find its table)")
 
 
 @dataclass(frozen=True)
@@ -433,6 +449,7 @@ class ServeConfig:
     vm_batch_size: int = 16  # requests per @serve.batch call of a VM replica
     vm_batch_wait_s: float = 0.002  # how long a VM batch waits to fill
     rollout_threshold: float = 0.8  # a new version's coverage / the old one's at which VMs switch
+    inline_sharing: bool = False  # mode inline: share the FM's request part (else per pair)
 
     def __post_init__(self) -> None:
         _check(self.mode in ("solaris", "vm", "inline"), "serve.mode", self.mode,

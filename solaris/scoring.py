@@ -3,8 +3,8 @@
 ``VMScorer`` runs one trained VM over a batch of requests (the shape ``@serve.batch`` hands
 a replica): each request's candidates with the two SOLARIS slots as the router looked them
 up (or none, for the VM alone). ``InlineFM`` is the same FM + encoder artifact that fills
-the cache, run in the request path: the request part once, the candidate part over all
-candidates, the pair slot filled for every known candidate with age 0.
+the cache, run in the request path (the plain per-pair forward, or with the request part
+shared), the pair slot filled for every known candidate with age 0.
 
 Ids the models never saw are served, never refused: an unknown user or item reads an
 out-of-vocabulary embedding (the mean of the trained rows) and zero side features, and in
@@ -155,8 +155,12 @@ class VMScorer:
 class InlineFM:
     """The cache's FM + encoder run in the request path: a pair slot for every known candidate."""
 
-    def __init__(self, artifacts: Artifacts, side: SideTables, history: HistoryProvider):
+    def __init__(self, artifacts: Artifacts, side: SideTables, history: HistoryProvider,
+                 sharing: bool = False):
         fm, enc, version = load_models(artifacts.root)
+        # sharing: the request part once per request (as the precompute workers run it);
+        # else the plain per-pair forward, as a ranking model scores pairs in the request path
+        self.sharing = sharing
         self.fm, self.encoder, self.version = fm.eval(), enc.eval(), version
         self.side = side
         self.history = history
@@ -183,8 +187,13 @@ class InlineFM:
                 "item_cat": torch.from_numpy(s.item_cat[it].astype(np.int64)),
                 "item_mh": torch.from_numpy(s.item_mh[it].astype(np.int64)),
                 "item_cont": torch.from_numpy(s.item_cont[it].astype(np.float32))}
-        state = self.fm.request_part(req)  # one row: the request
-        shared = self.fm.candidate_part(state, cand, torch.zeros(len(it), dtype=torch.long))
+        if self.sharing:
+            state = self.fm.request_part(req)  # one row: the request
+            shared = self.fm.candidate_part(state, cand, torch.zeros(len(it), dtype=torch.long))
+        else:
+            rows = torch.zeros(len(it), dtype=torch.long)
+            shared = self.fm.shared_layer({**{k: v.index_select(0, rows) for k, v in req.items()},
+                                           **cand})  # (B, S): every pair its own request side
         z[known] = self.encoder.encode(shared).float().numpy()  # (B, d)
         return z, known
 

@@ -1,0 +1,265 @@
+"""Serving benchmark: the VM alone vs SOLARIS vs the FM inline, real HTTP on loopback.
+
+    python bench/serve.py --json runs/bench_serve.json [--artifacts DIR] [--trials 5]
+
+One local Ray, the app of ``serve_app.py`` with its FM workers running (they fill the cache
+during the run: the JSON says how many pairs they wrote). Per candidate count (100, 500):
+the VM-alone saturation rate is measured closed-loop, then the three modes run open-loop
+(Poisson arrivals) at half that rate in interleaved trials of ``--requests`` requests each
+(mode order shuffled per trial). Overheads are medians over trials of per-trial ratios. A
+request whose final answer is non-2xx after at most one retry counts as an error.
+``fm_vm_compute_ratio`` is measured in-process: per-pair compute time of the FM (the plain
+per-pair forward + encoder, as the inline mode runs it) over the VM, on the same batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+MODES = ("vm", "solaris", "inline")
+URL = "http://127.0.0.1:8000/rank"
+T0 = 1.9e9  # event time of the run (epoch seconds); requests advance it by 1 s each
+
+
+def _workload(num_users: int, num_items: int, size: int, pool: int, seed: int
+              ) -> list[tuple[int, list[int]]]:
+    """A pool of users, each with one fixed candidate list (repeat requests hit the cache)."""
+    rng = np.random.default_rng(seed)
+    users = rng.choice(num_users, min(pool, num_users), replace=False)
+    return [(int(u), rng.choice(num_items, size, replace=False).tolist()) for u in users]
+
+
+class Client:
+    def __init__(self, session: Any):
+        self.session = session
+        self.tick = 0
+
+    async def rank(self, user: int, cands: list[int], mode: str) -> tuple[float, int, int, dict]:
+        """(latency ms, final status, retries, body) of one request, one retry on non-2xx."""
+        import aiohttp
+
+        self.tick += 1
+        body = {"user_id": user, "candidates": cands, "task": "click", "mode": mode,
+                "now": T0 + self.tick}
+        retries, status, out = 0, 0, {}
+        t = time.perf_counter()
+        for attempt in (0, 1):
+            try:
+                async with self.session.post(URL, json=body,
+                                             timeout=aiohttp.ClientTimeout(total=10)) as r:
+                    status = r.status
+                    out = await r.json() if r.status == 200 else {}
+            except Exception:
+                status = 599
+            if 200 <= status < 300:
+                break
+            retries += attempt == 0
+        return (time.perf_counter() - t) * 1000.0, status, retries, out
+
+
+async def _closed_loop(client: Client, work: list, mode: str, n: int, conc: int) -> float:
+    """Requests per second with ``conc`` clients back to back (the saturation rate)."""
+    it = iter(range(n))
+
+    async def one() -> None:
+        for _ in it:
+            u, c = random.choice(work)
+            await client.rank(u, c, mode)
+    t = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(conc)))
+    return n / (time.perf_counter() - t)
+
+
+async def _open_loop(client: Client, work: list, mode: str, n: int, rate: float, seed: int
+                     ) -> dict[str, Any]:
+    rng = random.Random(seed)
+    tasks = []
+    start = time.perf_counter()
+    at = 0.0
+    for _ in range(n):
+        at += rng.expovariate(rate)
+        delay = start + at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        u, c = rng.choice(work)
+        tasks.append(asyncio.create_task(client.rank(u, c, mode)))
+    res = await asyncio.gather(*tasks)
+    wall = time.perf_counter() - start
+    lat = np.array([r[0] for r in res])
+    ok = [r for r in res if 200 <= r[1] < 300]
+    tiers: dict[str, int] = {}
+    for r in ok:
+        for t in r[3].get("tiers", []):
+            tiers[t] = tiers.get(t, 0) + 1
+    return {"p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99)),
+            "rps": len(ok) / wall, "errors": len(res) - len(ok),
+            "retries": sum(r[2] for r in res), "tiers": tiers}
+
+
+def compute_ratio(artifacts: str, size: int = 500, reps: int = 15) -> dict[str, float]:
+    """Per-pair compute time of the FM over the VM on one batch of ``size`` candidates."""
+    import torch
+
+    from solaris.config import HistoryConfig
+    from solaris.history import HistoryStore
+    from solaris.scoring import Artifacts, InlineFM, ScoreRequest, VMScorer
+
+    torch.set_num_threads(1)
+    art = Artifacts.open(artifacts)
+    side = art.side_tables()
+    hist = HistoryStore(HistoryConfig())
+    rng = np.random.default_rng(0)
+    for k in range(40):  # a history for user 0
+        hist.record_impressions(0, rng.choice(art.num_items, 1), 0, T0 - 4000 + 60 * k)
+    items = rng.choice(art.num_items, min(size, art.num_items), replace=False)
+    vm = VMScorer(art, art.tasks[0], side)
+    fms = {"per_pair": InlineFM(art, side, hist, sharing=False),
+           "shared": InlineFM(art, side, hist, sharing=True)}
+    slots = fms["shared"].slots(0, items, 0, T0)
+
+    def med(f) -> float:
+        ts = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t)
+        return float(np.median(ts))
+    t_vm = med(lambda: vm.score([ScoreRequest(0, items, 0, slots)]))
+    out = {"vm_ms": t_vm * 1e3}
+    for k, fm in fms.items():
+        t = med(lambda fm=fm: fm.embed(0, items, 0, T0))
+        out[f"fm_{k}_ms"] = t * 1e3
+        out[f"ratio_{k}"] = t / t_vm
+    return out
+
+
+async def _run(args: argparse.Namespace, art_dir: str) -> dict[str, Any]:
+    import aiohttp
+    import requests
+
+    from solaris.scoring import Artifacts
+
+    art = Artifacts.open(art_dir)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    out: dict[str, Any] = {"latency_ms": {}, "throughput_rps": {}, "trials": {}, "rates": {}}
+    conn = aiohttp.TCPConnector(limit=256)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        client = Client(session)
+        works = {s: _workload(art.num_users, art.num_items, s, args.pool, s) for s in sizes}
+        for s in sizes:  # warm every path once, then let speculation fill the cache a while
+            for m in MODES:
+                await client.rank(*works[s][0], m)
+            await _open_loop(client, works[s], "solaris", args.warmup, 20.0, 1)
+        for s in sizes:
+            sat = await _closed_loop(client, works[s], "vm", args.sat_requests, args.conc)
+            out["rates"][str(s)] = {"vm_saturation_rps": sat, "offered_rps": sat * args.load}
+            logging.info("size %d: VM-alone saturation %.1f rps; offering %.1f", s, sat,
+                         sat * args.load)
+        per: dict[str, list[dict]] = {f"{m}_{s}": [] for m in MODES for s in sizes}
+        for trial in range(args.trials):
+            for s in sizes:
+                order = list(MODES)
+                random.Random(trial * 31 + s).shuffle(order)
+                for m in order:
+                    r = await _open_loop(client, works[s], m, args.requests,
+                                         out["rates"][str(s)]["offered_rps"], trial)
+                    per[f"{m}_{s}"].append(r)
+                    logging.info("trial %d %s_%d: p50 %.1f p99 %.1f ms, %.1f rps, %d errors",
+                                 trial, m, s, r["p50"], r["p99"], r["rps"], r["errors"])
+    for k, rs in per.items():
+        out["latency_ms"][k] = {"p50": float(np.median([r["p50"] for r in rs])),
+                                "p99": float(np.median([r["p99"] for r in rs]))}
+        out["throughput_rps"][k] = float(np.median([r["rps"] for r in rs]))
+        out["trials"][k] = rs
+    out["errors"] = int(sum(r["errors"] for rs in per.values() for r in rs))
+    out["retries"] = int(sum(r["retries"] for rs in per.values() for r in rs))
+    big = max(sizes)
+
+    def ratio(a: str, b: str, q: str) -> float:
+        return float(np.median([x[q] / y[q] for x, y in zip(per[f"{a}_{big}"], per[f"{b}_{big}"])]))
+    out[f"p50_overhead_{big}"] = ratio("solaris", "vm", "p50")
+    out[f"p99_overhead_{big}"] = ratio("solaris", "vm", "p99")
+    out[f"inline_slowdown_{big}"] = ratio("inline", "solaris", "p50")
+    stats = requests.get(URL.replace("/rank", "/stats"), timeout=30).json()
+    pre = stats.get("precompute") or {}
+    workers = [w for ws in (pre.get("workers") or {}).values() for w in ws if w]
+    out["fm_workers"] = {"ran": bool(workers) and any(w.get("running") for w in workers),
+                         "count": len(workers),
+                         "pairs_written": int(sum(w.get("written", 0) for w in workers)),
+                         "queue": {k: (pre.get("queue") or {}).get(k) for k in
+                                   ("depth", "accepted", "dropped", "acked_pairs", "lag_s_mean")}}
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--artifacts", help="artifact dir (default: the embedded default, built once)")
+    p.add_argument("--trials", type=int, default=5)
+    p.add_argument("--requests", type=int, default=400, help="requests per trial and mode")
+    p.add_argument("--sizes", default="100,500")
+    p.add_argument("--load", type=float, default=0.5, help="offered load / VM-alone saturation")
+    p.add_argument("--pool", type=int, default=300, help="users in the workload")
+    p.add_argument("--warmup", type=int, default=200, help="SOLARIS requests before the trials")
+    p.add_argument("--sat-requests", type=int, default=200)
+    p.add_argument("--conc", type=int, default=8, help="clients of the saturation run")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+
+    import ray
+    from ray import serve
+
+    import serve_app
+    from solaris.config import load_config
+    from solaris.serving import default_artifacts_dir, ensure_artifacts
+
+    art_dir = args.artifacts or str(ensure_artifacts(load_config(), default_artifacts_dir(load_config())))
+    t0 = time.perf_counter()
+    ratio = compute_ratio(art_dir)
+    ray.init(num_cpus=2, object_store_memory=300 * 1024**2, include_dashboard=False,
+             logging_level="warning", runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    try:
+        serve.run(serve_app.build_app({"artifacts": art_dir, "app_id": "bench"}), blocking=False)
+        out = asyncio.run(_run(args, art_dir))
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    out["fm_vm_compute_ratio"] = ratio["ratio_per_pair"]
+    out["compute_ms_500"] = ratio
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    out["config"] = vars(args) | {"json": str(args.json), "artifacts": art_dir}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(out, indent=2))
+    keys = [k for k in out["latency_ms"]]
+    print(f"{'mode_size':<14}{'p50 ms':>10}{'p99 ms':>10}{'rps':>8}")
+    for k in sorted(keys, key=lambda k: (int(k.split('_')[1]), MODES.index(k.split('_')[0]))):
+        print(f"{k:<14}{out['latency_ms'][k]['p50']:>10.2f}{out['latency_ms'][k]['p99']:>10.2f}"
+              f"{out['throughput_rps'][k]:>8.1f}")
+    big = max(int(s) for s in args.sizes.split(","))
+    for k, target in ((f"p50_overhead_{big}", "<= 1.3"), (f"p99_overhead_{big}", "(report)"),
+                      ("fm_vm_compute_ratio", ">= 20"), (f"inline_slowdown_{big}", ">= 5"),
+                      ("errors", "= 0"), ("retries", "")):
+        print(f"{k:<24}{out[k]:>10.3f}  {target}" if isinstance(out[k], float)
+              else f"{k:<24}{out[k]:>10}  {target}")
+    print(f"FM workers ran: {out['fm_workers']['ran']} ({out['fm_workers']['pairs_written']} "
+          f"pairs written); wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,223 @@
+"""The Serve app over real HTTP on a local Ray: /rank, /feedback, /healthz, the limits and
+4xx answers, a schema-driven fuzz (no 5xx, still serving afterwards), and a cache shard and
+then a VM replica killed under load (every request answered, none past its timeout)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+ray = pytest.importorskip("ray")
+requests = pytest.importorskip("requests")
+
+from ray import serve  # noqa: E402
+
+from solaris.config import load_config  # noqa: E402
+from solaris.data.load import load_dataset  # noqa: E402
+from solaris.train.artifacts import train_artifacts  # noqa: E402
+
+TINY = {
+    "data.synthetic.num_users": 300, "data.synthetic.num_items": 200,
+    "data.synthetic.days": 10.0, "data.synthetic.target_interactions": 8000,
+    "fm.emb_dim": 16, "fm.shared_dim": 64, "fm.head_hidden": 32,
+    "features.history_len": 16, "encoder.width": 16, "encoder.epochs": 1,
+    "train.fm_epochs": 1, "train.vm_epochs": 1, "train.threads": 1,
+}
+T0 = 1.9e9
+TIMEOUT_S = 15.0  # a client's patience; nothing may take longer
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    cfg = load_config(None, TINY)
+    art = tmp_path_factory.mktemp("artifacts")
+    train_artifacts(cfg, load_dataset(cfg.data), art, seed=0)
+    conf = tmp_path_factory.mktemp("conf") / "serve.yaml"
+    conf.write_text(json.dumps({"cache": {"dim": 16, "num_shards": 2, "deadline_ms": 200.0},
+                                "serve": {"max_candidates": 300}}))
+    port = _free_port()
+    ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False,
+             logging_level="warning", runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    import serve_app
+
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(serve_app.build_app({"artifacts": str(art), "config": str(conf),
+                                       "app_id": "test"}), blocking=False)
+        yield {"base": f"http://127.0.0.1:{port}", "num_items": 200, "num_users": 300}
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _rank(app, **kw) -> requests.Response:
+    body = {"user_id": 3, "candidates": list(range(50)), "task": "click", "now": T0}
+    body.update(kw)
+    return requests.post(app["base"] + "/rank", json=body, timeout=TIMEOUT_S)
+
+
+def test_rank_answers_every_candidate_with_provenance(app):
+    r = _rank(app)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert len(out["scores"]) == len(out["tiers"]) == len(out["ages_s"]) == 50
+    assert all(0.0 < s < 1.0 for s in out["scores"])
+    assert set(out["tiers"]) <= {"none", "pair", "user_neighbour", "item_neighbour"}
+    assert out["versions"]["vm"] and out["versions"]["fm"] == out["versions"]["vm"]
+    # the VM alone and the inline FM answer the same request too
+    for mode in ("vm", "inline"):
+        r = _rank(app, mode=mode)
+        assert r.status_code == 200 and r.json()["mode"] == mode
+    assert set(_rank(app, mode="inline").json()["tiers"]) == {"pair"}
+
+
+def test_precompute_fills_the_cache_for_repeated_requests(app):
+    cands = list(range(100, 160))
+    for k in range(3):
+        assert _rank(app, user_id=7, candidates=cands, now=T0 + k).status_code == 200
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        tiers = _rank(app, user_id=7, candidates=cands, now=T0 + 10).json()["tiers"]
+        if "pair" in tiers:
+            break
+        time.sleep(0.5)
+    # the verifier's top 20% were precomputed by the FM workers and are now served
+    assert tiers.count("pair") >= int(0.2 * len(cands))
+
+
+def test_unknown_ids_are_served_through_fallbacks(app):
+    r = _rank(app, user_id=10**12, candidates=[0, 10**9, 2**62])
+    assert r.status_code == 200, r.text
+    assert len(r.json()["scores"]) == 3
+
+
+@pytest.mark.parametrize("body,status,field", [
+    ({"user_id": -1}, 422, "user_id"),
+    ({"candidates": []}, 422, "candidates"),
+    ({"candidates": [1, -5]}, 422, "candidates"),
+    ({"candidates": list(range(301))}, 422, "candidates"),
+    ({"task": "nope"}, 422, "task"),
+    ({"user_id": "abc"}, 422, "user_id"),
+    ({"surface": -2}, 422, "surface"),
+    ({"extra": 1}, 422, "extra"),
+])
+def test_malformed_requests_get_a_4xx_naming_the_field(app, body, status, field):
+    r = _rank(app, **body)
+    assert r.status_code == status, r.text
+    assert field in json.dumps(r.json()["detail"])
+
+
+def test_nan_time_and_bad_json_and_oversized_body(app):
+    raw = '{"user_id": 1, "candidates": [1], "task": "click", "now": NaN}'
+    r = requests.post(app["base"] + "/rank", data=raw, timeout=TIMEOUT_S,
+                      headers={"content-type": "application/json"})
+    assert r.status_code == 422 and "now" in r.text
+    r = requests.post(app["base"] + "/rank", data="{not json", timeout=TIMEOUT_S,
+                      headers={"content-type": "application/json"})
+    assert r.status_code == 422
+    r = requests.post(app["base"] + "/rank", data=b"x" * 2_000_000, timeout=TIMEOUT_S,
+                      headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert _rank(app).status_code == 200  # still serving
+
+
+def test_feedback_and_healthz_and_schema(app):
+    r = requests.post(app["base"] + "/feedback", timeout=TIMEOUT_S,
+                      json={"user_id": 3, "items": [1, 2], "labels": [[1, 0], [0, 0]],
+                            "now": T0 + 1})
+    assert r.status_code == 200, r.text
+    r = requests.post(app["base"] + "/feedback", timeout=TIMEOUT_S,
+                      json={"user_id": 3, "items": [1, 2], "labels": [[1, 0]]})
+    assert r.status_code == 422 and "labels" in r.text
+    h = requests.get(app["base"] + "/healthz", timeout=TIMEOUT_S).json()
+    assert h["ok"] and h["tasks"] == ["click", "conversion"]
+    paths = requests.get(app["base"] + "/openapi.json", timeout=TIMEOUT_S).json()["paths"]
+    assert {"/rank", "/feedback", "/healthz"} <= set(paths)
+
+
+def test_schema_fuzz_finds_no_5xx(app):
+    schemathesis = pytest.importorskip("schemathesis")
+    from hypothesis import HealthCheck, given, settings
+
+    schema = schemathesis.openapi.from_url(app["base"] + "/openapi.json")
+    seen: list[int] = []
+
+    @settings(max_examples=60, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(case=schema["/rank"]["POST"].as_strategy() | schema["/feedback"]["POST"].as_strategy())
+    def fuzz(case) -> None:
+        resp = case.call(base_url=app["base"], timeout=TIMEOUT_S)
+        seen.append(resp.status_code)
+        assert resp.status_code < 500, (case.body, resp.status_code, resp.text[:300])
+
+    fuzz()
+    assert len(seen) >= 60
+    assert _rank(app).status_code == 200  # still serving
+
+
+def _vm_replicas(task: str) -> list[str]:
+    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == "serve" and f"#VM_{task}#" in a["name"]]
+
+
+def test_shard_then_vm_replica_killed_under_load(app):
+    from actors.cache import CacheGroup
+    from solaris.config import CacheConfig
+
+    results: list[tuple[int, float, str]] = []
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def client(k: int) -> None:
+        rng = np.random.default_rng(k)
+        while not stop.is_set():
+            body = {"user_id": int(rng.integers(300)), "task": "click", "now": T0 + 100,
+                    "candidates": rng.choice(200, 40, replace=False).tolist()}
+            t = time.monotonic()
+            try:
+                r = requests.post(app["base"] + "/rank", json=body, timeout=TIMEOUT_S)
+                status, retry = r.status_code, r.headers.get("retry-after", "")
+            except requests.RequestException as e:
+                status, retry = 0, type(e).__name__
+            with lock:
+                results.append((status, time.monotonic() - t, retry))
+
+    with ThreadPoolExecutor(3) as pool:
+        for k in range(3):
+            pool.submit(client, k)
+        time.sleep(2)
+        group = CacheGroup.connect(CacheConfig(dim=16, num_shards=2), "test")
+        group.shards[0].crash.remote()  # the shard's process exits; Ray restarts it
+        time.sleep(3)
+        name = _vm_replicas("click")[0]
+        ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+        deadline = time.monotonic() + 60  # Serve starts a replacement replica
+        while time.monotonic() < deadline and not any(n != name for n in _vm_replicas("click")):
+            time.sleep(0.5)
+        time.sleep(3)
+        stop.set()
+    statuses = [s for s, _, _ in results]
+    assert len(results) > 20
+    assert max(t for _, t, _ in results) < TIMEOUT_S  # none hung
+    assert set(statuses) <= {200, 503}, sorted(set(statuses))
+    assert all(r for s, _, r in results if s == 503)  # a 503 says when to retry
+    assert statuses[-1] == 200 and statuses.count(200) > len(statuses) // 2
+    assert group.ping_all() == [True, True]  # the shard came back
