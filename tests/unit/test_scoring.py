@@ -1,0 +1,85 @@
+"""The serving-path scorers on a tiny trained artifact: batching across requests changes no
+score, unknown ids are scored (never refused), absent slots are the VM alone, and the inline
+FM's shared request part equals its plain per-pair forward."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from solaris.cache.query import TIER_NONE, Slots
+from solaris.config import HistoryConfig, load_config
+from solaris.data.load import load_dataset
+from solaris.errors import CheckpointError, RequestError
+from solaris.history import HistoryStore
+from solaris.scoring import Artifacts, InlineFM, ScoreRequest, VMScorer
+from solaris.train.artifacts import train_artifacts
+
+TINY = {
+    "data.synthetic.num_users": 200, "data.synthetic.num_items": 150,
+    "data.synthetic.days": 8.0, "data.synthetic.target_interactions": 5000,
+    "fm.emb_dim": 16, "fm.shared_dim": 32, "fm.head_hidden": 16,
+    "features.history_len": 8, "encoder.width": 8, "encoder.epochs": 1,
+    "train.fm_epochs": 1, "train.vm_epochs": 1, "train.threads": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def art(tmp_path_factory) -> Artifacts:
+    cfg = load_config(None, TINY)
+    out = tmp_path_factory.mktemp("art")
+    train_artifacts(cfg, load_dataset(cfg.data), out, seed=0)
+    return Artifacts.open(out)
+
+
+def test_batching_across_requests_changes_no_score(art):
+    vm = VMScorer(art, "click", art.side_tables())
+    rng = np.random.default_rng(0)
+    reqs = [ScoreRequest(int(u), rng.choice(art.num_items, n, replace=False), 0, None)
+            for u, n in ((1, 5), (7, 30), (3, 1))]
+    together = vm.score(reqs)
+    alone = [vm.score([r])[0] for r in reqs]
+    for a, b in zip(together, alone):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert [len(x) for x in together] == [5, 30, 1]
+
+
+def test_unknown_ids_get_finite_scores_and_absent_slots_equal_none(art):
+    vm = VMScorer(art, "click", art.side_tables())
+    items = np.array([0, art.num_items, 10**12])
+    p = vm.score([ScoreRequest(10**9, items, 99, None)])[0]
+    assert p.shape == (3,) and np.isfinite(p).all() and ((p > 0) & (p < 1)).all()
+    c, d = 3, vm.dim
+    absent = Slots(pair_emb=np.full((c, d), np.nan, np.float32), pair_present=np.zeros(c, bool),
+                   pair_tier=np.full(c, TIER_NONE), pair_age_s=np.zeros(c),
+                   agg_emb=np.full((c, d), np.nan, np.float32), agg_present=np.zeros(c, bool),
+                   missing=np.ones(c, bool))
+    q = vm.score([ScoreRequest(10**9, items, 99, absent)])[0]
+    np.testing.assert_allclose(p, q, rtol=1e-6)  # NaNs in absent slots never leak
+
+
+def test_inline_fm_shared_equals_per_pair(art):
+    hist = HistoryStore(HistoryConfig())
+    rng = np.random.default_rng(1)
+    for k in range(12):
+        hist.record_impressions(4, rng.choice(art.num_items, 2), 0, 1000.0 + k)
+    items = np.array([0, 5, art.num_items + 3, 17])
+    shared = InlineFM(art, art.side_tables(), hist, sharing=True)
+    plain = InlineFM(art, art.side_tables(), hist, sharing=False)
+    z1, k1 = shared.embed(4, items, 0, 2000.0)
+    z2, k2 = plain.embed(4, items, 0, 2000.0)
+    assert k1.tolist() == [True, True, False, True] and (k1 == k2).all()
+    np.testing.assert_allclose(z1, z2, rtol=1e-4, atol=1e-5)
+    assert not z1[~k1].any()
+    z3, k3 = plain.embed(10**9, items, 0, 2000.0)  # unknown user: nothing computed
+    assert not k3.any() and not z3.any()
+
+
+def test_missing_task_and_missing_artifacts_are_named(art, tmp_path):
+    with pytest.raises(RequestError, match="nope"):
+        VMScorer(art, "nope", art.side_tables())
+    with pytest.raises(CheckpointError, match="manifest"):
+        Artifacts.open(tmp_path)
+    (tmp_path / "manifest.json").write_text("{")
+    with pytest.raises(CheckpointError, match="malformed"):
+        Artifacts.open(tmp_path)

@@ -1,0 +1,94 @@
+"""Pure serving pieces: the rollout policy, KNN table swaps, app settings, the VM scorer's
+handling of unknown ids and absent slots, the inline FM against the plain forward."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from solaris.config import KnnConfig
+from solaris.errors import ConfigError
+from solaris.rollout import RolloutPolicy
+from solaris.serving import KnnSnapshot, KnnTables, settings_from_args
+
+
+def test_rollout_switches_only_after_catching_up_and_never_back():
+    p = RolloutPolicy({"click": ["v1", "v2"], "conv": ["v1"]}, threshold=0.8, min_lookups=100,
+                      decay=1.0)
+    assert p.active == {"click": "v1", "conv": "v1"}
+    assert p.pending("click") == "v2" and p.pending("conv") is None
+    assert p.live_versions() == ["v1", "v2"]
+    p.observe("v1", 50, 100)  # 50% coverage of the active version
+    p.observe("v2", 30, 60)  # 50%, but too few lookups yet
+    assert not p.maybe_switch("click")
+    p.observe("v2", 5, 60)  # 35/120 = 29% < 0.8 * 50%
+    assert not p.maybe_switch("click")
+    p.observe("v2", 60, 80)  # 95/200 = 47.5% >= 40%
+    assert p.maybe_switch("click")
+    assert p.active["click"] == "v2" and p.pending("click") is None
+    p.observe("v2", 0, 1000)
+    assert not p.maybe_switch("click") and p.active["click"] == "v2"
+    assert p.active["conv"] == "v1"  # a task without a new VM keeps its version
+
+
+def test_rollout_rejects_bad_threshold():
+    with pytest.raises(ConfigError, match="threshold"):
+        RolloutPolicy({"click": ["v1"]}, threshold=0.0)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_knn_tables_poll_and_swap_without_restart():
+    published = {"v": "k1"}
+    loads = []
+
+    def probe(uri: str) -> str | None:
+        return published["v"]
+
+    def loader(uri: str) -> KnnSnapshot:
+        loads.append(published["v"])
+        return KnnSnapshot(published["v"], None, None)
+
+    clock = FakeClock()
+    t = KnnTables(KnnConfig(table_uri="mem://x", poll_s=5.0), loader, probe, clock)
+    assert t.current().version == "k1"
+    published["v"] = "k2"
+    clock.t = 1.0
+    assert t.current().version == "k1"  # not polled yet
+    clock.t = 6.0
+    assert t.current().version == "k2" and t.swaps == 2 and loads == ["k1", "k2"]
+    clock.t = 20.0
+    assert t.current().version == "k2" and loads == ["k1", "k2"]  # unchanged: no reload
+
+
+def test_knn_tables_keep_the_old_version_when_a_read_fails():
+    clock = FakeClock()
+    state = {"fail": False}
+
+    def probe(uri: str) -> str:
+        if state["fail"]:
+            raise OSError("storage down")
+        return "k1"
+
+    t = KnnTables(KnnConfig(table_uri="mem://x", poll_s=1.0),
+                  lambda uri: KnnSnapshot("k1", None, None), probe, clock)
+    assert t.version is None and t.current().version == "k1"
+    state["fail"] = True
+    clock.t = 5.0
+    assert t.current().version == "k1" and t.errors == 1
+
+
+def test_settings_name_unknown_args():
+    with pytest.raises(ConfigError, match="bogus"):
+        settings_from_args({"bogus": "1"})
+    s = settings_from_args({"artifacts": "a,b", "mode": "vm", "precompute": "false"})
+    assert len(s["artifact_dirs"]) == 2 and s["overrides"] == {"serve.mode": "vm"}
+    assert s["precompute"] is False
+    with pytest.raises(ConfigError, match="serve.mode"):
+        settings_from_args({"mode": "turbo"})
