@@ -78,6 +78,9 @@ def test_rank_answers_every_candidate_with_provenance(app):
     r = _rank(app)
     assert r.status_code == 200, r.text
     out = r.json()
+    import serve_app
+
+    serve_app.RankResponse.model_validate(out)  # the documented response schema
     assert len(out["scores"]) == len(out["tiers"]) == len(out["ages_s"]) == 50
     assert all(0.0 < s < 1.0 for s in out["scores"])
     assert set(out["tiers"]) <= {"none", "pair", "user_neighbour", "item_neighbour"}
