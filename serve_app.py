@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
 
@@ -37,7 +38,7 @@ from solaris.cache.query import TIER_PAIR, Slots
 from solaris.config import SolarisConfig, config_to_dict, load_config
 from solaris.errors import SolarisError
 from solaris.rollout import RolloutPolicy
-from solaris.scoring import Artifacts, InlineFM, ScoreRequest, VMScorer
+from solaris.scoring import Artifacts, InlineFM, PackedSlots, ScoreRequest, VMScorer
 from solaris.serving import (TIER_NAMES, KnnTables, default_artifacts_dir, ensure_artifacts,
                              settings_from_args)
 
@@ -293,6 +294,8 @@ class LookupRouter:
         self._inline_lock = threading.Lock()
         self._io = ThreadPoolExecutor(4, thread_name_prefix="router-io")
         self._after: set[asyncio.Task] = set()
+        # seconds of the last requests per mode: (enrich, VM call, answer) -- where time goes
+        self._phases: dict[str, deque] = defaultdict(lambda: deque(maxlen=2000))
         self._shadow_every = int(settings.get("shadow_every", 4))
         self._requests = 0
         self._budget = verifier.BudgetController(cfg.verifier, time.monotonic)
@@ -370,12 +373,15 @@ class LookupRouter:
         elif mode == "inline":
             slots = await loop.run_in_executor(self._io, self._inline_fm().slots, body.user_id,
                                                items, body.surface, now)
-        req = ScoreRequest(body.user_id, items, body.surface, slots)
+        t1 = time.perf_counter()
+        req = ScoreRequest(body.user_id, items, body.surface,
+                           PackedSlots.pack(slots) if slots is not None else None)
         try:
             probs = await self._score(body.task, version, req)
         except _Unavailable as e:
             return self._error(503, "task", str(e), mode, body.task,
                                headers={"Retry-After": str(RETRY_AFTER_S)})
+        t2 = time.perf_counter()
         rid = body.request_id or uuid.uuid4().hex
         tiers = slots.pair_tier if slots is not None else np.zeros(len(items), np.int64)
         # built as RankResponse's JSON directly: validating 3 x 500 values again costs more
@@ -388,7 +394,9 @@ class LookupRouter:
             "aggregate": slots.agg_present.tolist() if slots is not None else [False] * len(items),
             "versions": {"fm": version if mode != "vm" else "", "vm": version,
                          "knn": (self.knn.version or "") if self.knn else ""}})
-        self._m_latency.observe((time.perf_counter() - t0) * 1000.0,
+        t3 = time.perf_counter()
+        self._phases[mode].append((t1 - t0, t2 - t1, t3 - t2))
+        self._m_latency.observe((t3 - t0) * 1000.0,
                                 tags={"mode": mode, "task": body.task})
         if mode == "solaris" and slots is not None:
             task = asyncio.create_task(self._after_answer(body, items, now, probs, slots))
@@ -456,7 +464,11 @@ class LookupRouter:
     @api.get("/stats")
     async def stats(self) -> dict[str, Any]:
         """The router's rollout state and the precompute backend's last gauges."""
+        phases = {m: dict(zip(("enrich_ms", "vm_ms", "answer_ms"),
+                              (np.median(np.array(d), axis=0) * 1e3).round(3).tolist()))
+                  for m, d in self._phases.items() if d}
         out: dict[str, Any] = {"rollout": self.policy.state(), "mode": self.cfg.serve.mode,
+                               "phases_p50": phases,
                                "serve": config_to_dict(self.cfg.serve),
                                "knn": {"version": self.knn.version, "swaps": self.knn.swaps}
                                if self.knn else None}

@@ -83,3 +83,33 @@ def test_missing_task_and_missing_artifacts_are_named(art, tmp_path):
     (tmp_path / "manifest.json").write_text("{")
     with pytest.raises(CheckpointError, match="malformed"):
         Artifacts.open(tmp_path)
+
+
+def test_packed_slots_round_trip_exactly():
+    from solaris.cache.query import TIER_PAIR, TIER_USER_NBR
+    from solaris.scoring import PackedSlots
+
+    rng = np.random.default_rng(3)
+    c, d = 50, 8
+    present = rng.random(c) < 0.4
+    tier = np.where(present, rng.choice([TIER_PAIR, TIER_USER_NBR], c), TIER_NONE)
+    base = rng.normal(size=d).astype(np.float32)
+    agg = np.tile(base, (c, 1))
+    held = rng.random(c) < 0.2
+    agg[held] = rng.normal(size=(held.sum(), d))
+    agg_present = rng.random(c) < 0.9
+    agg[~agg_present] = 0
+    z = Slots(pair_emb=np.where(present[:, None], rng.normal(size=(c, d)), 0).astype(np.float32),
+              pair_present=present, pair_tier=tier.astype(np.int64),
+              pair_age_s=np.where(present, rng.uniform(0, 9000, c), 0.0),
+              agg_emb=agg.astype(np.float32), agg_present=agg_present, missing=~present)
+    p = PackedSlots.pack(z)
+    assert len(p.agg_idx) <= held.sum() + 1
+    u = p.unpack()
+    for f in ("pair_emb", "pair_present", "pair_tier", "agg_emb", "agg_present"):
+        np.testing.assert_array_equal(getattr(u, f), getattr(z, f), err_msg=f)
+    np.testing.assert_allclose(u.pair_age_s, z.pair_age_s, rtol=1e-6)
+    empty = PackedSlots.pack(Slots(np.zeros((3, d), np.float32), np.zeros(3, bool),
+                                   np.zeros(3, np.int64), np.zeros(3), np.zeros((3, d), np.float32),
+                                   np.zeros(3, bool), np.ones(3, bool)))
+    assert not empty.unpack().agg_emb.any()
