@@ -413,7 +413,7 @@ class KnnConfig:
     poll_s: float = 5.0  # wall seconds between a router's checks of the published pointer
     nlist: int = 0  # IVF inverted lists; 0 = about 4 * sqrt(rows)
     train_per_list: int = 64  # k-means training sample per IVF list (capped at the rows)
-    recall_margin: float = 0.01  # nprobe is tuned to min_recall + this on separate queries
+    recall_margin: float = 0.02  # nprobe is tuned to min_recall + this on separate queries
     max_nprobe: int = 1024  # tuning doubles nprobe up to this (then the build is refused)
     search_batch: int = 4096  # queries per faiss call when filling a whole table
     keep_versions: int = 3  # published versions kept on storage (older ones are deleted)

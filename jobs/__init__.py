@@ -1,0 +1,1 @@
+"""Ray jobs: runnable with ``python jobs/X.py`` and ``ray job submit``."""

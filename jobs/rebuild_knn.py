@@ -1,0 +1,372 @@
+"""Ray Data job: recompute user and item embeddings, rebuild the KNN tables, publish them.
+
+DESIGN.md step 7. Run it directly or through the job API (on a cluster or a local
+``ray start --head``)::
+
+    python jobs/rebuild_knn.py --data DATA --artifacts ARTIFACTS --out URI [--every SECONDS]
+    ray job submit --working-dir . -- python jobs/rebuild_knn.py --data DATA \\
+        --artifacts ARTIFACTS --out URI
+
+``DATA`` is what ``solaris data`` writes (``generate_to_parquet``: users, items and
+interaction Parquet files), a local directory or a ``pyarrow.fs`` URI that every node can
+read; ``ARTIFACTS`` a ``solaris train`` directory, read by the driver only (the FM travels
+to the encoder actors through the object store); ``--train-if-missing`` trains them from a
+local ``DATA`` first. ``URI`` (a ``pyarrow.fs`` URI or a local directory;
+``knn.table_uri`` when omitted) receives the tables. One rebuild:
+
+1. Ray Data reads the interaction log and one placeholder row per user (so users without
+   events get a row too), groups by user, and keeps each user's last ``history_len`` events
+   before ``--as-of`` (default: just after the last logged event)
+   (``solaris.user_encoder.recent_history``);
+2. ``map_batches`` with the callable class ``EncodeUsers`` on a fixed actor pool
+   (``--encoders``, explicit ``--batch-size``, one GPU each where the cluster has GPUs)
+   embeds them with the FM's request tower (``solaris.user_encoder``);
+3. the driver builds the user index (exact or IVF by size), tunes it, checks recall@10
+   against exact search and publishes the table, the faiss index and the pointer swap
+   (``solaris.knn``); then the same for the items' FM embeddings. A recall below
+   ``knn.min_recall`` is refused (exit 2, the previous version stays current).
+
+``--every S`` repeats the rebuild every S wall seconds (``--times N`` stops after N); a
+failed rebuild is logged and the schedule goes on. Routers poll ``knn.current_version``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import ray
+
+from solaris.config import KnnConfig, SolarisConfig, load_config
+from solaris.errors import CheckpointError, ConfigError, DataError, SolarisError
+
+log = logging.getLogger("jobs.rebuild_knn")
+
+EMB = "emb"
+INTERACTIONS = "interactions.parquet"
+
+
+# ---- inputs ----------------------------------------------------------------------------------------
+class DataDir:
+    """A ``solaris data`` directory, local or behind a ``pyarrow.fs`` URI (every node of a
+    cluster must reach it: Ray Data reads it from the workers)."""
+
+    def __init__(self, uri: str | Path) -> None:
+        uri = str(uri)
+        self.uri = uri
+        self.fs, self.root = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
+        self.root = self.root.rstrip("/")
+
+    def path(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def meta(self) -> dict:
+        path = self.path("meta.json")
+        try:
+            with self.fs.open_input_stream(path) as f:
+                return json.loads(f.readall())
+        except FileNotFoundError as e:
+            raise DataError(f"{path}: file missing (write DATA with `solaris data --out DIR`)"
+                            ) from e
+        except ValueError as e:
+            raise DataError(f"{path}: malformed metadata ({e})") from e
+
+    def table(self, name: str) -> pa.Table:
+        try:
+            return pq.read_table(self.path(name), filesystem=self.fs)
+        except (OSError, pa.ArrowException) as e:
+            raise DataError(f"{self.path(name)}: not a readable Parquet file ({e})") from e
+
+    def parquet_meta(self, name: str) -> pq.FileMetaData:
+        with self.fs.open_input_file(self.path(name)) as f:
+            return pq.ParquetFile(f).metadata
+
+    def dataset(self, name: str, columns: list[str]) -> Any:
+        return ray.data.read_parquet(self.path(name), filesystem=self.fs).select_columns(columns)
+
+
+def side_tables(data: DataDir) -> Any:
+    """The side-feature tables of ``data``, coded as training coded them (``FeatureTables``
+    over the user and item files, without the interaction log)."""
+    from solaris.config import FeatureConfig
+    from solaris.data.schema import Dataset, FeatureSpec, interaction_schema
+    from solaris.features import FeatureTables
+    from solaris.precompute import SideTables
+
+    meta = data.meta()
+    tasks = tuple(meta["tasks"])
+    ds = Dataset(name="knn", interactions=interaction_schema(tasks).empty_table(),
+                 users=data.table("users.parquet"), items=data.table("items.parquet"),
+                 tasks=tasks, spec=FeatureSpec.from_dict(meta["spec"]))
+    return SideTables.from_features(FeatureTables(ds, FeatureConfig(history_len=1)))
+
+
+def _has_artifacts(artifacts: Path) -> bool:
+    return (artifacts / "fm.pt").is_file() and (artifacts / "encoder.pt").is_file()
+
+
+def check_artifacts(artifacts: Path) -> None:
+    if not _has_artifacts(artifacts):
+        raise CheckpointError(
+            f"{artifacts}: no trained artifacts (fm.pt, encoder.pt). Train them with "
+            f"`solaris train --dataset synthetic --data-dir DATA --out {artifacts}` or pass "
+            f"--train-if-missing")
+
+
+def train_if_missing(cfg: SolarisConfig, data_dir: Path, artifacts: Path) -> None:
+    """Train the FM and encoder (``solaris train``) from a local ``data_dir`` when none are
+    in ``artifacts``."""
+    if _has_artifacts(artifacts):
+        return
+    from solaris.data.synthetic import load_parquet_dir
+    from solaris.train.artifacts import train_artifacts
+
+    log.warning("no artifacts in %s: training FM + encoder from %s first", artifacts, data_dir)
+    train_artifacts(cfg, load_parquet_dir(data_dir), artifacts, progress=log.info)
+
+
+# ---- Ray Data stages --------------------------------------------------------------------------
+def histories(g: dict[str, np.ndarray], tasks: tuple[str, ...], as_of: float, length: int
+              ) -> dict[str, np.ndarray]:
+    """map_groups fn: one user's events -> that user's last ``length`` events before as_of."""
+    from solaris.user_encoder import recent_history
+
+    labels = np.stack([g[t] for t in tasks], axis=1)
+    return recent_history(g["user_id"], g["item_id"], g["ts"], g["seq"], g["surface"], labels,
+                          as_of, length)
+
+
+class EncodeUsers:
+    """map_batches actor: holds the FM (sent by the driver through the object store, so no
+    node needs the artifact files), embeds batches of user histories."""
+
+    def __init__(self, fm: Any, tables: Any, as_of: float, threads: int = 1) -> None:
+        import torch
+
+        from solaris.user_encoder import UserEncoder
+
+        torch.set_num_threads(threads)
+        self.encoder = UserEncoder(fm, "cuda" if torch.cuda.is_available() else "cpu")
+        self.tables, self.as_of = tables, as_of
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from solaris.user_encoder import request_inputs
+
+        t = self.tables
+        req = request_inputs(batch, self.as_of, t.item_cat, t.user_cat, t.user_cont)
+        return {"user": batch["user"], EMB: self.encoder.encode(req)}
+
+
+def _placeholders(batch: dict[str, np.ndarray], tasks: tuple[str, ...]) -> pa.Table:
+    """One event-less row per user (item -1), in the interaction log's schema."""
+    from solaris.data.schema import interaction_schema
+
+    n = len(batch["user_id"])
+    cols = {"seq": np.full(n, -1, np.int64), "user_id": batch["user_id"].astype(np.int64),
+            "item_id": np.full(n, -1, np.int64), "ts": np.zeros(n, np.int64),
+            "surface": np.zeros(n, np.int32), **{t: np.zeros(n, np.float32) for t in tasks}}
+    return pa.Table.from_pydict(cols, schema=interaction_schema(tasks))
+
+
+def _last_ts(md: pq.FileMetaData, events: Any) -> float:
+    """Latest event time of the log: from the Parquet statistics, else one pass of Ray Data."""
+    try:
+        j = md.schema.names.index("ts")
+        stats = [md.row_group(r).column(j).statistics for r in range(md.num_row_groups)]
+        if stats and all(s is not None and s.has_min_max for s in stats):
+            return float(max(s.max for s in stats))
+    except (ValueError, pa.ArrowException):
+        pass
+    return float(events.max("ts"))
+
+
+def user_embeddings(data: DataDir, fm: Any, as_of: float | None, encoders: int,
+                    batch_size: int, encoder_cpus: float, use_gpu: bool
+                    ) -> tuple[np.ndarray, np.ndarray, float]:
+    """(user ids (U,), embeddings (U, S), as_of) through the Ray Data pipeline."""
+    tasks = tuple(data.meta()["tasks"])
+    events = data.dataset(INTERACTIONS, ["seq", "user_id", "item_id", "ts", "surface", *tasks])
+    md = data.parquet_meta(INTERACTIONS)
+    if as_of is None:
+        as_of = _last_ts(md, events) + 1.0
+    tables = side_tables(data)
+    # one event-less row per user (ids are the user table's dense codes 0..n-1), so users
+    # without events get an embedding too
+    users = np.arange(len(tables.user_cat), dtype=np.int64)
+    rows = events.union(ray.data.from_arrow(_placeholders({"user_id": users}, tasks)))
+    parts = max(2, min(64, md.num_rows // 500_000 + 1))  # Ray's default 200 is for big clusters
+    hist = rows.groupby("user_id", num_partitions=parts).map_groups(
+        histories, fn_kwargs={"tasks": tasks, "as_of": as_of, "length": fm.history_len},
+        batch_format="numpy")
+    emb = hist.map_batches(EncodeUsers, fn_constructor_args=(fm, tables, as_of),
+                           batch_size=batch_size, batch_format="numpy",
+                           compute=ray.data.ActorPoolStrategy(size=encoders),
+                           num_cpus=encoder_cpus, num_gpus=1 if use_gpu else 0)
+    ids, vecs = [], []
+    for b in emb.iter_batches(batch_size=8192, batch_format="numpy"):
+        ids.append(b["user"])
+        vecs.append(b[EMB])
+    ids, vecs = np.concatenate(ids).astype(np.int64), np.concatenate(vecs).astype(np.float32)
+    order = np.argsort(ids)
+    return ids[order], vecs[order], as_of
+
+
+# ---- one rebuild --------------------------------------------------------------------------------
+def _bar(desc: str):
+    """A progress callback: a tqdm bar on a terminal, a log line per 10% elsewhere (job logs)."""
+    from tqdm import tqdm
+
+    tty = sys.stderr.isatty()
+    bar = tqdm(desc=desc, unit="rows", dynamic_ncols=True, mininterval=1.0, disable=not tty)
+    logged = [0]
+
+    def tick(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+        if not tty and done * 10 // total > logged[0]:
+            logged[0] = done * 10 // total
+            log.info("%s: %d / %d", desc, done, total)
+        if done >= total:
+            bar.close()
+    return tick
+
+
+def rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConfig, *,
+            as_of: float | None = None, encoders: int = 1, batch_size: int = 256,
+            encoder_cpus: float = 1.0, use_gpu: bool | None = None,
+            version: str | None = None) -> dict:
+    """One rebuild against the connected Ray cluster; returns what was published."""
+    import torch
+
+    from solaris.knn import build_table, new_version, publish
+    from solaris.precompute import load_models
+    from solaris.user_encoder import item_embeddings
+
+    t0 = time.perf_counter()
+    artifacts = Path(artifacts)
+    check_artifacts(artifacts)
+    torch.set_num_threads(1)
+    fm, _enc, fm_version = load_models(artifacts)
+    if use_gpu is None:
+        use_gpu = ray.cluster_resources().get("GPU", 0) >= 1
+    version = version or new_version()
+    out: dict[str, Any] = {"version": version, "fm_version": fm_version, "uri": out_uri}
+
+    t = time.perf_counter()
+    users, uvec, as_of = user_embeddings(DataDir(data), fm, as_of, encoders, batch_size,
+                                         encoder_cpus, use_gpu)
+    out["as_of"] = as_of
+    out["embed_s"] = round(time.perf_counter() - t, 2)
+    log.info("embedded %d users (%d-d) in %.1fs", len(users), uvec.shape[1], out["embed_s"])
+    for kind, ids, vecs, k in (("user", users, uvec, cfg.k),
+                               ("item", np.arange(fm.item_emb.num_embeddings - 1),
+                                item_embeddings(fm), cfg.item_k)):
+        t = time.perf_counter()
+        table, live = build_table(kind, ids, vecs, k, cfg, version, _bar(f"{kind} neighbours"))
+        publish(out_uri, table, cfg, live)
+        out[kind] = {"rows": int(len(ids)), "dim": int(vecs.shape[1]), "k": int(table.nbr.shape[1]),
+                     "index": table.index, "recall_at_10": round(table.recall_at_10, 4),
+                     "seconds": round(time.perf_counter() - t, 2)}
+    out["seconds"] = round(time.perf_counter() - t0, 2)
+    return out
+
+
+# ---- command line --------------------------------------------------------------------------------
+def _overrides(pairs: list[str]) -> dict[str, Any]:
+    import yaml
+
+    out = {}
+    for p in pairs:
+        if "=" not in p:
+            raise ConfigError(f"--set {p!r}: expected KEY=VALUE, e.g. knn.k=50")
+        k, v = p.split("=", 1)
+        out[k] = yaml.safe_load(v)
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True,
+                   help="`solaris data` Parquet directory or pyarrow.fs URI (all nodes read it)")
+    p.add_argument("--artifacts", required=True, type=Path,
+                   help="`solaris train` directory (read by the driver only)")
+    p.add_argument("--out", help="pyarrow.fs URI or dir of the tables (default knn.table_uri)")
+    p.add_argument("--config", help="YAML config (the knn section is used)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config field, e.g. --set knn.k=50")
+    p.add_argument("--as-of", type=float, help="event time of the histories (default: last + 1)")
+    p.add_argument("--encoders", type=int, default=1, help="encoder actors (fixed pool)")
+    p.add_argument("--batch-size", type=int, default=256, help="users per encoder batch")
+    p.add_argument("--encoder-cpus", type=float, default=1.0, help="CPUs per encoder actor")
+    p.add_argument("--gpu", choices=["auto", "yes", "no"], default="auto",
+                   help="one GPU per encoder actor (auto: when the cluster has GPUs)")
+    p.add_argument("--every", type=float, help="rebuild every SECONDS (default: once)")
+    p.add_argument("--times", type=int, help="with --every: stop after N rebuilds")
+    p.add_argument("--train-if-missing", action="store_true",
+                   help="train FM + encoder from --data when --artifacts has none")
+    p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a local Ray)")
+    p.add_argument("--num-cpus", type=float, help="CPUs of a Ray started here (local only)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_config(args.config, _overrides(args.set))
+        out = args.out or cfg.knn.table_uri
+        if not out:
+            raise ConfigError("--out: no table URI (pass --out or set knn.table_uri)")
+        if args.train_if_missing:
+            train_if_missing(cfg, Path(args.data), args.artifacts)
+        check_artifacts(args.artifacts)
+    except SolarisError as e:
+        print(f"rebuild_knn: error: {e}", file=sys.stderr)
+        return 2
+    init: dict[str, Any] = {"address": args.address, "logging_level": "warning"}
+    if args.num_cpus and not (args.address or os.environ.get("RAY_ADDRESS")):
+        init["num_cpus"] = args.num_cpus
+    ray.init(**init)
+    gpu = {"auto": None, "yes": True, "no": False}[args.gpu]
+    done, code = 0, 0
+    try:
+        while True:
+            started = time.monotonic()
+            try:
+                summary = rebuild(args.data, args.artifacts, out, cfg.knn, as_of=args.as_of,
+                                  encoders=args.encoders, batch_size=args.batch_size,
+                                  encoder_cpus=args.encoder_cpus, use_gpu=gpu)
+                print(json.dumps(summary), flush=True)
+                code = 0
+            except (SolarisError, pa.ArrowException, OSError) as e:
+                log.error("rebuild failed: %s", e)
+                print(f"rebuild_knn: error: {e}", file=sys.stderr, flush=True)
+                code = 2
+            except Exception:  # on a schedule, a failed run (e.g. a lost node) is not the last
+                if args.every is None:
+                    raise
+                log.exception("rebuild failed; next try in %.0f s", args.every)
+                code = 1
+            done += 1
+            if args.every is None or (args.times is not None and done >= args.times):
+                return code
+            time.sleep(max(0.0, args.every - (time.monotonic() - started)))
+    finally:
+        ray.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,104 @@
+"""The KNN rebuild job on a local Ray: Ray Data embeds every user, the tables are published
+twice and a reader sees the new version; a missing artifact directory is a clear error."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # ``jobs`` is a top-level folder of the repo, not installed
+    sys.path.insert(0, str(ROOT))
+
+ray = pytest.importorskip("ray")
+
+from jobs.rebuild_knn import main, rebuild  # noqa: E402
+from solaris.config import (EncoderConfig, FMConfig, KnnConfig,  # noqa: E402
+                            SyntheticConfig, config_to_dict)
+from solaris.errors import CheckpointError  # noqa: E402
+from solaris.knn import current_version, load_current, load_live  # noqa: E402
+
+L = 8
+VERSION = "fm-knn-test"
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False,
+             logging_level="warning", runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory) -> tuple[Path, Path, int, int]:
+    """A small synthetic Parquet dir and FM + encoder artifacts (untrained: the job's
+    plumbing is under test here; ``solaris train`` writes the same files)."""
+    import torch
+
+    from solaris.data.synthetic import generate_to_parquet
+    from solaris.models.encoder import PairEncoder
+    from solaris.models.fm import FoundationModel
+    from solaris.data.schema import FeatureSpec
+    from solaris.train.checkpoint import save_checkpoint
+
+    root = tmp_path_factory.mktemp("knn")
+    meta = generate_to_parquet(SyntheticConfig(num_users=150, num_items=200, days=6.0,
+                                               target_interactions=3000), root / "data")
+    torch.manual_seed(0)
+    fm_cfg = FMConfig(emb_dim=8, seq_heads=2, dense_hidden=8, cross_layers=1, shared_dim=16,
+                      head_hidden=8, version=VERSION)
+    users, items = meta["counts"]["users"], meta["counts"]["items"]
+    sizes = {"num_users": users, "num_items": items, "tasks": meta["tasks"], "history_len": L,
+             "spec": meta["spec"]}
+    fm = FoundationModel(fm_cfg, FeatureSpec.from_dict(meta["spec"]), users, items,
+                         tuple(meta["tasks"]), L)
+    enc_cfg = EncoderConfig(width=8, hidden=16)
+    art = root / "artifacts"
+    save_checkpoint(art / "fm.pt", fm, "fm", config_to_dict(fm_cfg), version=VERSION, **sizes)
+    save_checkpoint(art / "encoder.pt", PairEncoder(16, enc_cfg), "encoder",
+                    config_to_dict(enc_cfg), version=VERSION, in_dim=16)
+    return root / "data", art, users, items
+
+
+@pytest.mark.slow  # two Ray Data shuffles: ~15 s each on a busy 2-core machine
+def test_rebuild_twice_reader_sees_the_new_version(local_ray, world, tmp_path):
+    data, art, users, items = world
+    uri = f"file://{tmp_path}/knn"
+    cfg = KnnConfig(k=10, item_k=5, recall_queries=200)
+    assert current_version(uri) is None
+    first = rebuild(data, art, uri, cfg, batch_size=64, encoder_cpus=0.5, use_gpu=False,
+                    version="v1")
+    assert first["user"]["rows"] == users and first["item"]["rows"] == items
+    assert first["user"]["recall_at_10"] >= cfg.min_recall
+    v, table = load_current(uri)
+    assert v == "v1" == current_version(uri, "item")
+    assert table.ids.shape == (users, 10)
+    assert not (table.ids == np.arange(users)[:, None]).any()  # self excluded
+    # an earlier as_of cuts the histories: other embeddings, other neighbours
+    as_of = first["as_of"] - 3 * 86400
+    second = rebuild(data, art, uri, cfg, as_of=as_of, batch_size=64, encoder_cpus=0.5,
+                     use_gpu=False, version="v2")
+    assert second["as_of"] == as_of
+    v2, table2 = load_current(uri)
+    assert v2 == "v2" == current_version(uri) and table2.version == "v2"
+    assert not np.array_equal(table2.ids, table.ids)
+    _, items_table = load_current(uri, "item")
+    assert items_table.ids.shape == (items, 5)
+    # cold start through the published index: a held user's own embedding is its nearest
+    live = load_live(uri)
+    assert live.version == "v2" and len(live.ids) == users
+    got, sims = live.query(live.index.reconstruct(3), 3)
+    assert got.shape == (1, 3) and sims[0, 0] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_missing_artifacts_is_a_clear_error(local_ray, world, tmp_path, capsys):
+    data, _, _, _ = world
+    with pytest.raises(CheckpointError, match="no trained artifacts.*solaris train"):
+        rebuild(data, tmp_path / "none", str(tmp_path / "knn"), KnnConfig())
+    assert main(["--data", str(data), "--artifacts", str(tmp_path / "none"),
+                 "--out", str(tmp_path / "knn")]) == 2
+    assert "--train-if-missing" in capsys.readouterr().err
