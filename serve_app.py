@@ -39,7 +39,8 @@ from solaris.config import SolarisConfig, config_to_dict, load_config
 from solaris.errors import SolarisError
 from solaris.rollout import RolloutPolicy
 from solaris.scoring import Artifacts, InlineFM, PackedSlots, ScoreRequest, VMScorer
-from solaris.serving import (TIER_NAMES, KnnTables, default_artifacts_dir, ensure_artifacts,
+from solaris.serving import (TIER_NAMES, ColdNeighbours, KnnTables, default_artifacts_dir,
+                             ensure_artifacts, is_cold, knn_version, load_knn,
                              settings_from_args)
 
 log = logging.getLogger("solaris.serve")
@@ -122,9 +123,7 @@ def _knn_tables(cfg: SolarisConfig) -> KnnTables | None:
     """The published KNN tables (``jobs/rebuild_knn.py``) if ``knn.table_uri`` is set."""
     if not cfg.knn.table_uri:
         return None
-    from solaris import knn
-
-    return KnnTables(cfg.knn, knn.load_snapshot, knn.current_version)
+    return KnnTables(cfg.knn, load_knn, knn_version)
 
 
 class _Unavailable(SolarisError):
@@ -291,6 +290,8 @@ class LookupRouter:
         self.backend = _Backend(cfg, settings)
         self.knn = _knn_tables(cfg)
         self._inline: InlineFM | None = None
+        self._user_enc: tuple | None = None  # (UserEncoder, side tables, history_len), lazily
+        self._cold_starts = 0
         self._inline_lock = threading.Lock()
         self._io = ThreadPoolExecutor(4, thread_name_prefix="router-io")
         self._after: set[asyncio.Task] = set()
@@ -323,11 +324,38 @@ class LookupRouter:
                                         self.cfg.serve.inline_sharing)
             return self._inline
 
-    def _lookup(self, user: int, items: np.ndarray, now: float, version: str) -> Slots:
+    def _lookup(self, user: int, items: np.ndarray, now: float, version: str,
+                surface: int = 0) -> Slots:
         knn = self.knn.current() if self.knn else None
-        return self.backend.group.lookup(user, items, now, version,
-                                         knn.users if knn else None, knn.items if knn else None,
-                                         self.cfg.enrich)
+        users = knn.users if knn else None
+        if knn is not None and knn.live is not None and is_cold(users, user):
+            users = self._cold_neighbours(user, now, surface, knn) or users
+        return self.backend.group.lookup(user, items, now, version, users,
+                                         knn.items if knn else None, self.cfg.enrich)
+
+    def _cold_neighbours(self, user: int, now: float, surface: int, knn: Any
+                         ) -> ColdNeighbours | None:
+        """Neighbours of a user the published table lacks: the user encoder over the user's
+        history as of ``now``, queried against the live index. None (next tier) on failure."""
+        try:
+            with self._inline_lock:
+                if self._user_enc is None:
+                    from solaris.precompute import load_models
+                    from solaris.user_encoder import UserEncoder
+
+                    art = self.arts[self.policy.active[self.tasks[0]]]
+                    fm, _, _ = load_models(art.root)
+                    self._user_enc = (UserEncoder(fm), art.side_tables(), fm.history_len)
+            enc, side, hlen = self._user_enc
+            req = self.backend.history_provider().batch(
+                np.array([user], np.int64), np.array([now]), np.array([surface], np.int64), hlen,
+                side.item_cat, side.user_cat, side.user_cont)
+            ids, sims = knn.live.query(enc.encode(req), self.cfg.enrich.user_knn_probe + 1)
+            self._cold_starts += 1
+            return ColdNeighbours(user, ids[0], sims[0], knn.version)
+        except Exception:
+            log.exception("cold-start neighbours for user %s failed; next tier", user)
+            return None
 
     async def _score(self, task: str, version: str, req: ScoreRequest) -> np.ndarray:
         handle = self.vms[task]
@@ -369,7 +397,7 @@ class LookupRouter:
         slots: Slots | None = None
         if mode == "solaris":
             slots = await loop.run_in_executor(self._io, self._lookup, body.user_id, items, now,
-                                               version)
+                                               version, body.surface)
         elif mode == "inline":
             slots = await loop.run_in_executor(self._io, self._inline_fm().slots, body.user_id,
                                                items, body.surface, now)
@@ -470,8 +498,9 @@ class LookupRouter:
         out: dict[str, Any] = {"rollout": self.policy.state(), "mode": self.cfg.serve.mode,
                                "phases_p50": phases,
                                "serve": config_to_dict(self.cfg.serve),
-                               "knn": {"version": self.knn.version, "swaps": self.knn.swaps}
-                               if self.knn else None}
+                               "knn": {"version": self.knn.version, "swaps": self.knn.swaps,
+                                       "errors": self.knn.errors,
+                                       "cold_starts": self._cold_starts} if self.knn else None}
         if self.precompute is not None:
             try:
                 out["precompute"] = await asyncio.wait_for(

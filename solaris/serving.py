@@ -94,11 +94,61 @@ def ensure_artifacts(cfg: SolarisConfig, out: Path,
 
 @dataclass(frozen=True)
 class KnnSnapshot:
-    """One published KNN build: user and item neighbour tables (``solaris.enrich``)."""
+    """One published KNN build: user and item neighbour tables (``solaris.enrich``) and the
+    user index for cold-start queries."""
 
     version: str
     users: Any  # solaris.enrich.NeighbourTable | None
     items: Any  # solaris.enrich.NeighbourTable | None
+    live: Any = None  # solaris.knn.LiveIndex | None
+
+
+def knn_version(uri: str) -> str | None:
+    """The published user (and item) KNN versions under ``uri``, one string; None before
+    the first user publish. Reads only the pointer files."""
+    from solaris import knn
+
+    user = knn.current_version(uri, "user")
+    if user is None:
+        return None
+    return f"{user}|{knn.current_version(uri, 'item') or ''}"
+
+
+def load_knn(uri: str) -> KnnSnapshot:
+    """The published tables under ``uri`` (``jobs/rebuild_knn.py``): the user table and
+    its live index; the item table where one is published."""
+    from solaris import knn
+
+    uv, users = knn.load_current(uri, "user")
+    items, iv = None, ""
+    if knn.current_version(uri, "item") is not None:
+        iv, items = knn.load_current(uri, "item")
+    try:
+        live = knn.load_live(uri, "user")
+    except Exception:  # published without an index: no cold-start queries, tables still serve
+        log.warning("KNN %s: no live user index; cold-start users get no neighbours", uv)
+        live = None
+    return KnnSnapshot(f"{uv}|{iv}", users, items, live)
+
+
+class ColdNeighbours:
+    """A one-row neighbour table for a user the published table does not hold: the user
+    encoder's embedding of the user's history as of the request, queried against the live
+    index (``solaris.enrich.plan`` reads ``nearest`` only)."""
+
+    def __init__(self, user: int, ids: Any, sims: Any, version: str):
+        self.user, self.ids, self.sims, self.version = user, ids, sims, version
+
+    def nearest(self, key: int, k: int) -> tuple[Any, Any]:
+        if key != self.user:
+            return self.ids[:0], self.sims[:0]
+        keep = (self.ids >= 0) & (self.ids != key)
+        return self.ids[keep][:k], self.sims[keep][:k]
+
+
+def is_cold(table: Any, user: int) -> bool:
+    """Whether ``table`` (a NeighbourTable or None) has no neighbour for ``user``."""
+    return table is None or user >= len(table.ids) or not (table.ids[user] >= 0).any()
 
 
 class KnnTables:

@@ -51,8 +51,11 @@ def app(tmp_path_factory):
     art = tmp_path_factory.mktemp("artifacts")
     train_artifacts(cfg, load_dataset(cfg.data), art, seed=0)
     conf = tmp_path_factory.mktemp("conf") / "serve.yaml"
+    knn_uri = tmp_path_factory.mktemp("knn")
     conf.write_text(json.dumps({"cache": {"dim": 16, "num_shards": 2, "deadline_ms": 200.0},
-                                "serve": {"max_candidates": 300}}))
+                                "serve": {"max_candidates": 300},
+                                "knn": {"table_uri": str(knn_uri), "poll_s": 0.5, "k": 10,
+                                        "recall_queries": 50}}))
     port = _free_port()
     ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False,
              logging_level="warning", runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
@@ -62,7 +65,8 @@ def app(tmp_path_factory):
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(serve_app.build_app({"artifacts": str(art), "config": str(conf),
                                        "app_id": "test"}), blocking=False)
-        yield {"base": f"http://127.0.0.1:{port}", "num_items": 200, "num_users": 300}
+        yield {"base": f"http://127.0.0.1:{port}", "num_items": 200, "num_users": 300,
+               "knn_uri": str(knn_uri), "knn_cfg": load_config(conf).knn}
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -224,3 +228,56 @@ def test_shard_then_vm_replica_killed_under_load(app):
     assert all(r for s, _, r in results if s == 503)  # a 503 says when to retry
     assert statuses[-1] == 200 and statuses.count(200) > len(statuses) // 2
     assert group.ping_all() == [True, True]  # the shard came back
+
+
+def _publish_knn(app, seed: int) -> str:
+    from solaris import knn
+
+    rng = np.random.default_rng(seed)
+    users = np.arange(250)  # users 250.. are not in the table: cold starts
+    emb = rng.normal(size=(len(users), 64)).astype(np.float32)  # the TINY FM's shared width
+    table, live = knn.build_table("user", users, emb, 10, app["knn_cfg"])
+    knn.publish(app["knn_uri"], table, app["knn_cfg"], live)
+    items = rng.normal(size=(200, 16)).astype(np.float32)
+    itable, ilive = knn.build_table("item", np.arange(200), items, 10, app["knn_cfg"])
+    knn.publish(app["knn_uri"], itable, app["knn_cfg"], ilive)
+    return f"{table.version}|{itable.version}"
+
+
+def test_knn_publish_swaps_under_live_traffic_with_no_failed_request(app):
+    statuses: list[int] = []
+    versions: set[str] = set()
+    stop = threading.Event()
+
+    def client() -> None:
+        rng = np.random.default_rng(0)
+        while not stop.is_set():
+            r = _rank(app, user_id=int(rng.integers(300)), now=T0 + 200,
+                      candidates=rng.choice(200, 30, replace=False).tolist())
+            statuses.append(r.status_code)
+            if r.status_code == 200:
+                versions.add(r.json()["versions"]["knn"])
+
+    def healthz_knn() -> str | None:
+        return requests.get(app["base"] + "/healthz", timeout=TIMEOUT_S).json()["knn"]
+
+    with ThreadPoolExecutor(2) as pool:
+        for _ in range(2):
+            pool.submit(client)
+        v1 = _publish_knn(app, 1)
+        deadline = time.monotonic() + 30
+        while healthz_knn() != v1 and time.monotonic() < deadline:
+            time.sleep(0.3)
+        time.sleep(1.0)
+        v2 = _publish_knn(app, 2)
+        while healthz_knn() != v2 and time.monotonic() < deadline + 30:
+            time.sleep(0.3)
+        time.sleep(1.0)
+        stop.set()
+    assert healthz_knn() == v2
+    assert statuses and set(statuses) == {200}
+    assert {v1, v2} <= versions  # both builds served, swapped without a restart
+    # a user the table lacks gets neighbours from the live index (cold start)
+    assert _rank(app, user_id=290, now=T0 + 300).status_code == 200
+    stats = requests.get(app["base"] + "/stats", timeout=TIMEOUT_S).json()["knn"]
+    assert stats["cold_starts"] >= 1 and stats["errors"] == 0
