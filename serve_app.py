@@ -17,6 +17,7 @@ missing VM replica is a 503 with Retry-After after one retry.
 
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -147,14 +148,12 @@ class _Backend:
                                           get_if_exists=True).remote()
         self._ray = ray
 
-    def history_provider(self) -> Any:
-        provider = getattr(self.group, "history_provider", None)
-        if provider is not None:
-            return provider()
-        from solaris.config import HistoryConfig
-        from solaris.history import HistoryStore
+    def history_provider(self, timeout_s: float) -> Any:
+        """The live history (on the cache shards) as a ``HistoryProvider`` for the request
+        path; a shard that misses ``timeout_s`` raises ``HistoryUnavailable``."""
+        from solaris.precompute import WindowHistory
 
-        return HistoryStore(HistoryConfig())
+        return WindowHistory(functools.partial(self.group.history_window, timeout_s=timeout_s))
 
     def record_impressions(self, user: int, items: np.ndarray, surface: int, now: float) -> None:
         rec = getattr(self.group, "record_impressions", None)
@@ -222,7 +221,7 @@ class Precompute:
         for d in settings["artifact_dirs"]:
             art = Artifacts.open(d)
             pool = WorkerPool(cfg.precompute, art.root, art.side_tables(),
-                              self.backend.history_provider(), self.backend.queue,
+                              None, self.backend.queue,  # None: live history on the shards
                               self.backend.group, self.backend.ledger)
             pool.start()
             self.pools[art.version] = pool
@@ -291,6 +290,7 @@ class LookupRouter:
         self.knn = _knn_tables(cfg)
         self._inline: InlineFM | None = None
         self._user_enc: tuple | None = None  # (UserEncoder, side tables, history_len), lazily
+        self._history_timeout_s = cfg.cache.deadline_ms / 1000.0  # request-path history reads
         self._cold_starts = 0
         self._inline_lock = threading.Lock()
         self._io = ThreadPoolExecutor(4, thread_name_prefix="router-io")
@@ -320,9 +320,19 @@ class LookupRouter:
         with self._inline_lock:
             if self._inline is None:
                 art = self.arts[self.policy.active[self.tasks[0]]]
-                self._inline = InlineFM(art, art.side_tables(), self.backend.history_provider(),
+                self._inline = InlineFM(art, art.side_tables(),
+                                        self.backend.history_provider(self._history_timeout_s),
                                         self.cfg.serve.inline_sharing)
             return self._inline
+
+    def _inline_slots(self, user: int, items: np.ndarray, surface: int, now: float
+                      ) -> Slots | None:
+        """The inline FM's slots; None (the VM alone) if the user's history is unreadable."""
+        try:
+            return self._inline_fm().slots(user, items, surface, now)
+        except Exception:
+            log.exception("inline FM failed for user %s; answering with the VM alone", user)
+            return None
 
     def _lookup(self, user: int, items: np.ndarray, now: float, version: str,
                 surface: int = 0) -> Slots:
@@ -347,7 +357,7 @@ class LookupRouter:
                     fm, _, _ = load_models(art.root)
                     self._user_enc = (UserEncoder(fm), art.side_tables(), fm.history_len)
             enc, side, hlen = self._user_enc
-            req = self.backend.history_provider().batch(
+            req = self.backend.history_provider(self._history_timeout_s).batch(
                 np.array([user], np.int64), np.array([now]), np.array([surface], np.int64), hlen,
                 side.item_cat, side.user_cat, side.user_cont)
             ids, sims = knn.live.query(enc.encode(req), self.cfg.enrich.user_knn_probe + 1)
@@ -399,7 +409,7 @@ class LookupRouter:
             slots = await loop.run_in_executor(self._io, self._lookup, body.user_id, items, now,
                                                version, body.surface)
         elif mode == "inline":
-            slots = await loop.run_in_executor(self._io, self._inline_fm().slots, body.user_id,
+            slots = await loop.run_in_executor(self._io, self._inline_slots, body.user_id,
                                                items, body.surface, now)
         t1 = time.perf_counter()
         req = ScoreRequest(body.user_id, items, body.surface,

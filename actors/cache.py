@@ -9,6 +9,12 @@ sees an exception or waits past the deadline. The in-process equivalent of
 ``CacheGroup.lookup`` is ``solaris.enrich.enrich_local`` on one store: both give the same
 ``Slots``, bit for bit.
 
+Each shard also holds the behaviour history of the users it owns (``actors.shard``). The
+router writes it fire-and-forget (``record_impressions``, ``record_labels``: one call to the
+owning shard, never waited on; a failed write is logged and counted, found when the client
+next reaps its finished writes or in ``flush_records``); the FM workers read it with
+``history_window``, one parallel round to the owning shards per lease.
+
 Ray is not initialised here: callers call ``ray.init`` (or run inside a Ray job / Serve app).
 """
 
@@ -18,23 +24,34 @@ import logging
 import threading
 import time
 import uuid
+from collections import deque
 from typing import Any, Callable, Sequence
 
 import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
-from actors.shard import SHARD_NUM_CPUS, CacheShard, shard_name
+from actors.shard import SHARD_NUM_CPUS, CacheShard, pack, shard_name, unpack
 from solaris import enrich
 from solaris.cache import wire
+from solaris.cache.inputs import check_ids, check_time
 from solaris.cache.query import ShardAnswer, ShardQuery, Slots
 from solaris.cache.ring import HashRing
-from solaris.config import CacheConfig, EnrichConfig
-from solaris.errors import ConfigError, RequestError
+from solaris.config import CacheConfig, EnrichConfig, HistoryConfig
+from solaris.errors import ConfigError, RequestError, SolarisError
+from solaris.history import merge_windows
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CacheGroup", "CacheShard", "collect", "shard_name"]
+__all__ = ["CacheGroup", "CacheShard", "HistoryUnavailable", "collect", "shard_name"]
+
+REAP_EVERY = 64  # fire-and-forget writes between checks of the finished ones
+MAX_TRACKED = 4096  # outstanding writes tracked; past it the oldest are no longer checked
+
+
+class HistoryUnavailable(SolarisError):
+    """A shard did not return its users' history in time (dead, restarting or late): the
+    FM worker gives its lease back rather than compute embeddings from a missing history."""
 
 
 class CacheGroup:
@@ -55,16 +72,25 @@ class CacheGroup:
         self._late = np.zeros(cfg.num_shards, np.int64)  # answers past the deadline
         self._failed = np.zeros(cfg.num_shards, np.int64)  # answers that raised (dead shard)
         self._lookups = 0
+        self._init_records()
+
+    def _init_records(self) -> None:
+        """Fire-and-forget history writes: outstanding refs and what became of them."""
+        self._pending: deque = deque()  # (shard, ref) of writes not yet seen finished
+        self._records = {"sent": 0, "failed": 0, "untracked": 0}
+        self._record_failed = np.zeros(self.cfg.num_shards, np.int64)
 
     @classmethod
     def create(cls, cfg: CacheConfig, group_id: str | None = None, *,
                num_cpus: float = SHARD_NUM_CPUS, max_restarts: int = -1,
                namespace: str | None = None, detached: bool = False,
-               event_clock: Callable[[], float] | None = None) -> "CacheGroup":
+               event_clock: Callable[[], float] | None = None,
+               history: HistoryConfig | None = None) -> "CacheGroup":
         """Start (or attach to, if they already run) the ``cfg.num_shards`` named shards.
 
         ``event_clock`` (e.g. ``time.time`` in production, None in a replay) lets an idle
-        shard expire entries between calls; it must be picklable.
+        shard expire entries between calls; it must be picklable. ``history`` bounds each
+        shard's history store (default ``HistoryConfig()``).
         """
         group_id = group_id or uuid.uuid4().hex[:8]
         opts: dict[str, Any] = {"num_cpus": num_cpus, "max_restarts": max_restarts,
@@ -74,7 +100,8 @@ class CacheGroup:
         if detached:
             opts["lifetime"] = "detached"
         handles = [CacheShard.options(name=shard_name(group_id, s), **opts)
-                   .remote(cfg, s, group_id, event_clock) for s in range(cfg.num_shards)]
+                   .remote(cfg, s, group_id, event_clock, history)
+                   for s in range(cfg.num_shards)]
         return cls(cfg, handles, group_id)
 
     @classmethod
@@ -86,12 +113,14 @@ class CacheGroup:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        del state["_counts_lock"]
+        for k in ("_counts_lock", "_pending", "_records", "_record_failed"):
+            del state[k]  # a copy starts its own bookkeeping of writes
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._counts_lock = threading.Lock()
+        self._init_records()
 
     # -- placement
     def shard_of(self, users: np.ndarray) -> np.ndarray:
@@ -168,21 +197,175 @@ class CacheGroup:
         refs = {}
         for s in np.unique(shard):
             m = shard == s
-            refs[int(s)] = self.shards[int(s)].put.remote(
-                users[m], items[m], vectors[m], version, now, None if scores is None else
-                np.asarray(scores)[m])
+            refs[int(s)] = self.shards[int(s)].put_packed.remote(pack((
+                users[m], items[m], vectors[m], version, now,
+                None if scores is None else np.asarray(scores)[m])))
         return sum(self._gather(refs, timeout_s, "put", 0).values())
+
+    # -- history: fire-and-forget writes (the router), one-round reads (the FM workers)
+    def record_impressions(self, user: int, items: np.ndarray, surfaces: np.ndarray | int,
+                           now: float) -> None:
+        """Candidates shown to ``user`` at event time ``now``, to the user's shard's history.
+
+        One call to the owning shard, not waited on. Raises RequestError for a bad request
+        (checked here); a dead or failing shard is logged and counted, never raised.
+        """
+        user = self._user_id(user)
+        items = check_ids(items, "items")
+        now = check_time(now)
+        surf = np.asarray(surfaces)
+        if surf.ndim > 1 or (surf.ndim == 1 and len(surf) != len(items)):
+            raise RequestError(f"surfaces: expected a code or {len(items)} codes, got shape "
+                               f"{surf.shape}")
+        self._send(user, "record_impressions", (user, items, surf, now))
+
+    def record_labels(self, user: int, items: np.ndarray, labels: np.ndarray,
+                      now: float) -> None:
+        """Labels (n, T) of 0/1 for ``user``'s ``items``, arriving at event time ``now``;
+        fire-and-forget like ``record_impressions``."""
+        user = self._user_id(user)
+        items = check_ids(items, "items")
+        now = check_time(now)
+        y = np.asarray(labels)
+        if y.ndim != 2 or y.shape[0] != len(items) or not np.isin(y, (0, 1)).all():
+            raise RequestError(f"labels: expected ({len(items)}, T) of 0/1, got shape "
+                               f"{y.shape}")
+        self._send(user, "record_labels", (user, items, y, now))
+
+    @staticmethod
+    def _user_id(user: int) -> int:
+        if not isinstance(user, (int, np.integer)) or isinstance(user, bool) or user < 0:
+            raise RequestError(f"user={user!r}: must be a non-negative integer id")
+        return int(user)
+
+    def _send(self, user: int, method: str, args: tuple) -> None:
+        s = int(self.shard_of(np.array([user]))[0])
+        try:
+            ref = getattr(self.shards[s], method).remote(pack(args))
+        except Exception as exc:  # e.g. a handle of a shard killed for good
+            log.warning("cache shard %d: %s not sent: %s", s, method, type(exc).__name__)
+            with self._counts_lock:
+                self._records["sent"] += 1
+                self._records["failed"] += 1
+                self._record_failed[s] += 1
+            return
+        with self._counts_lock:
+            self._records["sent"] += 1
+            self._pending.append((s, ref))
+            due = len(self._pending) % REAP_EVERY == 0 or len(self._pending) > MAX_TRACKED
+        if due:
+            self._reap(0.0)
+
+    def _reap(self, timeout_s: float) -> int:
+        """Check finished writes (waiting up to ``timeout_s`` for the outstanding ones);
+        count and log the failed; returns how many are still outstanding."""
+        with self._counts_lock:
+            pending = list(self._pending)
+            self._pending.clear()
+        if not pending:
+            return 0
+        refs = [r for _, r in pending]
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, timeout_s))
+        done_set = set(done)
+        left, failed = [], []
+        for s, r in pending:
+            if r not in done_set:
+                left.append((s, r))
+                continue
+            try:
+                ray.get(r, timeout=0)
+            except RayError as exc:
+                failed.append((s, exc))
+        for s, exc in failed:
+            level = logging.DEBUG if isinstance(exc, RayActorError) else logging.WARNING
+            log.log(level, "cache shard %d: history write failed: %s", s, type(exc).__name__)
+        with self._counts_lock:
+            for s, _ in failed:
+                self._records["failed"] += 1
+                self._record_failed[s] += 1
+            if len(left) > MAX_TRACKED:  # a stuck shard: stop tracking the oldest
+                self._records["untracked"] += len(left) - MAX_TRACKED
+                left = left[-MAX_TRACKED:]
+            self._pending.extendleft(reversed(left))
+            return len(self._pending)
+
+    def flush_records(self, timeout_s: float = 30.0) -> int:
+        """Wait up to ``timeout_s`` for the outstanding history writes and count the failed;
+        returns how many are still outstanding (0: every write landed or was counted)."""
+        return self._reap(timeout_s)
+
+    def history_window(self, users: np.ndarray, now: np.ndarray, history_len: int,
+                       timeout_s: float = 30.0) -> dict[str, np.ndarray]:
+        """The raw history windows (``HistoryStore.window``) of R requests as of their event
+        times, from one parallel round to the shards that own the users.
+
+        Raises HistoryUnavailable when a shard involved fails or misses ``timeout_s``:
+        embeddings computed from a missing history would be wrong, not just absent.
+        """
+        return self.history_window_start(users, now, history_len, timeout_s)()
+
+    def history_window_start(self, users: np.ndarray, now: np.ndarray, history_len: int,
+                             timeout_s: float = 30.0) -> Callable[[], dict[str, np.ndarray]]:
+        """``history_window`` in two halves: the calls go out now, the returned function
+        waits for them (until ``timeout_s`` after this call) and merges -- so a worker can
+        read the next lease's histories while it computes the current one."""
+        users = check_ids(users, "users")
+        now = np.asarray(now, np.float64)
+        if now.shape != users.shape:
+            raise RequestError(f"now: expected {len(users)} event times, got shape {now.shape}")
+        deadline = time.monotonic() + timeout_s
+        shard = self.shard_of(users)
+        rows = {int(s): np.flatnonzero(shard == s) for s in np.unique(shard)}
+        refs = {s: self.shards[s].history_window.remote(pack((users[r], now[r], history_len)))
+                for s, r in rows.items()}
+
+        def result() -> dict[str, np.ndarray]:
+            got, late, failed = collect(refs, deadline)
+            if late or failed:
+                with self._counts_lock:
+                    self._late[late] += 1
+                    self._failed[list(failed)] += 1
+                raise HistoryUnavailable(
+                    f"history of shards {sorted([*late, *failed])} of group {self.group_id} "
+                    f"unavailable (late: {late}, failed: "
+                    f"{ {s: type(e).__name__ for s, e in failed.items()} })")
+            parts = [(rows[s], unpack(got[s])) for s in rows]
+            return merge_windows(parts, len(users), history_len)
+        return result
+
+    def replay_history(self, users: np.ndarray, items: np.ndarray, surfaces: np.ndarray,
+                       labels: np.ndarray, ts: np.ndarray, timeout_s: float = 300.0) -> int:
+        """Seed the shards' histories from a logged interaction log (event order; one
+        request per (user, ts)), one call per shard; returns the rows recorded. For a cold
+        start or a replay; a shard that fails loses its part (logged)."""
+        users = check_ids(users, "users")
+        items = check_ids(items, "items")
+        surfaces, labels, ts = np.asarray(surfaces), np.asarray(labels), np.asarray(ts)
+        if not (len(items) == len(surfaces) == len(labels) == len(ts) == len(users)):
+            raise RequestError(f"replay_history: users ({len(users)}), items ({len(items)}), "
+                               f"surfaces ({len(surfaces)}), labels ({len(labels)}) and ts "
+                               f"({len(ts)}) differ in length")
+        shard = self.shard_of(users)
+        refs = {}
+        for s in np.unique(shard):
+            m = shard == s
+            refs[int(s)] = self.shards[int(s)].replay_history.remote(
+                pack((users[m], items[m], surfaces[m], labels[m], ts[m])))
+        return sum(self._gather(refs, timeout_s, "replay_history", 0).values())
 
     def metrics(self, timeout_s: float = 5.0) -> dict[str, Any]:
         """Per-shard store metrics (``{"up": False}`` for a shard that did not answer) and the
-        client's counts of late and failed shard answers."""
+        client's counts of late and failed shard answers (lookups and history reads) and of
+        its fire-and-forget history writes (sent, failed, pending)."""
         refs = {s: h.metrics.remote() for s, h in enumerate(self.shards)}
         got = self._gather(refs, timeout_s, "metrics", None)
         shards = [dict(got[s], up=True) if got[s] is not None else {"shard": s, "up": False}
                   for s in range(len(self.shards))]
         with self._counts_lock:
             client = {"lookups": self._lookups, "late": self._late.tolist(),
-                      "failed": self._failed.tolist()}
+                      "failed": self._failed.tolist(),
+                      "history_writes": {**self._records, "pending": len(self._pending),
+                                         "failed_by_shard": self._record_failed.tolist()}}
         return {"group": self.group_id, "shards": shards, "client": client}
 
     def ping(self, shard: int = 0, timeout_s: float = 5.0) -> bool:

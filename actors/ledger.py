@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import ray
 
+from actors.shard import unpack
 from solaris.ledger import CostLedger
 
 LEDGER_NUM_CPUS = 0.05
@@ -20,6 +21,10 @@ class LedgerActor:
     def evaluated(self, users: np.ndarray, items: np.ndarray, seconds: float) -> int:
         """Record FM evaluations; returns how many were duplicates."""
         return self._ledger.evaluated(users, items, seconds)
+
+    def evaluated_packed(self, payload: bytes) -> int:
+        """``evaluated`` with ``actors.shard.pack((users, items, seconds))``: one buffer."""
+        return self._ledger.evaluated(*unpack(payload))
 
     def served(self, n: int = 1) -> None:
         """``n`` requests answered (the router)."""

@@ -2,10 +2,15 @@
 
 ``FMWorker`` wraps one ``solaris.precompute.PrecomputeWorker`` built in ``__init__`` from the
 artifact files (``fm.pt`` and ``encoder.pt``, read with ``weights_only``), the side-feature
-tables and a history provider. One ``step()``:
+tables and a history provider: by default (``history=None``) the live history held by the
+cache shards (``WindowHistory`` over ``CacheGroup.history_window``); a static provider
+(e.g. a ``HistoryStore`` filled from a log) where a test or benchmark passes one. One
+``step()``:
 
 1. ``lease`` whole request groups from the queue actor (one call);
-2. ``PrecomputeWorker.run``: the FM's request part once per group, the candidate part over
+2. the leased requests' histories as of their event times (live: one parallel round to the
+   owning cache shards; a shard that does not answer gives the lease back, ``nack``);
+   ``PrecomputeWorker.run``: the FM's request part once per group, the candidate part over
    every leased item in one batch, the encoder (``run_naive``: the plain per-pair forward);
 3. report the evaluations to the ``LedgerActor`` (``actors/ledger.py``; ``CostLedger``: a pair evaluated while the
    ledger still holds an earlier evaluation of it counts as a duplicate) and, in parallel,
@@ -14,9 +19,16 @@ tables and a history provider. One ``step()``:
 4. ``ack`` the lease (after the write: a crash before it makes the pairs come back, and the
    retry overwrites the same cache keys -- one live entry, one counted duplicate).
 
-``drain`` (and the background loop) pipelines these cycles: the next lease is requested
-before the current forward, and one lease's write + ack run in a second thread while the
-next lease's forward runs -- at most two leases in flight, each acked only after its write.
+``drain`` (and the background loop) pipelines these cycles: the next lease is in hand
+(and its live histories are being read) before the current forward, the one after it is
+requested, and one lease's write + ack run in a second thread while the next lease's
+forward runs -- at most four leases held, each acked only after its write. A prefetched
+history is read one cycle (a few ms) before its forward; it still holds only events before
+each request's event time, so the embeddings are the same unless an event of that past
+arrives in between.
+In the pipeline an ack is sent but its answer (late or not) is read when the next lease
+finishes: the round trip would otherwise hold the writer thread, and on 2 cores a shared
+forward of a 1,024-pair lease is only a few times longer than these round trips.
 
 A lease's entries are stamped with its latest request event time: the time the worker writes
 them in event time (in production the cache's ``now`` is the wall clock of the write), and
@@ -44,6 +56,7 @@ import os
 import threading
 import time
 import warnings
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -53,10 +66,13 @@ import ray
 import torch
 from ray.exceptions import RayActorError, RayError
 
+from actors.cache import HistoryUnavailable
+from actors.shard import pack, unpack
 from solaris.config import PrecomputeConfig
 from solaris.errors import ConfigError
 from solaris.pqueue import Lease
-from solaris.precompute import HistoryProvider, PrecomputeWorker, SideTables, load_models
+from solaris.precompute import (HistoryProvider, PrecomputeWorker, SideTables, WindowHistory,
+                                load_models)
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +101,9 @@ class FMWorker:
     """
 
     def __init__(self, cfg: PrecomputeConfig, artifacts_dir: str, tables: SideTables,
-                 history: HistoryProvider, queue: Any, cache: Any, ledger: Any = None,
+                 history: HistoryProvider | None, queue: Any, cache: Any, ledger: Any = None,
                  lease_pairs: int | None = None, worker_id: int = 0) -> None:
+        """``history`` None: the live history of ``cache`` (an ``actors.cache.CacheGroup``)."""
         torch.set_num_threads(cfg.threads)
         self._cfg = cfg
         self._queue = queue
@@ -98,6 +115,9 @@ class FMWorker:
         if cfg.device == "cuda" and not use_gpu:
             raise ConfigError("precompute.device='cuda': this worker got no usable GPU")
         fm, enc, version = load_models(artifacts_dir)
+        if history is None:
+            history = WindowHistory(cache.history_window, cache.history_window_start)
+        self._live_history = isinstance(history, WindowHistory)
         self._worker = PrecomputeWorker(fm, enc, history, tables, version,
                                         "cuda" if use_gpu else "cpu")
         self.version = version
@@ -106,6 +126,7 @@ class FMWorker:
         self._step_lock = threading.Lock()  # one cycle (step or pipeline) at a time
         self._count_lock = threading.Lock()  # counters: the writer thread updates them too
         self._writer = ThreadPoolExecutor(1, thread_name_prefix=f"fm-writer-{worker_id}")
+        self._acks: deque = deque()  # (lease id, ref) of sent acks not yet read (pipeline)
         self._stop = threading.Event()
         self._loop: threading.Thread | None = None
         self._counts = dict.fromkeys(("steps", "leases", "pairs", "written", "duplicates",
@@ -142,7 +163,8 @@ class FMWorker:
     # -- the cycle, in three stages
     def _lease(self, ref: Any) -> Lease | None:
         t0 = time.perf_counter()
-        lease = ray.get(ref)
+        packed = ray.get(ref)
+        lease = None if packed is None else unpack(packed)
         with self._count_lock:
             self._counts["steps"] += 1
             self._phase["lease"] += time.perf_counter() - t0
@@ -150,7 +172,7 @@ class FMWorker:
 
     def _lease_ref(self, max_pairs: int | None = None) -> Any:
         limit = max_pairs if max_pairs is not None else self._lease_pairs
-        return self._queue.lease.remote(limit, self.version)
+        return self._queue.lease_packed.remote(limit, self.version)
 
     def _compute(self, lease: Lease, naive: bool) -> tuple:
         """FM + encoder over the lease (``naive``: the per-pair forward); nack on failure."""
@@ -164,18 +186,36 @@ class FMWorker:
             self._phase["compute"] += time.perf_counter() - t0
         return out
 
+    def _prefetch(self, lease: Lease) -> None:
+        """Start reading the lease's histories (live history only), as ``_batches`` will
+        ask for them: one row per group with items, in lease order."""
+        if not self._live_history:
+            return
+        rows = [g for g in lease.groups if len(g.items)]
+        try:
+            self._worker.history.prefetch(np.array([g.user for g in rows], np.int64),
+                                          np.array([g.now for g in rows], np.float64),
+                                          self._worker.fm.history_len)
+        except Exception as exc:  # e.g. a bad id: the compute reads afresh and reports it
+            log.debug("FM worker %d: history prefetch failed: %s", self._id, exc)
+
     def _fail(self, lease: Lease) -> None:
         with self._count_lock:
             self._counts["errors"] += 1
         self._queue.nack.remote(lease.lease_id)  # back in the queue now, not after the timeout
 
-    def _finish(self, lease: Lease, result: tuple) -> dict[str, Any]:
-        """Ledger report and cache write (in parallel), then the ack."""
+    def _finish(self, lease: Lease, result: tuple, defer_ack: bool = False) -> dict[str, Any]:
+        """Ledger report and cache write (in parallel), then the ack.
+
+        ``defer_ack`` (the pipeline): the ack is sent but not waited for; its answer is read
+        when the next lease finishes (``_settle_acks``), so the ack's round trip is off the
+        writer thread's path. The report's ``acked`` is then None.
+        """
         users, items, z, secs = result
         t0 = time.perf_counter()
         try:
             scores = np.concatenate([g.priorities for g in lease.groups]).astype(np.float32)
-            ledger_ref = (self._ledger.evaluated.remote(users, items, secs)
+            ledger_ref = (self._ledger.evaluated_packed.remote(pack((users, items, secs)))
                           if self._ledger is not None else None)
             now = max(g.now for g in lease.groups)
             written = self._cache.put(users, items, z, self.version, now, scores)
@@ -189,10 +229,14 @@ class FMWorker:
         if self._fault == "after_write_before_ack":
             self._exit(self._fault)
         t1 = time.perf_counter()
-        acked = bool(ray.get(self._queue.ack.remote(lease.lease_id)))
+        ref = self._queue.ack.remote(lease.lease_id)
+        acked: bool | None = None
+        if defer_ack:
+            self._settle_acks()  # the previous lease's ack: answered by now
+            self._acks.append((lease.lease_id, ref))
+        else:
+            acked = self._ack_result(lease.lease_id, ref)
         t2 = time.perf_counter()
-        if not acked:  # expired, or the queue restarted: the pairs may be evaluated again
-            log.warning("FM worker %d: late ack of lease %s", self._id, lease.lease_id)
         with self._count_lock:
             c, ph = self._counts, self._phase
             ph["write"] += t1 - t0
@@ -201,10 +245,29 @@ class FMWorker:
             c["pairs"] += len(users)
             c["written"] += written
             c["duplicates"] += dups
-            c["late_acks"] += not acked
             self._fm_seconds += secs
         return {"lease": lease.lease_id, "pairs": len(users), "written": written,
                 "duplicates": dups, "acked": acked, "fm_seconds": secs}
+
+    def _ack_result(self, lease_id: str, ref: Any) -> bool:
+        """Whether the queue took the ack; a late ack (expired lease, restarted or dead
+        queue: the pairs may be evaluated again) is logged and counted."""
+        try:
+            acked = bool(ray.get(ref))
+        except RayError as exc:
+            log.warning("FM worker %d: ack of lease %s failed: %s", self._id, lease_id,
+                        type(exc).__name__)
+            acked = False
+        if not acked:
+            log.warning("FM worker %d: late ack of lease %s", self._id, lease_id)
+            with self._count_lock:
+                self._counts["late_acks"] += 1
+        return acked
+
+    def _settle_acks(self) -> None:
+        """Read the answers of the deferred acks (writer thread, or after it is idle)."""
+        while self._acks:
+            self._ack_result(*self._acks.popleft())
 
     def _ledger_result(self, ref: Any) -> int:
         """Duplicates the ledger counted; accounting is best effort: a dead ledger is logged
@@ -232,9 +295,9 @@ class FMWorker:
     def drain(self, naive: bool = False, max_leases: int | None = None,
               lease_pairs: int | None = None) -> dict[str, Any]:
         """Process leases (of ``lease_pairs``, default the worker's) until one comes back
-        empty (or ``max_leases``), pipelined: the next lease is requested before the current
-        forward and the write + ack of one lease run in a second thread during the next
-        forward (at most two leases in flight)."""
+        empty (or ``max_leases``), pipelined: the next lease is in hand, its histories being
+        read, and the one after requested before the current forward; the write + ack of
+        one lease run in a second thread during the next forward (module docstring)."""
         with self._step_lock:
             return self._pipeline(naive, max_leases, lease_pairs)
 
@@ -242,33 +305,50 @@ class FMWorker:
                   lease_pairs: int | None = None) -> dict[str, Any]:
         out = {"leases": 0, "pairs": 0, "written": 0, "duplicates": 0, "late_acks": 0,
                "fm_seconds": 0.0}
+        late0 = self._counts["late_acks"]
 
         def add(r: dict[str, Any]) -> None:
             out["leases"] += 1
             for k in ("pairs", "written", "duplicates", "fm_seconds"):
                 out[k] += r[k]
-            out["late_acks"] += not r["acked"]
         pending: Future | None = None
+        asked = 1
+
+        def more() -> bool:  # may one more lease be asked for?
+            return max_leases is None or asked < max_leases
         lease = self._lease(self._lease_ref(lease_pairs))
-        n = 0
+        ahead = None  # ref of the lease after ``nxt``
+        if lease is not None:
+            self._prefetch(lease)
+            if more():
+                ahead, asked = self._lease_ref(lease_pairs), asked + 1
         try:
             while lease is not None:
-                n += 1
-                nxt = (self._lease_ref(lease_pairs) if max_leases is None or n < max_leases
-                       else None)
+                # the next lease was asked for a cycle ago: take it, start reading its
+                # histories (live history) and ask for the one after, then compute this one
+                nxt = self._lease(ahead) if ahead is not None else None
+                ahead = None
+                if nxt is not None:
+                    self._prefetch(nxt)
+                    if more():
+                        ahead, asked = self._lease_ref(lease_pairs), asked + 1
                 try:
                     result = self._compute(lease, naive)
-                except Exception:
-                    if nxt is not None and (held := ray.get(nxt)) is not None:
-                        self._fail(held)
+                except Exception:  # give back the leases held ahead
+                    if nxt is not None:
+                        self._fail(nxt)
+                    if ahead is not None and (held := ray.get(ahead)) is not None:
+                        self._fail(unpack(held))
                     raise
                 if pending is not None:
                     add(pending.result())
-                pending = self._writer.submit(self._finish, lease, result)
-                lease = self._lease(nxt) if nxt is not None else None
+                pending = self._writer.submit(self._finish, lease, result, True)
+                lease = nxt
         finally:
             if pending is not None:
                 add(pending.result())
+            self._writer.submit(self._settle_acks).result()  # the writer thread's deque
+        out["late_acks"] = self._counts["late_acks"] - late0
         return out
 
     # -- background loop (optional; tests call step/drain directly)
@@ -289,7 +369,7 @@ class FMWorker:
                     got = self._pipeline(False, max_leases=16)
                 if not got["leases"]:
                     self._stop.wait(self._cfg.idle_wait_s)
-            except RayError as exc:  # queue or shard restarting: wait and try again
+            except (RayError, HistoryUnavailable) as exc:  # queue or shard restarting: retry
                 log.warning("FM worker %d: step failed: %s", self._id, type(exc).__name__)
                 self._stop.wait(max(self._cfg.idle_wait_s, 0.5))
             except Exception:
@@ -309,6 +389,7 @@ class FMWorker:
         return {**self._counts, "fm_seconds": self._fm_seconds,
                 "phase_seconds": dict(self._phase), "worker": self._id,
                 "version": self.version, "device": str(self._worker.device),
+                "history": "live" if self._live_history else "static",
                 "pid": os.getpid(), "restarted": self._restarted,
                 "running": self._loop is not None}
 
@@ -317,19 +398,22 @@ class FMWorker:
 class WorkerPool:
     """Starts ``PrecomputeConfig.workers`` FM workers and adds more with the queue depth.
 
-    Lives in the caller's process (driver, job or serve app). The side tables and the history
-    go to the object store once and are shared by every worker (and every restart).
+    Lives in the caller's process (driver, job or serve app). The side tables (and a static
+    history, if one is given) go to the object store once and are shared by every worker
+    (and every restart). ``history=None`` is the production wiring: every worker reads the
+    live history from the cache shards of ``cache``.
     """
 
     def __init__(self, cfg: PrecomputeConfig, artifacts_dir: str | Path, tables: SideTables,
-                 history: HistoryProvider, queue: Any, cache: Any, ledger: Any = None,
+                 history: HistoryProvider | None, queue: Any, cache: Any, ledger: Any = None,
                  lease_pairs: int | None = None, num_cpus: float = WORKER_NUM_CPUS) -> None:
         self.cfg = cfg
         self.queue = queue
         self.cache = cache
         self.ledger = ledger
         self.num_gpus = worker_gpus(cfg)
-        self._args = (str(Path(artifacts_dir).resolve()), ray.put(tables), ray.put(history))
+        self._args = (str(Path(artifacts_dir).resolve()), ray.put(tables),
+                      None if history is None else ray.put(history))
         self._lease_pairs = lease_pairs
         self._num_cpus = num_cpus
         self.workers: list[Any] = []

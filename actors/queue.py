@@ -49,6 +49,7 @@ import numpy as np
 import pyarrow.fs as pafs
 import ray
 
+from actors.shard import pack
 from solaris.cache.snapshot import read_snapshot, write_snapshot
 from solaris.config import QueueConfig
 from solaris.pqueue import Lease, PrecomputeQueue
@@ -156,6 +157,14 @@ class PrecomputeQueueActor:
         """Lease whole request groups (``PrecomputeQueue.lease``); None when empty."""
         with self._lock:
             return self._queue.lease(max_pairs, version=version)
+
+    def lease_packed(self, max_pairs: int | None = None, version: str | None = None
+                     ) -> bytes | None:
+        """``lease`` as one ``actors.shard.pack``-ed byte string (what FM workers call): a
+        lease carries two arrays per request group, and Ray would serialise each on its own
+        (~0.1 ms apiece; 200 groups at 10 candidates per request)."""
+        lease = self.lease(max_pairs, version)
+        return None if lease is None else pack(lease)
 
     def ack(self, lease_id: str) -> bool:
         """The lease's pairs are in the cache; False for an expired or unknown lease."""

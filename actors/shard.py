@@ -1,16 +1,32 @@
-"""The cache-shard actor: one ``solaris.cache.store.PairStore`` behind a lock, snapshotted to
-Parquet and restored after a restart.
+"""The cache-shard actor: one ``solaris.cache.store.PairStore`` and one
+``solaris.history.HistoryStore`` for the users the shard owns, each behind its own lock,
+snapshotted to Parquet and restored after a restart.
 
-It owns the lock that makes the store safe under the actor's threads, when to write snapshots
+It owns the locks that make the stores safe under the actor's threads, when to write snapshots
 (``solaris.cache.snapshot`` writes them through ``pyarrow.fs``, so a shard restarted on another
-node finds them) and the restore after a restart. Requests arrive as ``solaris.cache.wire``
+node finds them) and the restore after a restart. Lookups arrive as ``solaris.cache.wire``
 byte strings and leave as one (one buffer each way). ``actors.cache.CacheGroup`` is the client.
+
+The history lives here because the same consistent-hash placement that puts a user's pairs
+on a shard puts the user's behaviour there too (DESIGN.md step 6): the router's impression
+and label writes and the FM workers' history reads for a user all go to one shard. Its
+snapshot is a second Parquet file beside the pair snapshot (``history_location``), written
+on the same timer when the history changed; a write after the last snapshot is lost with
+the process, as a pair write is. History calls run in their own concurrency group of one
+thread, so they never hold up lookups and one caller's writes apply in the order they
+arrive (in practice: Ray does not promise order for threaded actors; a label that overtakes
+its impression is kept as its own event).
+
+Calls that carry several arrays (``put_packed``, the history calls) take one ``pack``-ed
+byte string instead: Ray serialises every numpy argument on its own (~0.1 ms each on 2
+cores), one pickled buffer costs a few microseconds.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import pickle
 import threading
 import time
 import warnings
@@ -23,18 +39,38 @@ import ray
 from solaris.cache import wire
 from solaris.cache.snapshot import read_snapshot, snapshot_location, write_snapshot
 from solaris.cache.store import PairStore
-from solaris.config import CacheConfig
+from solaris.config import CacheConfig, HistoryConfig
+from solaris.history import HistoryStore
 
 log = logging.getLogger(__name__)
 
 SHARD_NUM_CPUS = 0.1  # a shard is mostly idle between calls; the 2-core profile packs several
 SHARD_MAX_CONCURRENCY = 4  # answer/put/metrics threads; the store itself is behind one lock
+HISTORY_GROUP = "history"  # the concurrency group (one thread) of the history calls
+
+
+def pack(obj: Any) -> bytes:
+    """One byte string for a call's arrays (see the module docstring); ``unpack`` reverses
+    it. Only between this project's actors: unpickling runs code, as Ray's own does."""
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def unpack(data: bytes) -> Any:
+    """The object ``pack`` turned into ``data``."""
+    return pickle.loads(data)
+
+
+def history_location(pair_path: str) -> str:
+    """The history snapshot's path beside a shard's pair snapshot ``pair_path``."""
+    stem = pair_path[:-len(".parquet")] if pair_path.endswith(".parquet") else pair_path
+    return f"{stem}.history.parquet"
 
 
 @ray.remote(num_cpus=SHARD_NUM_CPUS, max_restarts=-1, max_task_retries=0,
-            max_concurrency=SHARD_MAX_CONCURRENCY)
+            max_concurrency=SHARD_MAX_CONCURRENCY, concurrency_groups={HISTORY_GROUP: 1})
 class CacheShard:
-    """One shard: a PairStore behind a lock, snapshotted to Parquet, restored on (re)start.
+    """One shard: a PairStore and a HistoryStore, snapshotted to Parquet, restored on
+    (re)start.
 
     Ray re-runs ``__init__`` after a crash (``max_restarts``): that is where the last snapshot
     is reloaded. Reads are not retried (``max_task_retries=0``): the client reads a failed
@@ -42,8 +78,10 @@ class CacheShard:
     """
 
     def __init__(self, cfg: CacheConfig, shard: int, group_id: str,
-                 event_clock: Callable[[], float] | None = None):
+                 event_clock: Callable[[], float] | None = None,
+                 history_cfg: HistoryConfig | None = None):
         self._cfg = cfg
+        self._history_cfg = history_cfg if history_cfg is not None else HistoryConfig()
         self._shard = shard
         self._group_id = group_id
         self._clock = event_clock
@@ -55,6 +93,10 @@ class CacheShard:
         self._snapshot_errors = 0
         self._last_snapshot_s = float("nan")
         self._restored_entries = 0
+        self._hist_lock = threading.Lock()  # the history store, apart from the pair store
+        self._hist_changes = 0  # history writes applied (the snapshot timer compares)
+        self._hist_snapshotted = 0
+        self._restored_events = 0
         # answer calls, thread CPU seconds and wall seconds inside the actor, for queries with
         # the user's part and for neighbour probes only (where a lookup round's time goes)
         self._answer_stats = {"user": [0, 0.0, 0.0], "probe_only": [0, 0.0, 0.0]}
@@ -65,6 +107,7 @@ class CacheShard:
         if cfg.snapshot_uri:
             self._snap = snapshot_location(cfg.snapshot_uri, group_id, shard, cfg.num_shards)
         self._store = self._restore()
+        self._history = self._restore_history()
         if self._snap is not None or self._clock is not None:
             threading.Thread(target=self._maintain, name=f"cache-shard-{shard}",
                              daemon=True).start()
@@ -83,6 +126,24 @@ class CacheShard:
             return PairStore(self._cfg)
         self._restored_entries = table.num_rows
         log.info("shard %d: restored %d entries from %s", self._shard, table.num_rows, path)
+        return store
+
+    def _restore_history(self) -> HistoryStore:
+        store = HistoryStore(self._history_cfg)
+        if self._snap is None:
+            return store
+        fs, pair_path = self._snap
+        path = history_location(pair_path)
+        try:
+            table = read_snapshot(fs, path)
+            if table is None:
+                return store
+            store.restore(table)
+        except Exception:  # as for pairs: a bad snapshot must not crash-loop the shard
+            log.exception("shard %d: could not restore %s; history starts empty",
+                          self._shard, path)
+            return HistoryStore(self._history_cfg)
+        self._restored_events = table.num_rows
         return store
 
     # -- serving path
@@ -108,6 +169,51 @@ class CacheShard:
             self._changes += 1
             return n
 
+    @ray.method(max_task_retries=2)
+    def put_packed(self, payload: bytes) -> int:
+        """``put`` with its arguments ``pack``-ed into one byte string (one buffer)."""
+        users, items, vectors, version, now, scores = unpack(payload)
+        return self.put(users, items, vectors, version, now, scores)
+
+    # -- history (DESIGN.md step 6): the router writes, the FM workers read
+    @ray.method(concurrency_group=HISTORY_GROUP)
+    def record_impressions(self, payload: bytes) -> int:
+        """``pack((user, items, surfaces, now))``: ``HistoryStore.record_impressions``;
+        returns the events recorded."""
+        user, items, surfaces, now = unpack(payload)
+        with self._hist_lock:
+            self._history.record_impressions(user, items, surfaces, now)
+            self._hist_changes += 1
+        return len(items)
+
+    @ray.method(concurrency_group=HISTORY_GROUP)
+    def record_labels(self, payload: bytes) -> int:
+        """``pack((user, items, labels, now))``: ``HistoryStore.record_labels``; returns the
+        labels recorded."""
+        user, items, labels, now = unpack(payload)
+        with self._hist_lock:
+            self._history.record_labels(user, items, labels, now)
+            self._hist_changes += 1
+        return len(items)
+
+    @ray.method(concurrency_group=HISTORY_GROUP)
+    def replay_history(self, payload: bytes) -> int:
+        """``pack((users, items, surfaces, labels, ts))`` of a logged interaction log, in
+        event order: ``HistoryStore.replay_log`` (seeding a cold shard); returns the rows."""
+        users, items, surfaces, labels, ts = unpack(payload)
+        with self._hist_lock:
+            self._history.replay_log(users, items, surfaces, labels, ts)
+            self._hist_changes += 1
+        return len(users)
+
+    @ray.method(concurrency_group=HISTORY_GROUP)
+    def history_window(self, payload: bytes) -> bytes:
+        """``pack((users, now, history_len))`` -> ``pack(HistoryStore.window(...))``: the raw
+        history of R requests as of their event times (the FM worker builds its inputs)."""
+        users, now, history_len = unpack(payload)
+        with self._hist_lock:
+            return pack(self._history.window(users, now, history_len))
+
     def ping(self) -> bool:
         """A no-op call: liveness and round-trip time."""
         return True
@@ -118,40 +224,57 @@ class CacheShard:
             m = dict(self._store.metrics())
             m["answers"] = {k: dict(calls=v[0], cpu_s=v[1], wall_s=v[2])
                             for k, v in self._answer_stats.items()}
+        with self._hist_lock:
+            m["history"] = self._history.metrics()
         m.update(shard=self._shard, group=self._group_id, pid=os.getpid(),
-                 restarted=self._restarted,
-                 restored_entries=self._restored_entries, snapshots=self._snapshots,
+                 restarted=self._restarted, restored_entries=self._restored_entries,
+                 restored_events=self._restored_events, snapshots=self._snapshots,
                  snapshot_errors=self._snapshot_errors, last_snapshot_s=self._last_snapshot_s)
         return m
 
     # -- snapshots
     def snapshot_now(self) -> dict[str, Any]:
-        """Write a snapshot now (whatever changed); returns its path, rows and seconds."""
+        """Write both snapshots now (pairs and history, whatever changed); returns their
+        paths, rows (history: events) and seconds."""
         if self._snap is None:
-            return {"path": None, "rows": 0, "seconds": 0.0}
+            return {"path": None, "rows": 0, "history_path": None, "history_rows": 0,
+                    "seconds": 0.0}
         return self._snapshot()
 
-    def _snapshot(self) -> dict[str, Any]:
+    def _snapshot(self, pairs: bool = True, history: bool = True) -> dict[str, Any]:
         assert self._snap is not None
         fs, path = self._snap
+        out: dict[str, Any] = {"path": path, "rows": None,
+                               "history_path": history_location(path), "history_rows": None}
         with self._snap_lock:
             t0 = time.monotonic()
-            with self._lock:  # copy out under the lock, write outside it
-                table = self._store.snapshot()
-                changes = self._changes
             try:
-                write_snapshot(fs, path, table)
+                if pairs:
+                    with self._lock:  # copy out under the lock, write outside it
+                        table = self._store.snapshot()
+                        changes = self._changes
+                    write_snapshot(fs, path, table)
+                    self._snapshotted_changes = changes
+                    out["rows"] = table.num_rows
+                if history:
+                    with self._hist_lock:
+                        htable = self._history.snapshot()
+                        hchanges = self._hist_changes
+                    write_snapshot(fs, out["history_path"], htable)
+                    self._hist_snapshotted = hchanges
+                    out["history_rows"] = htable.num_rows
             except Exception:
                 self._snapshot_errors += 1
                 raise
-            self._snapshotted_changes = changes
             self._snapshots += 1
             self._last_snapshot_s = time.monotonic() - t0
-        return {"path": path, "rows": table.num_rows, "seconds": self._last_snapshot_s}
+        out["seconds"] = self._last_snapshot_s
+        return out
 
     def _maintain(self) -> None:
         """Every ``snapshot_every_s`` wall seconds: expire by the event clock (if one was
-        given; the store also expires on every call's ``now``), then snapshot if changed."""
+        given; the store also expires on every call's ``now``), then snapshot what changed
+        (pairs, history or both)."""
         while True:
             time.sleep(self._cfg.snapshot_every_s)
             try:
@@ -159,8 +282,11 @@ class CacheShard:
                     with self._lock:
                         if self._store.expire(self._clock()):
                             self._changes += 1
-                if self._snap is not None and self._changes != self._snapshotted_changes:
-                    self._snapshot()
+                if self._snap is not None:
+                    pairs = self._changes != self._snapshotted_changes
+                    history = self._hist_changes != self._hist_snapshotted
+                    if pairs or history:
+                        self._snapshot(pairs, history)
             except Exception:
                 log.exception("shard %d: background expiry or snapshot failed", self._shard)
 
@@ -174,6 +300,11 @@ class CacheShard:
         """Hold the store lock for ``seconds``: every call behind it is late."""
         with self._lock:
             time.sleep(seconds)
+
+    @ray.method(concurrency_group=HISTORY_GROUP)
+    def stall_history(self, seconds: float) -> None:
+        """Hold the history thread for ``seconds``: every history call behind it is late."""
+        time.sleep(seconds)
 
 
 def shard_name(group_id: str, shard: int) -> str:

@@ -173,7 +173,7 @@ def latency(entries: int, n_requests: int, warmup: int) -> dict:
     uk, ik = w.user_knn(), w.item_knn()
     ecfg = EnrichConfig(user_knn_probe=10, item_knn_probe=10, item_tier=True, aggregate=True)
     cfg = cache_cfg(capacity=max(entries, 1024))
-    ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False,
+    ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False,
              logging_level="warning")
     try:
         group = CacheGroup.create(cfg, group_id="bench")

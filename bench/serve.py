@@ -231,7 +231,7 @@ def main() -> int:
     art_dir = args.artifacts or str(ensure_artifacts(load_config(), default_artifacts_dir(load_config())))
     t0 = time.perf_counter()
     ratio = compute_ratio(art_dir)
-    ray.init(num_cpus=2, object_store_memory=300 * 1024**2, include_dashboard=False,
+    ray.init(address="local", num_cpus=2, object_store_memory=300 * 1024**2, include_dashboard=False,
              logging_level="warning", runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     try:
         serve.run(serve_app.build_app({"artifacts": art_dir, "app_id": "bench"}), blocking=False)

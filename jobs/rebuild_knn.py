@@ -91,8 +91,10 @@ class DataDir:
         with self.fs.open_input_file(self.path(name)) as f:
             return pq.ParquetFile(f).metadata
 
-    def dataset(self, name: str, columns: list[str]) -> Any:
-        return ray.data.read_parquet(self.path(name), filesystem=self.fs).select_columns(columns)
+    def dataset(self, name: str, columns: list[str], num_cpus: float = 1.0) -> Any:
+        return ray.data.read_parquet(self.path(name), filesystem=self.fs,
+                                     ray_remote_args={"num_cpus": num_cpus}
+                                     ).select_columns(columns)
 
 
 def side_tables(data: DataDir) -> Any:
@@ -191,11 +193,13 @@ def _last_ts(md: pq.FileMetaData, events: Any) -> float:
 
 
 def user_embeddings(data: DataDir, fm: Any, as_of: float | None, encoders: int,
-                    batch_size: int, encoder_cpus: float, use_gpu: bool
-                    ) -> tuple[np.ndarray, np.ndarray, float]:
-    """(user ids (U,), embeddings (U, S), as_of) through the Ray Data pipeline."""
+                    batch_size: int, encoder_cpus: float, use_gpu: bool,
+                    task_cpus: float = 1.0) -> tuple[np.ndarray, np.ndarray, float]:
+    """(user ids (U,), embeddings (U, S), as_of) through the Ray Data pipeline; the read and
+    group tasks ask for ``task_cpus`` each (less than 1 to run beside a serving app)."""
     tasks = tuple(data.meta()["tasks"])
-    events = data.dataset(INTERACTIONS, ["seq", "user_id", "item_id", "ts", "surface", *tasks])
+    events = data.dataset(INTERACTIONS, ["seq", "user_id", "item_id", "ts", "surface", *tasks],
+                          task_cpus)
     md = data.parquet_meta(INTERACTIONS)
     if as_of is None:
         as_of = _last_ts(md, events) + 1.0
@@ -207,7 +211,7 @@ def user_embeddings(data: DataDir, fm: Any, as_of: float | None, encoders: int,
     parts = max(2, min(64, md.num_rows // 500_000 + 1))  # Ray's default 200 is for big clusters
     hist = rows.groupby("user_id", num_partitions=parts).map_groups(
         histories, fn_kwargs={"tasks": tasks, "as_of": as_of, "length": fm.history_len},
-        batch_format="numpy")
+        batch_format="numpy", num_cpus=task_cpus)
     emb = hist.map_batches(EncodeUsers, fn_constructor_args=(fm, tables, as_of),
                            batch_size=batch_size, batch_format="numpy",
                            compute=ray.data.ActorPoolStrategy(size=encoders),
@@ -243,7 +247,7 @@ def _bar(desc: str):
 
 def rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConfig, *,
             as_of: float | None = None, encoders: int = 1, batch_size: int = 256,
-            encoder_cpus: float = 1.0, use_gpu: bool | None = None,
+            encoder_cpus: float = 1.0, use_gpu: bool | None = None, task_cpus: float = 1.0,
             version: str | None = None) -> dict:
     """One rebuild against the connected Ray cluster; returns what was published."""
     import torch
@@ -264,7 +268,7 @@ def rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConfi
 
     t = time.perf_counter()
     users, uvec, as_of = user_embeddings(DataDir(data), fm, as_of, encoders, batch_size,
-                                         encoder_cpus, use_gpu)
+                                         encoder_cpus, use_gpu, task_cpus)
     out["as_of"] = as_of
     out["embed_s"] = round(time.perf_counter() - t, 2)
     log.info("embedded %d users (%d-d) in %.1fs", len(users), uvec.shape[1], out["embed_s"])
@@ -309,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--encoders", type=int, default=1, help="encoder actors (fixed pool)")
     p.add_argument("--batch-size", type=int, default=256, help="users per encoder batch")
     p.add_argument("--encoder-cpus", type=float, default=1.0, help="CPUs per encoder actor")
+    p.add_argument("--task-cpus", type=float, default=1.0,
+                   help="CPUs per read / group task (e.g. 0.25 beside a serving app)")
     p.add_argument("--gpu", choices=["auto", "yes", "no"], default="auto",
                    help="one GPU per encoder actor (auto: when the cluster has GPUs)")
     p.add_argument("--every", type=float, help="rebuild every SECONDS (default: once)")
@@ -348,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 summary = rebuild(args.data, args.artifacts, out, cfg.knn, as_of=args.as_of,
                                   encoders=args.encoders, batch_size=args.batch_size,
-                                  encoder_cpus=args.encoder_cpus, use_gpu=gpu)
+                                  encoder_cpus=args.encoder_cpus, use_gpu=gpu,
+                                  task_cpus=args.task_cpus)
                 print(json.dumps(summary), flush=True)
                 code = 0
             except (SolarisError, pa.ArrowException, OSError) as e:

@@ -225,62 +225,56 @@ class HistoryStore:
         self._active[s] = max(self._active[s], now)
 
     # ------------------------------------------------------------------ reads
-    def batch(self, users: np.ndarray, now: np.ndarray, surfaces: np.ndarray,
-              history_len: int, item_cat: np.ndarray, user_cat: np.ndarray,
-              user_cont: np.ndarray) -> dict[str, np.ndarray]:
-        """FM request-side inputs (``REQUEST_KEYS``) of R requests, as of their ``now``.
+    def window(self, users: np.ndarray, now: np.ndarray, history_len: int
+               ) -> dict[str, np.ndarray]:
+        """The raw history window of R requests as of their ``now``: the up to
+        ``history_len`` events strictly before ``now``, most recent first (ties by latest
+        arrival), as ``WINDOW_KEYS`` arrays of shape (R, L) -- ``valid`` marks real events,
+        ``item``/``ts``/``surface``/``bits`` are 0 beyond them (``surface`` -1 = unknown).
 
-        ``item_cat`` (num_items, n_ic), ``user_cat`` (num_users, n_uc) and ``user_cont``
-        (num_users, n_ud) are the side-feature tables (as in ``FeatureTables``).
+        No side table is needed: a cache shard answers this for its users and the FM
+        worker turns it into model inputs (``request_inputs``) with the tables it holds.
         """
         users = check_ids(users, "users")
         r = len(users)
         now = np.asarray(now, np.float64)
         if now.shape != (r,) or not np.isfinite(now).all():
             raise RequestError(f"now: expected {r} finite event times, got shape {now.shape}")
-        surf = self._surfaces(surfaces, r).astype(np.int64)
-        if history_len < 1:
-            raise RequestError(f"history_len={history_len!r}: must be >= 1")
-        if r and users.max() >= len(user_cat):
-            raise RequestError(f"users: id {int(users.max())} outside the user table "
-                               f"({len(user_cat)} users)")
+        if not isinstance(history_len, (int, np.integer)) or history_len < 1:
+            raise RequestError(f"history_len={history_len!r}: must be an integer >= 1")
+        L = int(history_len)
         slots = np.fromiter((self._slot.get(u, -1) for u in users.tolist()), np.int64, r)
         known = slots >= 0
         sc = np.where(known, slots, 0)
-        L = history_len
         seq, ts_all = self._seq[sc], self._ts[sc]  # (R, E) each
         valid = known[:, None] & (seq >= 0) & (ts_all < now[:, None])  # (R, E)
         # per row: valid events first, most recent first, ties by latest arrival
         k_ts = np.where(valid, -ts_all, np.inf)
         k_seq = np.where(valid, -seq, 0)
-        order = np.lexsort((k_seq, k_ts), axis=-1)  # (R, E)
+        order = np.lexsort((k_seq, k_ts), axis=-1)[:, :L]  # (R, min(E, L))
 
         def first_l(a: np.ndarray) -> np.ndarray:  # (R, E) -> (R, L), zero (pad) beyond E
-            a = np.take_along_axis(a, order, 1)[:, :L]
+            a = np.take_along_axis(a, order, 1)
             return np.pad(a, ((0, 0), (0, L - a.shape[1]))) if a.shape[1] < L else a
 
         v = first_l(valid)  # (R, L)
-        item = np.where(v, first_l(self._item[sc]), 0)  # (R, L)
-        ts = first_l(ts_all)  # (R, L)
-        if v.any() and item.max() >= len(item_cat):
-            raise RequestError(f"history item {int(item.max())} outside the item table "
-                               f"({len(item_cat)} items)")
-        age_h = (now[:, None] - ts) / 3600.0
-        bits = first_l(self._bits[sc]).astype(np.int64)
-        surf_h = first_l(self._surface[sc]).astype(np.int64)
-        return {
-            "user": users.copy(),
-            "surface": surf,
-            "user_cat": np.asarray(user_cat)[users].astype(np.int64),
-            "user_cont": np.asarray(user_cont)[users].astype(np.float32),
-            "hist_item": np.where(v, item + 1, 0),  # (R, L)
-            "hist_action": np.where(v, 1 + bits, 0),  # (R, L)
-            "hist_surface": np.where(v, surf_h + 1, 0),  # (R, L); unknown surface -> 0
-            "hist_age": np.where(v, np.log1p(np.clip(age_h, 0.0, None)), 0.0
-                                 ).astype(np.float32),  # (R, L)
-            "hist_item_cat": np.where(v[..., None], np.asarray(item_cat)[item] + 1, 0
-                                      ).astype(np.int64),  # (R, L, n_ic)
-        }
+        return {"valid": v,
+                "item": np.where(v, first_l(self._item[sc]), 0),  # (R, L)
+                "ts": np.where(v, first_l(ts_all), 0.0),  # (R, L)
+                "surface": np.where(v, first_l(self._surface[sc]), 0).astype(np.int32),
+                "bits": np.where(v, first_l(self._bits[sc]), 0).astype(np.int32)}
+
+    def batch(self, users: np.ndarray, now: np.ndarray, surfaces: np.ndarray,
+              history_len: int, item_cat: np.ndarray, user_cat: np.ndarray,
+              user_cont: np.ndarray) -> dict[str, np.ndarray]:
+        """FM request-side inputs (``REQUEST_KEYS``) of R requests, as of their ``now``:
+        ``request_inputs`` over ``window``.
+
+        ``item_cat`` (num_items, n_ic), ``user_cat`` (num_users, n_uc) and ``user_cont``
+        (num_users, n_ud) are the side-feature tables (as in ``FeatureTables``).
+        """
+        win = self.window(users, now, history_len)
+        return request_inputs(win, users, now, surfaces, item_cat, user_cat, user_cont)
 
     def events(self, user: int) -> int:
         """Events held for ``user`` (0 when unknown or evicted)."""
@@ -345,3 +339,64 @@ class HistoryStore:
             self._active[s] = c["active"][rows[-1]] if n else -math.inf
         log.info("history: restored %d users, %d events", len(self._slot),
                  int(np.count_nonzero(self._seq >= 0)))
+
+
+WINDOW_KEYS = ("valid", "item", "ts", "surface", "bits")
+
+
+def request_inputs(window: dict[str, np.ndarray], users: np.ndarray, now: np.ndarray,
+                   surfaces: np.ndarray, item_cat: np.ndarray, user_cat: np.ndarray,
+                   user_cont: np.ndarray) -> dict[str, np.ndarray]:
+    """FM request-side inputs (``REQUEST_KEYS``) from R requests' history ``window``
+    (``HistoryStore.window``) and the side-feature tables; the codes are the module
+    docstring's (the same ``FeatureTables.batch`` builds offline)."""
+    users = check_ids(users, "users")
+    r = len(users)
+    now = np.asarray(now, np.float64)
+    if now.shape != (r,) or not np.isfinite(now).all():
+        raise RequestError(f"now: expected {r} finite event times, got shape {now.shape}")
+    surf = HistoryStore._surfaces(surfaces, r).astype(np.int64)
+    missing = [k for k in WINDOW_KEYS if k not in window]
+    if missing:
+        raise RequestError(f"window: missing keys {missing}")
+    v = np.asarray(window["valid"], bool)  # (R, L)
+    if v.ndim != 2 or v.shape[0] != r:
+        raise RequestError(f"window: expected ({r}, L) arrays, got shape {v.shape}")
+    if r and users.max() >= len(user_cat):
+        raise RequestError(f"users: id {int(users.max())} outside the user table "
+                           f"({len(user_cat)} users)")
+    item = np.where(v, window["item"], 0)  # (R, L)
+    if v.any() and item.max() >= len(item_cat):
+        raise RequestError(f"history item {int(item.max())} outside the item table "
+                           f"({len(item_cat)} items)")
+    age_h = (now[:, None] - window["ts"]) / 3600.0  # (R, L)
+    bits = np.asarray(window["bits"]).astype(np.int64)
+    surf_h = np.asarray(window["surface"]).astype(np.int64)
+    return {
+        "user": users.copy(),
+        "surface": surf,
+        "user_cat": np.asarray(user_cat)[users].astype(np.int64),
+        "user_cont": np.asarray(user_cont)[users].astype(np.float32),
+        "hist_item": np.where(v, item + 1, 0),  # (R, L)
+        "hist_action": np.where(v, 1 + bits, 0),  # (R, L)
+        "hist_surface": np.where(v, surf_h + 1, 0),  # (R, L); unknown surface -> 0
+        "hist_age": np.where(v, np.log1p(np.clip(age_h, 0.0, None)), 0.0
+                             ).astype(np.float32),  # (R, L)
+        "hist_item_cat": np.where(v[..., None], np.asarray(item_cat)[item] + 1, 0
+                                  ).astype(np.int64),  # (R, L, n_ic)
+    }
+
+
+def merge_windows(parts: list[tuple[np.ndarray, dict[str, np.ndarray]]], rows: int,
+                  history_len: int) -> dict[str, np.ndarray]:
+    """One window of ``rows`` requests from partial windows: each part is (row indices,
+    the window of those rows), e.g. one per cache shard. Rows no part covers read as
+    empty histories."""
+    L = history_len
+    out = {"valid": np.zeros((rows, L), bool), "item": np.zeros((rows, L), np.int64),
+           "ts": np.zeros((rows, L), np.float64), "surface": np.zeros((rows, L), np.int32),
+           "bits": np.zeros((rows, L), np.int32)}
+    for idx, win in parts:
+        for k, a in out.items():
+            a[idx] = win[k]
+    return out

@@ -8,6 +8,10 @@ maps each item to its group's row), and compresses the last shared layer with th
 encoder. ``run_naive`` computes the same vectors with the plain per-pair forward (every pair
 carries its own copy of the request side), the baseline the precompute benchmark compares.
 
+Where the history comes from is a ``HistoryProvider``: live, ``WindowHistory`` over the
+cache shards' history windows (what ``actors.precompute`` wires by default); or any object
+with ``batch``, e.g. an in-process ``HistoryStore`` filled from a log (tests, benchmarks).
+
 The actor around it owns leasing, the cache write (with ``version``) and the ack.
 """
 
@@ -26,6 +30,7 @@ import torch
 from solaris.config import config_from_dict
 from solaris.data.schema import FeatureSpec
 from solaris.errors import CheckpointError, RequestError
+from solaris.history import request_inputs
 from solaris.models.encoder import PairEncoder
 from solaris.models.fm import REQUEST_KEYS, FoundationModel
 from solaris.pqueue import Group
@@ -53,6 +58,52 @@ class HistoryProvider(Protocol):
     def batch(self, users: np.ndarray, now: np.ndarray, surfaces: np.ndarray,
               history_len: int, item_cat: np.ndarray, user_cat: np.ndarray,
               user_cont: np.ndarray) -> dict[str, np.ndarray]: ...
+
+
+WindowFetch = Callable[[np.ndarray, np.ndarray, int], dict]  # (users, now, L) -> window
+# (users, now, L) -> a function that returns the window: the read goes out at once
+WindowStart = Callable[[np.ndarray, np.ndarray, int], Callable[[], dict]]
+MAX_AHEAD = 4  # prefetched windows kept; an unused one (its lease failed) is dropped
+
+
+class WindowHistory:
+    """A ``HistoryProvider`` over raw history windows fetched elsewhere -- the live wiring:
+    ``fetch`` is ``actors.cache.CacheGroup.history_window`` (one parallel round to the
+    cache shards that own the users' histories) or, in process, ``HistoryStore.window``.
+
+    The shards return raw windows (item ids, times, surfaces, label bits) and the request
+    inputs are built here with the worker's side tables (``solaris.history.request_inputs``):
+    cheaper than giving every shard the item and user tables and shipping (R, L, n_ic)
+    category codes back.
+    """
+
+    def __init__(self, fetch: WindowFetch, start: WindowStart | None = None) -> None:
+        self.fetch = fetch
+        self.start = start  # e.g. ``CacheGroup.history_window_start``; None: no prefetch
+        self._ahead: dict[tuple, Callable[[], dict]] = {}  # reads in flight, by request rows
+
+    @staticmethod
+    def _key(users: np.ndarray, now: np.ndarray, history_len: int) -> tuple:
+        return (np.asarray(users, np.int64).tobytes(), np.asarray(now, np.float64).tobytes(),
+                int(history_len))
+
+    def prefetch(self, users: np.ndarray, now: np.ndarray, history_len: int) -> None:
+        """Start reading these requests' window now; the ``batch`` call for exactly these
+        rows uses it (any other call reads afresh). Not thread-safe: call from the thread
+        that calls ``batch``."""
+        if self.start is None or not len(users):
+            return
+        while len(self._ahead) >= MAX_AHEAD:
+            self._ahead.pop(next(iter(self._ahead)))
+        self._ahead[self._key(users, now, history_len)] = self.start(users, now, history_len)
+
+    def batch(self, users: np.ndarray, now: np.ndarray, surfaces: np.ndarray,
+              history_len: int, item_cat: np.ndarray, user_cat: np.ndarray,
+              user_cont: np.ndarray) -> dict[str, np.ndarray]:
+        """``HistoryProvider.batch`` from the fetched (or prefetched) window."""
+        pending = self._ahead.pop(self._key(users, now, history_len), None)
+        win = pending() if pending is not None else self.fetch(users, now, history_len)
+        return request_inputs(win, users, now, surfaces, item_cat, user_cat, user_cont)
 
 
 class PrecomputeWorker:

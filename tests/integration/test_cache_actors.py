@@ -29,8 +29,8 @@ log = logging.getLogger(__name__)
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, object_store_memory=100 * 1024**2, include_dashboard=False,
-             logging_level="warning")
+    ray.init(address="local", num_cpus=2, object_store_memory=100 * 1024**2,
+             include_dashboard=False, logging_level="warning")
     yield
     ray.shutdown()
 

@@ -1,7 +1,10 @@
 """Precompute on a local Ray with faults at named points: a worker killed mid-forward or after
 its cache write but before its ack, the queue actor killed with pending work. Afterwards every
 accepted pair has exactly one live cache entry, none is missing, and the ledger counts the
-duplicate FM evaluations. A flood far above the queue's bound keeps it within the bound."""
+duplicate FM evaluations. A flood far above the queue's bound keeps it within the bound.
+
+The workers run the production wiring: the live history held by the cache shards, seeded
+from the log (``CacheGroup.replay_history``)."""
 
 from __future__ import annotations
 
@@ -33,7 +36,6 @@ from solaris.config import (CacheConfig, EnrichConfig, HistoryConfig,  # noqa: E
                             PrecomputeConfig, QueueConfig, load_config)
 from solaris.data.load import load_dataset  # noqa: E402
 from solaris.features import FeatureTables  # noqa: E402
-from solaris.history import HistoryStore  # noqa: E402
 from solaris.train.artifacts import train_artifacts  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -50,12 +52,14 @@ REQUESTS, PER_REQUEST = 12, 8  # 96 accepted pairs per test
 LEASE_PAIRS = 16  # two requests per lease
 LEASE_TIMEOUT_S = 3.0  # short, yet ~100x a step on a loaded 2-core machine
 NO_TIMER_S = 3600.0  # queue snapshots only when flushed: the test decides what is durable
+HISTORY = HistoryConfig(max_events=64, max_users=1000)  # each cache shard's history bounds
 
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, object_store_memory=150 * 1024**2, include_dashboard=False,
-             logging_level="warning", runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    ray.init(address="local", num_cpus=2, object_store_memory=150 * 1024**2,
+             include_dashboard=False, logging_level="warning",
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     yield
     ray.shutdown()
 
@@ -66,7 +70,7 @@ class World:
     version: str
     dim: int
     tables: SideTables
-    history: HistoryStore
+    log: tuple  # (users, items, surfaces, labels, ts) of the logged interactions
     users: np.ndarray  # (n,) accepted pairs, REQUESTS requests of PER_REQUEST candidates
     items: np.ndarray
     now: np.ndarray
@@ -81,8 +85,6 @@ def world(tmp_path_factory) -> World:
     art = tmp_path_factory.mktemp("artifacts")
     manifest = train_artifacts(cfg, ds, art, seed=0)
     ft = FeatureTables(ds, cfg.features)
-    hs = HistoryStore(HistoryConfig(max_events=64, max_users=ds.num_users))
-    hs.replay_log(ft.user, ft.item, ft.surface, ft.labels, ft.ts)
     rng = np.random.default_rng(0)
     t0 = float(ft.ts.max()) + 60.0
     users = rng.choice(np.unique(ft.user), REQUESTS, replace=False)
@@ -91,8 +93,9 @@ def world(tmp_path_factory) -> World:
                             for _ in users])
     now = np.repeat(t0 + 10.0 * np.arange(REQUESTS), PER_REQUEST)
     surf = np.repeat(rng.integers(0, ds.spec.num_surfaces, REQUESTS), PER_REQUEST)
-    return World(art, manifest["version"], cfg.encoder.width, SideTables.from_features(ft), hs,
-                 u, items, now, surf, rng.random(len(u)))
+    return World(art, manifest["version"], cfg.encoder.width, SideTables.from_features(ft),
+                 (ft.user, ft.item, ft.surface, ft.labels, ft.ts), u, items, now, surf,
+                 rng.random(len(u)))
 
 
 @dataclass
@@ -106,13 +109,14 @@ class Env:
 @pytest.fixture
 def env(local_ray, world, tmp_path):
     cache = CacheGroup.create(CacheConfig(dim=world.dim, num_shards=2, capacity=10_000,
-                                          deadline_ms=5000.0))
+                                          deadline_ms=5000.0), history=HISTORY)
+    assert cache.replay_history(*world.log) == len(world.log[0])
     queue = create_queue(QueueConfig(capacity=10_000, lease_timeout_s=LEASE_TIMEOUT_S,
                                      lease_pairs=LEASE_PAIRS, snapshot_uri=str(tmp_path / "q"),
                                      snapshot_every_s=NO_TIMER_S))
     ledger = LedgerActor.remote()
     pool = WorkerPool(PrecomputeConfig(workers=2, max_workers=3, scale_up_depth=40, device="cpu"),
-                      world.artifacts, world.tables, world.history, queue, cache, ledger,
+                      world.artifacts, world.tables, None, queue, cache, ledger,
                       lease_pairs=LEASE_PAIRS)
     cache.wait_ready()
     pool.wait_ready()

@@ -27,7 +27,7 @@ VERSION = "fm-knn-test"
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False,
+    ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False,
              logging_level="warning", runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     yield
     ray.shutdown()

@@ -57,7 +57,7 @@ def app(tmp_path_factory):
                                 "knn": {"table_uri": str(knn_uri), "poll_s": 0.5, "k": 10,
                                         "recall_queries": 50}}))
     port = _free_port()
-    ray.init(num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False,
+    ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False,
              logging_level="warning", runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     import serve_app
 

@@ -9,7 +9,7 @@ from solaris.config import FeatureConfig, HistoryConfig, SyntheticConfig
 from solaris.data.synthetic import generate
 from solaris.errors import RequestError
 from solaris.features import FeatureTables
-from solaris.history import HistoryStore
+from solaris.history import WINDOW_KEYS, HistoryStore, merge_windows, request_inputs
 from solaris.models.fm import REQUEST_KEYS
 
 L = 8
@@ -83,6 +83,30 @@ def test_replaying_a_log_gives_the_offline_history(tables):
     rows = np.arange(ft.num_rows)
     _assert_equal(_online_batch(hs, ft, rows), ft, rows)
     assert hs.counters["labels_matched"] == ft.num_rows
+
+
+def test_windows_split_by_shard_merge_into_the_whole_batch(tables):
+    """What a cache shard returns (``window``, raw events) merged across shards and turned
+    into inputs by the worker (``request_inputs``) equals the store's own ``batch``."""
+    ft = tables
+    hs = HistoryStore(HistoryConfig(max_events=12, max_users=1000))
+    hs.replay_log(ft.user, ft.item, ft.surface, ft.labels, ft.ts)
+    rows = np.random.default_rng(0).choice(ft.num_rows, 300, replace=False)
+    users, now = ft.user[rows], ft.ts[rows].astype(np.float64)
+    shard = users % 3  # any placement: rows of one "shard" each
+    parts = [(np.flatnonzero(shard == s), hs.window(users[shard == s], now[shard == s], L))
+             for s in range(3)]
+    win = merge_windows(parts, len(rows), L)
+    assert set(win) == set(WINDOW_KEYS) and win["item"].shape == (len(rows), L)
+    got = request_inputs(win, users, now, ft.surface[rows], ft.item_cat, ft.user_cat,
+                         ft.user_cont)
+    want = _online_batch(hs, ft, rows)
+    for k in REQUEST_KEYS:
+        assert got[k].dtype == want[k].dtype, k
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    assert not win["valid"][users == 10_000].any()
+    unknown = hs.window(np.array([10_000]), np.array([1e12]), L)  # never seen: empty
+    assert not unknown["valid"].any() and not unknown["item"].any()
 
 
 def test_ring_keeps_the_newest_events_per_user():

@@ -15,7 +15,7 @@ from solaris.history import HistoryStore
 from solaris.models.encoder import PairEncoder
 from solaris.models.fm import FoundationModel
 from solaris.pqueue import Group, PrecomputeQueue
-from solaris.precompute import PrecomputeWorker
+from solaris.precompute import PrecomputeWorker, WindowHistory
 
 L = 8
 V = "fm-test"
@@ -68,6 +68,51 @@ def test_shared_path_equals_naive_per_pair_forward(world):
     assert s1 >= 0 and s2 >= 0
     exp_users = np.concatenate([np.full(len(g.items), g.user) for g in groups])
     np.testing.assert_array_equal(u1, exp_users)
+
+
+def test_window_history_equals_the_store(world):
+    """The live wiring (raw windows fetched, inputs built in the worker) computes what the
+    in-process store computes."""
+    ft, worker = world
+    groups = _leased_groups(ft, seed=2)
+    live = PrecomputeWorker(worker.fm, worker.encoder, WindowHistory(worker.history.window),
+                            ft, version=V)
+    u1, i1, z1, _ = worker.run(groups)
+    u2, i2, z2, _ = live.run(groups)
+    np.testing.assert_array_equal(u1, u2)
+    np.testing.assert_array_equal(i1, i2)
+    np.testing.assert_array_equal(z1, z2)
+
+
+def test_window_history_uses_a_prefetch_only_for_the_same_rows(world):
+    ft, worker = world
+    hs = worker.history
+    calls = {"fetch": 0, "start": 0}
+
+    def fetch(users, now, L):
+        calls["fetch"] += 1
+        return hs.window(users, now, L)
+
+    def start(users, now, L):
+        calls["start"] += 1
+        win = hs.window(users, now, L)  # read now: later events are not seen
+        return lambda: win
+    wh = WindowHistory(fetch, start)
+    users, now = ft.user[:5], ft.ts[:5].astype(np.float64) + 1.0
+    args = (ft.surface[:5], L, ft.item_cat, ft.user_cat, ft.user_cont)
+    wh.prefetch(users, now, L)
+    a = wh.batch(users, now, *args)
+    assert calls == {"fetch": 0, "start": 1}
+    b = wh.batch(users, now, *args)  # used up: read afresh
+    assert calls == {"fetch": 1, "start": 1}
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    wh.prefetch(users, now, L)
+    wh.batch(users[:4], now[:4], ft.surface[:4], *args[1:])  # other rows: not the prefetch
+    assert calls == {"fetch": 2, "start": 2}
+    for _ in range(10):  # unused prefetches (failed leases) do not pile up
+        wh.prefetch(users, now + np.random.rand(5), L)
+    assert len(wh._ahead) <= 4
 
 
 def test_request_part_runs_once_per_group(world):
