@@ -3,7 +3,6 @@ handling of unknown ids and absent slots, the inline FM against the plain forwar
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from solaris.config import KnnConfig
