@@ -40,7 +40,8 @@ applications:
 EOF
 
 echo "== ray start --head"
-setsid ray start --head --block --num-cpus 2 --port "$GCS_PORT" --dashboard-port "$DASH_PORT" \
+# the app holds 1.4 logical CPUs; Ray Data's shuffle tasks ask for 1 CPU each: 3 logical
+setsid ray start --head --block --num-cpus 3 --port "$GCS_PORT" --dashboard-port "$DASH_PORT" \
   --include-dashboard true > "$WORK/head.log" 2>&1 &
 HEAD_PGID=$!
 for _ in $(seq 60); do ray job list >/dev/null 2>&1 && break; sleep 2; done
