@@ -17,8 +17,10 @@ export RAY_ADDRESS="http://127.0.0.1:$DASH_PORT"
 
 cleanup() {
   [[ -n "${CLIENT_PID:-}" ]] && kill "$CLIENT_PID" 2>/dev/null || true
-  [[ -n "${HEAD_PGID:-}" ]] && kill -- "-$HEAD_PGID" 2>/dev/null || true
-  sleep 2
+  if [[ -n "${HEAD_PID:-}" ]]; then  # `ray start --block` stops its node on SIGTERM
+    kill -TERM "$HEAD_PID" 2>/dev/null || true
+    wait "$HEAD_PID" 2>/dev/null || true
+  fi
 }
 trap cleanup EXIT
 
@@ -41,9 +43,9 @@ EOF
 
 echo "== ray start --head"
 # the app holds 1.4 logical CPUs; Ray Data's shuffle tasks ask for 1 CPU each: 3 logical
-setsid ray start --head --block --num-cpus 3 --port "$GCS_PORT" --dashboard-port "$DASH_PORT" \
+ray start --head --block --num-cpus 3 --port "$GCS_PORT" --dashboard-port "$DASH_PORT" \
   --include-dashboard true > "$WORK/head.log" 2>&1 &
-HEAD_PGID=$!
+HEAD_PID=$!
 for _ in $(seq 60); do ray job list >/dev/null 2>&1 && break; sleep 2; done
 ray job list >/dev/null 2>&1 || { echo "the head did not start: see $WORK/head.log"; exit 1; }
 
