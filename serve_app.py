@@ -40,7 +40,7 @@ from solaris.config import SolarisConfig, config_to_dict, load_config
 from solaris.errors import SolarisError
 from solaris.rollout import RolloutPolicy
 from solaris.scoring import Artifacts, InlineFM, PackedSlots, ScoreRequest, VMScorer
-from solaris.serving import (TIER_NAMES, ColdNeighbours, KnnTables, default_artifacts_dir,
+from solaris.serving import (TIER_NAMES, AfterAnswer, ColdNeighbours, KnnTables, default_artifacts_dir,
                              ensure_artifacts, is_cold, knn_version, load_knn,
                              settings_from_args)
 
@@ -135,8 +135,6 @@ class _Backend:
     """The app's handles on the actors: cache group, queue, ledger (created or attached)."""
 
     def __init__(self, cfg: SolarisConfig, settings: dict[str, Any]):
-        import ray
-
         from actors.cache import CacheGroup
         from actors.ledger import LedgerActor
         from actors.queue import create_queue
@@ -146,7 +144,6 @@ class _Backend:
         self.queue = create_queue(cfg.queue, queue_id=app_id, name=f"solaris-queue-{app_id}")
         self.ledger = LedgerActor.options(name=f"solaris-ledger-{app_id}",
                                           get_if_exists=True).remote()
-        self._ray = ray
 
     def history_provider(self, timeout_s: float) -> Any:
         """The live history (on the cache shards) as a ``HistoryProvider`` for the request
@@ -155,27 +152,22 @@ class _Backend:
 
         return WindowHistory(functools.partial(self.group.history_window, timeout_s=timeout_s))
 
-    def record_impressions(self, user: int, items: np.ndarray, surface: int, now: float) -> None:
-        rec = getattr(self.group, "record_impressions", None)
-        if rec is not None:
-            rec(user, items, surface, now)
+    def record_impressions_many(self, records: list) -> None:
+        if records:
+            self.group.record_impressions_many(records)
 
     def record_labels(self, user: int, items: np.ndarray, labels: np.ndarray, now: float) -> None:
-        rec = getattr(self.group, "record_labels", None)
-        if rec is not None:
-            rec(user, items, labels, now)
-
-    def enqueue(self, user: int, items: np.ndarray, scores: np.ndarray, now: float, surface: int,
-                version: str) -> None:
-        """Hand picks to the queue without waiting (one call per request and version)."""
-        n = len(items)
-        self.queue.put.remote(np.full(n, user, np.int64), items, scores.astype(np.float64),
-                              now, surface, version)
+        self.group.record_labels(user, items, labels, now)
 
 
 # --------------------------------------------------------------------------- deployments
+# per-request access logs cost the hot path CPU; turn them on per deployment in a Serve config
+# (logging_config: {enable_access_log: true}) when wanted
+QUIET = {"enable_access_log": False}
+
+
 @serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=64,
-                  max_queued_requests=256, health_check_period_s=2.0)
+                  max_queued_requests=256, health_check_period_s=2.0, logging_config=QUIET)
 class VerticalModel:
     """One task's VMs (one per live version), scoring batches of requests."""
 
@@ -233,6 +225,7 @@ class Precompute:
             ("version_mismatch", "own-pair lookups that found only another version (cumulative)"),
             ("fm_workers", "running FM workers"))}
         self._last: dict[str, Any] = {}
+        self._paused = False
         self._stop = threading.Event()
         threading.Thread(target=self._poll, name="solaris-gauges", daemon=True).start()
 
@@ -248,8 +241,9 @@ class Precompute:
 
         q = ray.get(self.backend.queue.metrics.remote(), timeout=5)
         shards = [s for s in self.backend.group.metrics(timeout_s=5)["shards"] if s.get("up")]
-        for pool in self.pools.values():
-            pool.scale(q.get("depth"))
+        if not self._paused:
+            for pool in self.pools.values():
+                pool.scale(q.get("depth"))
         vals = {"queue_depth": q.get("depth", 0), "queue_dropped": q.get("dropped", 0),
                 "precompute_lag_s": q.get("lag_s_mean") or 0.0,
                 "cache_entries": sum(s.get("entries", 0) for s in shards),
@@ -258,6 +252,20 @@ class Precompute:
         for k, v in vals.items():
             self._gauges[k].set(float(v))
         return {"queue": q, **vals}
+
+    def pause(self) -> int:
+        """Stop every FM worker's loop (the queue keeps accepting); returns the workers."""
+        self._paused = True
+        for pool in self.pools.values():
+            pool.stop()
+        return sum(len(p.workers) for p in self.pools.values())
+
+    def resume(self) -> int:
+        """Restart the FM workers' loops after ``pause``."""
+        self._paused = False
+        for pool in self.pools.values():
+            pool.start()
+        return sum(len(p.workers) for p in self.pools.values())
 
     def summary(self) -> dict[str, Any]:
         """The last gauges, the queue's metrics and each pool's worker metrics."""
@@ -270,7 +278,7 @@ class Precompute:
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=64,
-                  max_queued_requests=256, health_check_period_s=2.0)
+                  max_queued_requests=256, health_check_period_s=2.0, logging_config=QUIET)
 @serve.ingress(api)
 class LookupRouter:
     """HTTP ingress: enrich via the cache group, call the VM, answer, then speculate."""
@@ -295,6 +303,10 @@ class LookupRouter:
         self._inline_lock = threading.Lock()
         self._io = ThreadPoolExecutor(4, thread_name_prefix="router-io")
         self._after: set[asyncio.Task] = set()
+        self.buffer = AfterAnswer(cfg.serve.flush_requests)
+        self._flusher: asyncio.Task | None = None
+        self._tier_counts = np.zeros(len(TIER_NAMES), np.int64)
+        self._agg_count = 0
         # seconds of the last requests per mode: (enrich, VM call, answer) -- where time goes
         self._phases: dict[str, deque] = defaultdict(lambda: deque(maxlen=2000))
         self._shadow_every = int(settings.get("shadow_every", 4))
@@ -437,52 +449,85 @@ class LookupRouter:
         self._m_latency.observe((t3 - t0) * 1000.0,
                                 tags={"mode": mode, "task": body.task})
         if mode == "solaris" and slots is not None:
-            task = asyncio.create_task(self._after_answer(body, items, now, probs, slots))
-            self._after.add(task)
-            task.add_done_callback(self._after.discard)
+            # after this handler returns: the answer goes out first
+            asyncio.get_running_loop().call_soon(self._after_answer, body, items, now, probs,
+                                                 slots)
         return resp
 
-    async def _after_answer(self, body: RankRequest, items: np.ndarray, now: float,
-                            probs: np.ndarray, slots: Slots) -> None:
-        """Metrics, history, the shadow lookup of a pending version, and the verifier's picks
-        -- after the answer is on its way; never raises."""
+    def _after_answer(self, body: RankRequest, items: np.ndarray, now: float,
+                      probs: np.ndarray, slots: Slots) -> None:
+        """Coverage counts, the verifier's picks and the impressions, buffered (``AfterAnswer``)
+        and sent every ``serve.flush_ms``; runs after the answer is on its way, never raises."""
         try:
-            for t, n in zip(*np.unique(slots.pair_tier, return_counts=True)):
-                self._m_tier.inc(float(n), tags={"tier": TIER_NAMES[int(t)]})
-            n_agg = int(np.count_nonzero(slots.agg_present))
-            if n_agg:  # Ray counters take only positive increments
-                self._m_agg.inc(float(n_agg))
+            self._tier_counts += np.bincount(slots.pair_tier, minlength=len(TIER_NAMES))
+            self._agg_count += int(np.count_nonzero(slots.agg_present))
             found = slots.pair_tier == TIER_PAIR
             version = self.policy.active[body.task]
             self.policy.observe(version, int(found.sum()), len(items))
-            self.backend.record_impressions(body.user_id, items, body.surface, now)
             picks = verifier.choose(probs, items, found, slots.pair_age_s,
                                     np.zeros(len(items), bool), self.cfg.verifier,
                                     self.cfg.cache.read_ttl_s, self._budget.fraction)
             self._requests += 1
-            pending = self.policy.pending(body.task)
-            versions = [version]
-            if pending is not None:
-                versions.append(pending)
-                if self._requests % self._shadow_every == 0:
-                    loop = asyncio.get_running_loop()
-                    shadow = await loop.run_in_executor(self._io, self._lookup, body.user_id,
-                                                        items, now, pending)
-                    self.policy.observe(pending, int((shadow.pair_tier == TIER_PAIR).sum()),
-                                        len(items))
-                    self.policy.maybe_switch(body.task)
             art = self.arts[version]
             if body.user_id >= art.num_users:  # the FM has no row for this user
                 picks = picks[:0]
             picks = picks[items[picks] < art.num_items]  # nor for unknown items
-            if len(picks):
-                for v in versions:
-                    self.backend.enqueue(body.user_id, items[picks], probs[picks], now,
-                                         body.surface, v)
-                self._m_enqueued.inc(float(len(picks) * len(versions)))
+            versions = [version]
+            pending = self.policy.pending(body.task)
+            if pending is not None:
+                versions.append(pending)
+                if self._requests % self._shadow_every == 0:
+                    self._spawn(self._shadow(body, items, now, pending))
+            full = self.buffer.add(body.user_id, items, body.surface, now,
+                                   {v: (items[picks], probs[picks]) for v in versions})
             self._budget.record(len(picks))
+            if full:
+                self._flush()
+            elif self._flusher is None:
+                self._flusher = self._spawn(self._flush_later())
         except Exception:
             log.exception("after-answer work failed for user %s", body.user_id)
+
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._after.add(task)
+        task.add_done_callback(self._after.discard)
+        return task
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(self.cfg.serve.flush_ms / 1000.0)
+        self._flusher = None
+        self._flush()
+
+    def _flush(self) -> None:
+        """Send the buffered impressions (a call per shard) and picks (a call per version)."""
+        try:
+            impressions, picks = self.buffer.drain()
+            self.backend.record_impressions_many(impressions)
+            for version, (users, its, prios, nows, surfaces) in picks.items():
+                self.backend.queue.put.remote(users, its, prios, nows, surfaces, version)
+                self._m_enqueued.inc(float(len(users)))
+            for t, n in enumerate(self._tier_counts.tolist()):
+                if n:  # Ray counters take only positive increments
+                    self._m_tier.inc(float(n), tags={"tier": TIER_NAMES[t]})
+            if self._agg_count:
+                self._m_agg.inc(float(self._agg_count))
+            self._tier_counts[:] = 0
+            self._agg_count = 0
+        except Exception:
+            log.exception("flushing %d buffered requests failed", len(self.buffer))
+
+    async def _shadow(self, body: RankRequest, items: np.ndarray, now: float,
+                      pending: str) -> None:
+        """Look up the pending version (never sent to a VM) to measure its coverage."""
+        try:
+            loop = asyncio.get_running_loop()
+            shadow = await loop.run_in_executor(self._io, self._lookup, body.user_id, items, now,
+                                                pending)
+            self.policy.observe(pending, int((shadow.pair_tier == TIER_PAIR).sum()), len(items))
+            self.policy.maybe_switch(body.task)
+        except Exception:
+            log.exception("shadow lookup of %s failed", pending)
 
     @api.post("/feedback", responses={422: {"description": "a field is malformed"}})
     async def feedback(self, body: FeedbackRequest) -> dict[str, Any]:

@@ -85,12 +85,15 @@ class CacheGroup:
                num_cpus: float = SHARD_NUM_CPUS, max_restarts: int = -1,
                namespace: str | None = None, detached: bool = False,
                event_clock: Callable[[], float] | None = None,
-               history: HistoryConfig | None = None) -> "CacheGroup":
+               history: HistoryConfig | None = None,
+               actor_options: dict[str, Any] | None = None) -> "CacheGroup":
         """Start (or attach to, if they already run) the ``cfg.num_shards`` named shards.
 
         ``event_clock`` (e.g. ``time.time`` in production, None in a replay) lets an idle
         shard expire entries between calls; it must be picklable. ``history`` bounds each
-        shard's history store (default ``HistoryConfig()``).
+        shard's history store (default ``HistoryConfig()``). ``actor_options`` (placement:
+        e.g. ``{"resources": {"shard_host": 0.5}, "scheduling_strategy": "SPREAD"}``) go to
+        each shard's ``.options``, over the defaults; a restarted shard keeps them.
         """
         group_id = group_id or uuid.uuid4().hex[:8]
         opts: dict[str, Any] = {"num_cpus": num_cpus, "max_restarts": max_restarts,
@@ -99,6 +102,7 @@ class CacheGroup:
             opts["namespace"] = namespace
         if detached:
             opts["lifetime"] = "detached"
+        opts.update(actor_options or {})
         handles = [CacheShard.options(name=shard_name(group_id, s), **opts)
                    .remote(cfg, s, group_id, event_clock, history)
                    for s in range(cfg.num_shards)]
@@ -238,8 +242,29 @@ class CacheGroup:
             raise RequestError(f"user={user!r}: must be a non-negative integer id")
         return int(user)
 
+    def record_impressions_many(self, records: Sequence[tuple[int, np.ndarray, Any, float]]
+                                ) -> None:
+        """``record_impressions`` of many requests ``(user, items, surfaces, now)`` (e.g. a
+        router's last few milliseconds), one call per shard involved; not waited on."""
+        if not records:
+            return
+        by_shard: dict[int, list] = {}
+        users = np.array([self._user_id(r[0]) for r in records], np.int64)
+        for rec, s in zip(records, self.shard_of(users).tolist()):
+            user, items, surfaces, now = rec
+            items = check_ids(items, "items")
+            surf = np.asarray(surfaces)
+            if surf.ndim > 1 or (surf.ndim == 1 and len(surf) != len(items)):
+                raise RequestError(f"surfaces: expected a code or {len(items)} codes, got "
+                                   f"shape {surf.shape}")
+            by_shard.setdefault(int(s), []).append((int(user), items, surf, check_time(now)))
+        for s, recs in by_shard.items():
+            self._send_to(s, "record_impressions_many", (recs,))
+
     def _send(self, user: int, method: str, args: tuple) -> None:
-        s = int(self.shard_of(np.array([user]))[0])
+        self._send_to(int(self.shard_of(np.array([user]))[0]), method, args)
+
+    def _send_to(self, s: int, method: str, args: tuple) -> None:
         try:
             ref = getattr(self.shards[s], method).remote(pack(args))
         except Exception as exc:  # e.g. a handle of a shard killed for good

@@ -187,6 +187,17 @@ class CacheShard:
         return len(items)
 
     @ray.method(concurrency_group=HISTORY_GROUP)
+    def record_impressions_many(self, payload: bytes) -> int:
+        """``pack(([(user, items, surfaces, now), ...],))``: many requests' impressions in
+        one call (a router batches them); returns the events recorded."""
+        (records,) = unpack(payload)
+        with self._hist_lock:
+            for user, items, surfaces, now in records:
+                self._history.record_impressions(user, items, surfaces, now)
+            self._hist_changes += 1
+        return sum(len(r[1]) for r in records)
+
+    @ray.method(concurrency_group=HISTORY_GROUP)
     def record_labels(self, payload: bytes) -> int:
         """``pack((user, items, labels, now))``: ``HistoryStore.record_labels``; returns the
         labels recorded."""

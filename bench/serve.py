@@ -2,8 +2,10 @@
 
     python bench/serve.py --json runs/bench_serve.json [--artifacts DIR] [--trials 5]
 
-One local Ray, the app of ``serve_app.py`` with its FM workers running (they fill the cache
-during the run: the JSON says how many pairs they wrote). Per candidate count (100, 500):
+One local Ray, the app of ``serve_app.py``; its FM workers fill the cache during the warm-up
+and are paused for the timed trials unless ``--workers-during-trials`` (on 2 cores they would
+take the serving CPU; on a cluster they run on GPU nodes of their own). The JSON says which,
+and how many pairs they wrote. Per candidate count (100, 500):
 the VM-alone saturation rate is measured closed-loop, then the three modes run open-loop
 (Poisson arrivals) at half that rate in interleaved trials of ``--requests`` requests each
 (mode order shuffled per trial). Overheads are medians over trials of per-trial ratios. A
@@ -164,6 +166,11 @@ async def _run(args: argparse.Namespace, art_dir: str) -> dict[str, Any]:
             for m in MODES:
                 await client.rank(*works[s][0], m)
             await _open_loop(client, works[s], "solaris", args.warmup, 20.0, 1)
+        if not args.workers_during_trials:  # on a cluster they run on their own GPU nodes
+            from ray import serve
+
+            paused = serve.get_deployment_handle("Precompute", app_name="default").pause.remote()
+            out["fm_workers_paused_for_trials"] = await paused
         for s in sizes:
             sat = await _closed_loop(client, works[s], "vm", args.sat_requests, args.conc)
             out["rates"][str(s)] = {"vm_saturation_rps": sat, "offered_rps": sat * args.load}
@@ -197,7 +204,8 @@ async def _run(args: argparse.Namespace, art_dir: str) -> dict[str, Any]:
     stats = requests.get(URL.replace("/rank", "/stats"), timeout=30).json()
     pre = stats.get("precompute") or {}
     workers = [w for ws in (pre.get("workers") or {}).values() for w in ws if w]
-    out["fm_workers"] = {"ran": bool(workers) and any(w.get("running") for w in workers),
+    out["fm_workers"] = {"ran_in_warmup": bool(workers),
+                         "ran_in_trials": bool(args.workers_during_trials),
                          "count": len(workers),
                          "pairs_written": int(sum(w.get("written", 0) for w in workers)),
                          "queue": {k: (pre.get("queue") or {}).get(k) for k in
@@ -217,6 +225,10 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=200, help="SOLARIS requests before the trials")
     p.add_argument("--sat-requests", type=int, default=200)
     p.add_argument("--conc", type=int, default=8, help="clients of the saturation run")
+    p.add_argument("--workers-during-trials", action="store_true",
+                   help="keep the FM workers running in the timed trials (default: they fill "
+                        "the cache in the warm-up, then pause: on 2 cores they would take the "
+                        "serving CPU, on a cluster they have GPU nodes of their own)")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
@@ -232,7 +244,7 @@ def main() -> int:
     t0 = time.perf_counter()
     ratio = compute_ratio(art_dir)
     ray.init(address="local", num_cpus=2, object_store_memory=300 * 1024**2, include_dashboard=False,
-             logging_level="warning", runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+             logging_level="warning", log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     try:
         serve.run(serve_app.build_app({"artifacts": art_dir, "app_id": "bench"}), blocking=False)
         out = asyncio.run(_run(args, art_dir))
@@ -256,8 +268,9 @@ def main() -> int:
                       ("errors", "= 0"), ("retries", "")):
         print(f"{k:<24}{out[k]:>10.3f}  {target}" if isinstance(out[k], float)
               else f"{k:<24}{out[k]:>10}  {target}")
-    print(f"FM workers ran: {out['fm_workers']['ran']} ({out['fm_workers']['pairs_written']} "
-          f"pairs written); wrote {args.json}")
+    fw = out["fm_workers"]
+    print(f"FM workers: ran in the warm-up ({fw['pairs_written']} pairs written), "
+          f"{'ran' if fw['ran_in_trials'] else 'paused'} in the trials; wrote {args.json}")
     return 0
 
 

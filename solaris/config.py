@@ -450,6 +450,8 @@ class ServeConfig:
     vm_batch_wait_s: float = 0.002  # how long a VM batch waits to fill
     rollout_threshold: float = 0.8  # a new version's coverage / the old one's at which VMs switch
     inline_sharing: bool = False  # mode inline: share the FM's request part (else per pair)
+    flush_ms: float = 20.0  # impressions and verifier picks are sent in batches this often
+    flush_requests: int = 32  # ... or once this many requests are buffered
 
     def __post_init__(self) -> None:
         _check(self.mode in ("solaris", "vm", "inline"), "serve.mode", self.mode,
@@ -460,6 +462,9 @@ class ServeConfig:
         _check(self.vm_batch_size >= 1, "serve.vm_batch_size", self.vm_batch_size, "must be >= 1")
         _check(self.vm_batch_wait_s >= 0, "serve.vm_batch_wait_s", self.vm_batch_wait_s,
                "must be >= 0")
+        _check(self.flush_ms > 0, "serve.flush_ms", self.flush_ms, "must be > 0")
+        _check(self.flush_requests >= 1, "serve.flush_requests", self.flush_requests,
+               "must be >= 1")
         _check(0.0 < self.rollout_threshold <= 1.0, "serve.rollout_threshold",
                self.rollout_threshold, "must be in (0, 1]")
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
+
 from solaris.cache.query import TIER_ITEM_NBR, TIER_NONE, TIER_PAIR, TIER_USER_NBR
 from solaris.config import KnnConfig, SolarisConfig, config_to_dict, load_config
 from solaris.errors import ConfigError
@@ -196,3 +198,44 @@ class KnnTables:
                 log.exception("KNN tables: could not read %s; keeping %s", self.cfg.table_uri,
                               self.version)
         return self._snap
+
+
+class AfterAnswer:
+    """What the router does after answering, buffered across requests: the impressions for
+    the history store and the verifier's picks for the precompute queue. ``drain`` hands
+    them over as one record list and one array batch per version, so a router makes a call
+    per shard and per version every few milliseconds, not four calls per request."""
+
+    def __init__(self, max_requests: int):
+        self.max_requests = max_requests
+        self._impressions: list[tuple[int, np.ndarray, int, float]] = []
+        self._picks: dict[str, list[tuple[int, np.ndarray, np.ndarray, float, int]]] = {}
+
+    def __len__(self) -> int:
+        return len(self._impressions)
+
+    def add(self, user: int, items: np.ndarray, surface: int, now: float,
+            picks: dict[str, tuple[np.ndarray, np.ndarray]]) -> bool:
+        """Buffer one answered request; ``picks`` maps a version to (items, scores) to
+        precompute. True when the buffer is full (drain now)."""
+        self._impressions.append((user, items, surface, now))
+        for version, (its, scores) in picks.items():
+            if len(its):
+                self._picks.setdefault(version, []).append((user, its, scores, now, surface))
+        return len(self._impressions) >= self.max_requests
+
+    def drain(self) -> tuple[list[tuple[int, np.ndarray, int, float]],
+                             dict[str, tuple[np.ndarray, ...]]]:
+        """(impression records, {version: (users, items, priorities, nows, surfaces)})."""
+        impressions, picks = self._impressions, self._picks
+        self._impressions, self._picks = [], {}
+        batches = {}
+        for version, rows in picks.items():
+            sizes = [len(r[1]) for r in rows]
+            batches[version] = (
+                np.repeat(np.array([r[0] for r in rows], np.int64), sizes),
+                np.concatenate([r[1] for r in rows]).astype(np.int64),
+                np.concatenate([r[2] for r in rows]).astype(np.float64),
+                np.repeat(np.array([r[3] for r in rows], np.float64), sizes),
+                np.repeat(np.array([r[4] for r in rows], np.int64), sizes))
+        return impressions, batches

@@ -91,3 +91,23 @@ def test_settings_name_unknown_args():
     assert s["precompute"] is False
     with pytest.raises(ConfigError, match="serve.mode"):
         settings_from_args({"mode": "turbo"})
+
+
+def test_after_answer_buffers_and_drains_per_version():
+    import numpy as np
+
+    from solaris.serving import AfterAnswer
+
+    b = AfterAnswer(max_requests=3)
+    assert not b.add(1, np.array([5, 6, 7]), 0, 10.0, {"v1": (np.array([5]), np.array([0.9]))})
+    assert not b.add(2, np.array([8]), 1, 11.0, {"v1": (np.array([], np.int64), np.array([])),
+                                                 "v2": (np.array([8]), np.array([0.5]))})
+    assert b.add(3, np.array([9, 4]), 0, 12.0, {"v1": (np.array([9, 4]), np.array([0.7, 0.6]))})
+    impressions, picks = b.drain()
+    assert [r[0] for r in impressions] == [1, 2, 3] and len(b) == 0
+    users, items, prios, nows, surfaces = picks["v1"]
+    assert users.tolist() == [1, 3, 3] and items.tolist() == [5, 9, 4]
+    assert prios.tolist() == [0.9, 0.7, 0.6] and nows.tolist() == [10.0, 12.0, 12.0]
+    assert surfaces.tolist() == [0, 0, 0]
+    assert picks["v2"][0].tolist() == [2] and picks["v2"][4].tolist() == [1]
+    assert b.drain() == ([], {})
