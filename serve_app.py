@@ -346,14 +346,19 @@ class LookupRouter:
             log.exception("inline FM failed for user %s; answering with the VM alone", user)
             return None
 
-    def _lookup(self, user: int, items: np.ndarray, now: float, version: str,
-                surface: int = 0) -> Slots:
+    async def _lookup(self, user: int, items: np.ndarray, now: float, version: str,
+                      surface: int = 0) -> Slots:
+        """Both SOLARIS slots in one awaited round of shard calls (cold-start neighbours,
+        which run the user encoder, on a thread first)."""
         knn = self.knn.current() if self.knn else None
         users = knn.users if knn else None
         if knn is not None and knn.live is not None and is_cold(users, user):
-            users = self._cold_neighbours(user, now, surface, knn) or users
-        return self.backend.group.lookup(user, items, now, version, users,
-                                         knn.items if knn else None, self.cfg.enrich)
+            cold = await asyncio.get_running_loop().run_in_executor(
+                self._io, self._cold_neighbours, user, now, surface, knn)
+            users = cold or users
+        return await self.backend.group.lookup_async(user, items, now, version, users,
+                                                     knn.items if knn else None,
+                                                     self.cfg.enrich)
 
     def _cold_neighbours(self, user: int, now: float, surface: int, knn: Any
                          ) -> ColdNeighbours | None:
@@ -418,8 +423,7 @@ class LookupRouter:
         loop = asyncio.get_running_loop()
         slots: Slots | None = None
         if mode == "solaris":
-            slots = await loop.run_in_executor(self._io, self._lookup, body.user_id, items, now,
-                                               version, body.surface)
+            slots = await self._lookup(body.user_id, items, now, version, body.surface)
         elif mode == "inline":
             slots = await loop.run_in_executor(self._io, self._inline_slots, body.user_id,
                                                items, body.surface, now)
@@ -521,9 +525,7 @@ class LookupRouter:
                       pending: str) -> None:
         """Look up the pending version (never sent to a VM) to measure its coverage."""
         try:
-            loop = asyncio.get_running_loop()
-            shadow = await loop.run_in_executor(self._io, self._lookup, body.user_id, items, now,
-                                                pending)
+            shadow = await self._lookup(body.user_id, items, now, pending, body.surface)
             self.policy.observe(pending, int((shadow.pair_tier == TIER_PAIR).sum()), len(items))
             self.policy.maybe_switch(body.task)
         except Exception:

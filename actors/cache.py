@@ -20,6 +20,7 @@ Ray is not initialised here: callers call ``ray.init`` (or run inside a Ray job 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -123,6 +124,9 @@ class CacheGroup:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        # an object-store copy (e.g. an FM worker's constructor argument) holds read-only
+        # arrays: the counters must be writable
+        self._late, self._failed = self._late.copy(), self._failed.copy()
         self._counts_lock = threading.Lock()
         self._init_records()
 
@@ -167,6 +171,26 @@ class CacheGroup:
         got, late, failed = collect(refs, deadline)
         if phases is not None:
             phases.update(submit=t1 - t0, wait=time.monotonic() - t1)
+        return self._answers(queries, got, late, failed)
+
+    async def lookup_async(self, user: int, candidates: np.ndarray, now: float, version: str,
+                           user_knn: enrich.NeighbourTable | None,
+                           item_knn: enrich.NeighbourTable | None, enrich_cfg: EnrichConfig,
+                           deadline_ms: float | None = None) -> Slots:
+        """``lookup`` for an event loop (a Serve replica): the round is awaited, no thread
+        blocks on it; the same slots, the same deadline and miss semantics."""
+        t0 = time.monotonic()
+        budget = (self.cfg.deadline_ms if deadline_ms is None else deadline_ms) / 1000.0
+        p = enrich.plan(user, candidates, user_knn, item_knn, enrich_cfg)
+        queries = enrich.route(p, self.shard_of, version, now)
+        refs = {s: self.shards[s].answer.remote(wire.encode_query(q))
+                for s, q in queries.items()}
+        got, late, failed = await collect_async(refs, t0 + budget)
+        return enrich.assemble(p, self._answers(queries, got, late, failed), self.cfg.dim)
+
+    def _answers(self, queries: dict[int, ShardQuery], got: dict[int, Any], late: list[int],
+                 failed: dict[int, RayError]) -> dict[int, ShardAnswer]:
+        """Decode a round's answers; late or failed shards answer empty (counted)."""
         out: dict[int, ShardAnswer] = {}
         for s in queries:
             if s in got:
@@ -474,4 +498,28 @@ def collect(refs: dict[int, Any], deadline: float
             got[s] = ray.get(refs[s], timeout=0)
         except RayError as exc:
             failed[s] = exc
+    return got, late, failed
+
+
+async def collect_async(refs: dict[int, Any], deadline: float
+                        ) -> tuple[dict[int, Any], list[int], dict[int, RayError]]:
+    """``collect`` awaited: (values, late, failed) of the refs by ``deadline``."""
+    if not refs:
+        return {}, [], {}
+    futs = {s: asyncio.ensure_future(ref) for s, ref in refs.items()}
+    done, pending = await asyncio.wait(futs.values(),
+                                       timeout=max(0.0, deadline - time.monotonic()))
+    got: dict[int, Any] = {}
+    late: list[int] = []
+    failed: dict[int, RayError] = {}
+    for s, f in futs.items():
+        if f not in done:
+            f.cancel()
+            late.append(s)
+        elif isinstance(f.exception(), RayError):
+            failed[s] = f.exception()
+        elif f.exception() is not None:
+            failed[s] = RayError(repr(f.exception()))
+        else:
+            got[s] = f.result()
     return got, late, failed

@@ -3,6 +3,8 @@ restarting shard reads as misses within the deadline; a restarted shard serves i
 
 from __future__ import annotations
 
+import asyncio
+
 import logging
 import time
 from pathlib import Path
@@ -99,6 +101,9 @@ def test_group_lookup_equals_in_process_enrichment(local_ray, tmp_path: Path, mo
             local = enrich_local(store, int(user), cands, NOW, V, w["user_knn"], w["item_knn"],
                                  ecfg)
             assert_same_slots(remote, local)
+            awaited = asyncio.run(group.lookup_async(int(user), cands, NOW, V, w["user_knn"],
+                                                     w["item_knn"], ecfg))
+            assert_same_slots(awaited, local)  # the event-loop round answers the same
             tiers |= set(local.pair_tier.tolist())
         assert tiers == {0, 1, 2, 3}, "the data should exercise every tier"
         m = group.metrics()
@@ -106,7 +111,7 @@ def test_group_lookup_equals_in_process_enrichment(local_ray, tmp_path: Path, mo
         assert sum(s["entries"] for s in m["shards"]) == store.metrics()["entries"]
         assert all(s["up"] for s in m["shards"])
         # one answer with the user's part per lookup, on the user's shard
-        assert sum(s["answers"]["user"]["calls"] for s in m["shards"]) == 15
+        assert sum(s["answers"]["user"]["calls"] for s in m["shards"]) == 30  # 15 x 2 ways
     finally:
         group.shutdown()
 
@@ -202,8 +207,12 @@ def test_slow_shard_reads_as_misses_within_deadline(local_ray, tmp_path: Path):
         assert took <= cfg.deadline_ms / 1000 + MARGIN_S
         assert not sa.pair_present.any() and not sa.agg_present.any()
         assert (sb.pair_tier == TIER_PAIR).all()
+        t0 = time.monotonic()  # the awaited round keeps the same deadline
+        sa = asyncio.run(group.lookup_async(a, ca, NOW, V, None, None, ecfg))
+        assert time.monotonic() - t0 <= cfg.deadline_ms / 1000 + MARGIN_S
+        assert not sa.pair_present.any()
         ray.get(stall)
-        assert group.metrics()["client"]["late"][victim] == 1
+        assert group.metrics()["client"]["late"][victim] == 2
         sa = group.lookup(a, ca, NOW, V, None, None, ecfg)
         assert (sa.pair_tier == TIER_PAIR).all()
     finally:
