@@ -293,7 +293,8 @@ class LookupRouter:
         self.arts = {a.version: a for a in arts}
         self.tasks = sorted({t for a in arts for t in a.tasks})
         self.policy = RolloutPolicy({t: [a.version for a in arts if t in a.tasks]
-                                     for t in self.tasks}, cfg.serve.rollout_threshold)
+                                     for t in self.tasks}, cfg.serve.rollout_threshold,
+                                    cfg.serve.rollout_min_lookups)
         self.backend = _Backend(cfg, settings)
         self.knn = _knn_tables(cfg)
         self._inline: InlineFM | None = None

@@ -449,6 +449,7 @@ class ServeConfig:
     vm_batch_size: int = 16  # requests per @serve.batch call of a VM replica
     vm_batch_wait_s: float = 0.002  # how long a VM batch waits to fill
     rollout_threshold: float = 0.8  # a new version's coverage / the old one's at which VMs switch
+    rollout_min_lookups: int = 2000  # candidates looked up under a new version before a switch
     inline_sharing: bool = False  # mode inline: share the FM's request part (else per pair)
     flush_ms: float = 20.0  # impressions and verifier picks are sent in batches this often
     flush_requests: int = 32  # ... or once this many requests are buffered
@@ -463,6 +464,8 @@ class ServeConfig:
         _check(self.vm_batch_wait_s >= 0, "serve.vm_batch_wait_s", self.vm_batch_wait_s,
                "must be >= 0")
         _check(self.flush_ms > 0, "serve.flush_ms", self.flush_ms, "must be > 0")
+        _check(self.rollout_min_lookups >= 1, "serve.rollout_min_lookups",
+               self.rollout_min_lookups, "must be >= 1")
         _check(self.flush_requests >= 1, "serve.flush_requests", self.flush_requests,
                "must be >= 1")
         _check(0.0 < self.rollout_threshold <= 1.0, "serve.rollout_threshold",
