@@ -180,17 +180,16 @@ class CacheShard:
     def record_impressions(self, payload: bytes) -> int:
         """``pack((user, items, surfaces, now))``: ``HistoryStore.record_impressions``;
         returns the events recorded."""
-        user, items, surfaces, now = unpack(payload)
-        with self._hist_lock:
-            self._history.record_impressions(user, items, surfaces, now)
-            self._hist_changes += 1
-        return len(items)
+        return self._record_impressions([unpack(payload)])
 
     @ray.method(concurrency_group=HISTORY_GROUP)
     def record_impressions_many(self, payload: bytes) -> int:
         """``pack(([(user, items, surfaces, now), ...],))``: many requests' impressions in
         one call (a router batches them); returns the events recorded."""
         (records,) = unpack(payload)
+        return self._record_impressions(records)
+
+    def _record_impressions(self, records: list) -> int:
         with self._hist_lock:
             for user, items, surfaces, now in records:
                 self._history.record_impressions(user, items, surfaces, now)

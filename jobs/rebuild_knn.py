@@ -47,7 +47,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import ray
 
-from solaris.config import KnnConfig, SolarisConfig, load_config
+from solaris.config import KnnConfig, SolarisConfig, load_config, parse_overrides
 from solaris.errors import CheckpointError, ConfigError, DataError, SolarisError
 
 log = logging.getLogger("jobs.rebuild_knn")
@@ -286,18 +286,6 @@ def rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConfi
 
 
 # ---- command line --------------------------------------------------------------------------------
-def _overrides(pairs: list[str]) -> dict[str, Any]:
-    import yaml
-
-    out = {}
-    for p in pairs:
-        if "=" not in p:
-            raise ConfigError(f"--set {p!r}: expected KEY=VALUE, e.g. knn.k=50")
-        k, v = p.split("=", 1)
-        out[k] = yaml.safe_load(v)
-    return out
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -332,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        cfg = load_config(args.config, _overrides(args.set))
+        cfg = load_config(args.config, parse_overrides(args.set))
         out = args.out or cfg.knn.table_uri
         if not out:
             raise ConfigError("--out: no table URI (pass --out or set knn.table_uri)")

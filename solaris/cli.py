@@ -9,21 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from solaris.config import parse_overrides
 from solaris.errors import SolarisError
 
 log = logging.getLogger("solaris")
-
-
-def _overrides(pairs: list[str]) -> dict[str, Any]:
-    out = {}
-    for p in pairs:
-        if "=" not in p:
-            raise SolarisError(f"--set {p!r}: expected KEY=VALUE, e.g. fm.emb_dim=32")
-        k, v = p.split("=", 1)
-        out[k] = yaml.safe_load(v)
-    return out
 
 
 def _config(args: argparse.Namespace, extra: dict[str, Any] | None = None):
@@ -34,7 +23,7 @@ def _config(args: argparse.Namespace, extra: dict[str, Any] | None = None):
         ov["data.dataset"] = args.dataset
     if getattr(args, "data_dir", None):
         ov["data.data_dir"] = str(args.data_dir)
-    ov.update(_overrides(getattr(args, "set", None) or []))
+    ov.update(parse_overrides(getattr(args, "set", None) or []))
     return load_config(getattr(args, "config", None), ov)
 
 

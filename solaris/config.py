@@ -541,6 +541,20 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     return config_from_dict(values)
 
 
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` pairs as dotted overrides for ``load_config`` (values parsed as
+    YAML: ``fm.emb_dim=32`` gives an int, ``split.vm_surface=null`` None)."""
+    import yaml
+
+    out = {}
+    for p in pairs:
+        if "=" not in p:
+            raise ConfigError(f"--set {p!r}: expected KEY=VALUE, e.g. fm.emb_dim=32")
+        k, v = p.split("=", 1)
+        out[k] = yaml.safe_load(v)
+    return out
+
+
 def config_to_dict(cfg: Any) -> dict[str, Any]:
     """Plain nested dict of a config (for checkpoints and reports)."""
     return dataclasses.asdict(cfg)

@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from solaris.cache.snapshot import write_snapshot
+from solaris.cache.snapshot import write_atomic, write_snapshot
 from solaris.config import KnnConfig
 from solaris.enrich import NeighbourTable
 from solaris.errors import DataError, RequestError
@@ -289,17 +289,10 @@ def _location(uri: str, kind: str) -> tuple[pafs.FileSystem, str]:
 
 def _write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
     """Write ``data`` to a temporary name beside ``path``, then move it over ``path``."""
-    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-    try:
+    def write(tmp: str) -> None:
         with fs.open_output_stream(tmp) as f:
             f.write(data)
-        fs.move(tmp, path)
-    except BaseException:
-        try:
-            fs.delete_file(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomic(fs, path, write)
 
 
 def _arrow(t: KnnTable) -> pa.Table:

@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -142,11 +142,16 @@ def write_snapshot(fs: pafs.FileSystem, path: str, table: pa.Table) -> None:
 
     A crash mid-write leaves a stray temporary file, never a half-written snapshot.
     """
-    parent = path.rsplit("/", 1)[0]
-    fs.create_dir(parent, recursive=True)
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    write_atomic(fs, path, lambda tmp: pq.write_table(table, tmp, filesystem=fs))
+
+
+def write_atomic(fs: pafs.FileSystem, path: str, write: Callable[[str], None]) -> None:
+    """``write(tmp)`` to a temporary name beside ``path``, then move it over ``path`` (the
+    temporary is removed if anything fails): readers see the old file or the new, whole."""
     tmp = f"{path}.tmp-{uuid.uuid4().hex}"
     try:
-        pq.write_table(table, tmp, filesystem=fs)
+        write(tmp)
         fs.move(tmp, path)
     except BaseException:
         try:

@@ -5,7 +5,6 @@ versions (the features a VM reads are always of the version it was trained on)."
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import time
 from pathlib import Path
@@ -21,39 +20,21 @@ requests = pytest.importorskip("requests")
 
 from ray import serve  # noqa: E402
 
-from solaris.config import load_config  # noqa: E402
-from solaris.data.load import load_dataset  # noqa: E402
-from solaris.train.artifacts import train_artifacts  # noqa: E402
+from tests.tiny import free_port, train_tiny  # noqa: E402
 
-TINY = {
-    "data.synthetic.num_users": 300, "data.synthetic.num_items": 200,
-    "data.synthetic.days": 10.0, "data.synthetic.target_interactions": 8000,
-    "fm.emb_dim": 16, "fm.shared_dim": 64, "fm.head_hidden": 32,
-    "features.history_len": 16, "encoder.width": 16, "encoder.epochs": 1,
-    "train.fm_epochs": 1, "train.vm_epochs": 1, "train.threads": 1,
-}
 T0 = 1.9e9
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.slow
 def test_vms_switch_to_the_new_version_once_it_is_covered(tmp_path):
     dirs = []
     for k, version in enumerate(("fm-v1", "fm-v2")):
-        cfg = load_config(None, {**TINY, "fm.version": version})
-        out = tmp_path / version
-        train_artifacts(cfg, load_dataset(cfg.data), out, seed=k)
-        dirs.append(str(out))
+        dirs.append(str(train_tiny(tmp_path / version, seed=k, **{"fm.version": version})))
     conf = tmp_path / "serve.yaml"
     conf.write_text(json.dumps({"cache": {"dim": 16, "num_shards": 2, "deadline_ms": 200.0},
                                 "serve": {"rollout_threshold": 0.5, "rollout_min_lookups": 300,
                                           "flush_ms": 10.0}}))
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2,
              include_dashboard=False, logging_level="warning",

@@ -5,7 +5,6 @@ then a VM replica killed under load (every request answered, none past its timeo
 from __future__ import annotations
 
 import json
-import socket
 import sys
 import threading
 import time
@@ -25,38 +24,22 @@ requests = pytest.importorskip("requests")
 from ray import serve  # noqa: E402
 
 from solaris.config import load_config  # noqa: E402
-from solaris.data.load import load_dataset  # noqa: E402
-from solaris.train.artifacts import train_artifacts  # noqa: E402
+from tests.tiny import free_port, train_tiny  # noqa: E402
 
-TINY = {
-    "data.synthetic.num_users": 300, "data.synthetic.num_items": 200,
-    "data.synthetic.days": 10.0, "data.synthetic.target_interactions": 8000,
-    "fm.emb_dim": 16, "fm.shared_dim": 64, "fm.head_hidden": 32,
-    "features.history_len": 16, "encoder.width": 16, "encoder.epochs": 1,
-    "train.fm_epochs": 1, "train.vm_epochs": 1, "train.threads": 1,
-}
 T0 = 1.9e9
 TIMEOUT_S = 15.0  # a client's patience; nothing may take longer
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def app(tmp_path_factory):
-    cfg = load_config(None, TINY)
-    art = tmp_path_factory.mktemp("artifacts")
-    train_artifacts(cfg, load_dataset(cfg.data), art, seed=0)
+    art = train_tiny(tmp_path_factory.mktemp("artifacts"))
     conf = tmp_path_factory.mktemp("conf") / "serve.yaml"
     knn_uri = tmp_path_factory.mktemp("knn")
     conf.write_text(json.dumps({"cache": {"dim": 16, "num_shards": 2, "deadline_ms": 200.0},
                                 "serve": {"max_candidates": 300},
                                 "knn": {"table_uri": str(knn_uri), "poll_s": 0.5, "k": 10,
                                         "recall_queries": 50}}))
-    port = _free_port()
+    port = free_port()
     ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False,
              logging_level="warning", runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     import serve_app

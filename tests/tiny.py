@@ -1,0 +1,33 @@
+"""Shared test set-up for the app tests: a tiny synthetic world trained in seconds (its
+quality is not under test), and a free loopback port for Serve's HTTP proxy."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+TINY = {
+    "data.synthetic.num_users": 300, "data.synthetic.num_items": 200,
+    "data.synthetic.days": 10.0, "data.synthetic.target_interactions": 8000,
+    "fm.emb_dim": 16, "fm.shared_dim": 64, "fm.head_hidden": 32,
+    "features.history_len": 16, "encoder.width": 16, "encoder.epochs": 1,
+    "train.fm_epochs": 1, "train.vm_epochs": 1, "train.threads": 1,
+}
+
+
+def train_tiny(out: Path, seed: int = 0, **overrides: Any) -> Path:
+    """Artifacts (``solaris train``) of the tiny world in ``out``."""
+    from solaris.config import load_config
+    from solaris.data.load import load_dataset
+    from solaris.train.artifacts import train_artifacts
+
+    cfg = load_config(None, {**TINY, **overrides})
+    train_artifacts(cfg, load_dataset(cfg.data), out, seed=seed)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
