@@ -30,6 +30,7 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.background import BackgroundTask
 from pydantic import BaseModel, ConfigDict, Field
 from ray import serve
 from ray.util import metrics as ray_metrics
@@ -343,8 +344,9 @@ class LookupRouter:
         """The inline FM's slots; None (the VM alone) if the user's history is unreadable."""
         try:
             return self._inline_fm().slots(user, items, surface, now)
-        except Exception:
-            log.exception("inline FM failed for user %s; answering with the VM alone", user)
+        except Exception as e:  # e.g. HistoryUnavailable: a shard missed the deadline
+            log.warning("inline FM failed for user %s (%s: %s); answering with the VM alone",
+                        user, type(e).__name__, e)
             return None
 
     async def _lookup(self, user: int, items: np.ndarray, now: float, version: str,
@@ -454,13 +456,12 @@ class LookupRouter:
         self._m_latency.observe((t3 - t0) * 1000.0,
                                 tags={"mode": mode, "task": body.task})
         if mode == "solaris" and slots is not None:
-            # after this handler returns: the answer goes out first
-            asyncio.get_running_loop().call_soon(self._after_answer, body, items, now, probs,
-                                                 slots)
+            # a background task runs once the answer's bytes are sent
+            resp.background = BackgroundTask(self._after_answer, body, items, now, probs, slots)
         return resp
 
-    def _after_answer(self, body: RankRequest, items: np.ndarray, now: float,
-                      probs: np.ndarray, slots: Slots) -> None:
+    async def _after_answer(self, body: RankRequest, items: np.ndarray, now: float,
+                            probs: np.ndarray, slots: Slots) -> None:
         """Coverage counts, the verifier's picks and the impressions, buffered (``AfterAnswer``)
         and sent every ``serve.flush_ms``; runs after the answer is on its way, never raises."""
         try:
