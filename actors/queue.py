@@ -202,10 +202,13 @@ class PrecomputeQueueActor:
 
 
 def create_queue(cfg: QueueConfig, queue_id: str | None = None, *, name: str | None = None,
-                 namespace: str | None = None, detached: bool = False) -> Any:
+                 namespace: str | None = None, detached: bool = False,
+                 actor_options: dict[str, Any] | None = None) -> Any:
     """Start (or attach to, by ``name``) a queue actor; its snapshots live under
     ``cfg.snapshot_uri``/queue-<queue_id>/. An actor restart keeps its id by itself; pass a
-    stable ``queue_id`` for a queue that must find its snapshot after the whole app restarts."""
+    stable ``queue_id`` for a queue that must find its snapshot after the whole app restarts.
+    ``actor_options`` (placement: e.g. ``{"resources": {"head": 0.01}}``) go to
+    ``.options``, over the defaults."""
     queue_id = queue_id or uuid.uuid4().hex[:8]
     opts: dict[str, Any] = {}
     if name is not None:
@@ -214,4 +217,5 @@ def create_queue(cfg: QueueConfig, queue_id: str | None = None, *, name: str | N
         opts["namespace"] = namespace
     if detached:
         opts["lifetime"] = "detached"
+    opts.update(actor_options or {})
     return PrecomputeQueueActor.options(**opts).remote(cfg, queue_id)
