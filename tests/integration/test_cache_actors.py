@@ -213,6 +213,13 @@ def test_slow_shard_reads_as_misses_within_deadline(local_ray, tmp_path: Path):
         assert not sa.pair_present.any()
         ray.get(stall)
         assert group.metrics()["client"]["late"][victim] == 2
+        # a group that travelled through the object store (an actor's argument) counts too
+        copy = ray.get(ray.put(group))
+        stall = group.shards[victim].stall.remote(1.0)
+        time.sleep(0.1)
+        assert not copy.lookup(a, ca, NOW, V, None, None, ecfg).pair_present.any()
+        assert copy.metrics()["client"]["late"][victim] == 3
+        ray.get(stall)
         sa = group.lookup(a, ca, NOW, V, None, None, ecfg)
         assert (sa.pair_tier == TIER_PAIR).all()
     finally:
