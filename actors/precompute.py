@@ -133,7 +133,11 @@ class FMWorker:
                                       "late_acks", "errors", "ledger_errors"), 0)
         self._fm_seconds = 0.0
         # wall seconds per phase of the steps (where the time goes; "lease" counts empty polls)
-        self._phase = dict.fromkeys(("lease", "compute", "write", "ack"), 0.0)
+        # and the CPU seconds of the thread that ran compute / write + ack (the writer thread
+        # in the pipeline): the CPU outside the FM that shares the cores with it
+        # ("write_wait": the pipeline's compute thread waiting for the previous write + ack)
+        self._phase = dict.fromkeys(("lease", "compute", "write", "ack", "compute_cpu",
+                                     "write_cpu", "write_wait"), 0.0)
         with warnings.catch_warnings():  # Ray's property reads a deprecated attribute inside
             warnings.simplefilter("ignore", DeprecationWarning)
             self._restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
@@ -176,7 +180,7 @@ class FMWorker:
 
     def _compute(self, lease: Lease, naive: bool) -> tuple:
         """FM + encoder over the lease (``naive``: the per-pair forward); nack on failure."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             out = (self._worker.run_naive if naive else self._worker.run)(lease.groups)
         except Exception:
@@ -184,6 +188,7 @@ class FMWorker:
             raise
         with self._count_lock:
             self._phase["compute"] += time.perf_counter() - t0
+            self._phase["compute_cpu"] += time.thread_time() - c0
         return out
 
     def _prefetch(self, lease: Lease) -> None:
@@ -212,7 +217,7 @@ class FMWorker:
         writer thread's path. The report's ``acked`` is then None.
         """
         users, items, z, secs = result
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             scores = np.concatenate([g.priorities for g in lease.groups]).astype(np.float32)
             ledger_ref = (self._ledger.evaluated_packed.remote(pack((users, items, secs)))
@@ -241,6 +246,7 @@ class FMWorker:
             c, ph = self._counts, self._phase
             ph["write"] += t1 - t0
             ph["ack"] += t2 - t1
+            ph["write_cpu"] += time.thread_time() - c0
             c["leases"] += 1
             c["pairs"] += len(users)
             c["written"] += written
@@ -341,7 +347,10 @@ class FMWorker:
                         self._fail(unpack(held))
                     raise
                 if pending is not None:
+                    t0 = time.perf_counter()
                     add(pending.result())
+                    with self._count_lock:
+                        self._phase["write_wait"] += time.perf_counter() - t0
                 pending = self._writer.submit(self._finish, lease, result, True)
                 lease = nxt
         finally:
@@ -406,7 +415,10 @@ class WorkerPool:
 
     def __init__(self, cfg: PrecomputeConfig, artifacts_dir: str | Path, tables: SideTables,
                  history: HistoryProvider | None, queue: Any, cache: Any, ledger: Any = None,
-                 lease_pairs: int | None = None, num_cpus: float = WORKER_NUM_CPUS) -> None:
+                 lease_pairs: int | None = None, num_cpus: float = WORKER_NUM_CPUS, *,
+                 actor_options: dict[str, Any] | None = None) -> None:
+        """``actor_options`` (placement: e.g. ``{"resources": {"fm_host": 1}}``) go to each
+        worker's ``.options``, over ``num_cpus`` and the GPUs ``cfg.device`` asks for."""
         self.cfg = cfg
         self.queue = queue
         self.cache = cache
@@ -416,6 +428,7 @@ class WorkerPool:
                       None if history is None else ray.put(history))
         self._lease_pairs = lease_pairs
         self._num_cpus = num_cpus
+        self._actor_options = dict(actor_options or {})
         self.workers: list[Any] = []
         for _ in range(cfg.workers):
             self.add_worker()
@@ -423,7 +436,8 @@ class WorkerPool:
     def add_worker(self) -> Any:
         """Start one more worker (no check against ``max_workers``; ``scale`` checks)."""
         art, tables, history = self._args
-        w = FMWorker.options(num_cpus=self._num_cpus, num_gpus=self.num_gpus).remote(
+        opts = {"num_cpus": self._num_cpus, "num_gpus": self.num_gpus, **self._actor_options}
+        w = FMWorker.options(**opts).remote(
             self.cfg, art, tables, history, self.queue, self.cache, self.ledger,
             self._lease_pairs, len(self.workers))
         self.workers.append(w)

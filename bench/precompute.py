@@ -179,24 +179,42 @@ def measure(w: dict, work: Path, trials: int, pairs: int, lease_sizes: list[int]
                 for naive in (False, True)]
         out: dict = {str(lp): {str(c): {"shared": [], "naive": []} for c in CANDIDATES}
                      for lp in lease_sizes}
+        # the worker's phase seconds (and FM seconds) per setting, summed over the trials:
+        # read before and after each timed drain, outside the timing
+        phases: dict = {}
+        pairs_done: dict = {}
         for trial in range(-1, trials):  # trial -1 warms up every path
             k = trial % len(runs)
             for lp, c, naive in runs[k:] + runs[:k]:  # the order rotates per trial
                 args = batch_of(w, c, pairs, seed=1000 * max(trial, 0) + c)
                 new = ray.get(queue.put.remote(*args, w["version"]))
+                m0 = ray.get(worker.metrics.remote())
                 t0 = time.perf_counter()
                 got = ray.get(worker.drain.remote(naive=naive, lease_pairs=lp))
                 dt = time.perf_counter() - t0
                 if got["pairs"] != new:
                     raise RuntimeError(f"drained {got['pairs']} of {new} pairs")
                 if trial >= 0:
-                    out[str(lp)][str(c)]["naive" if naive else "shared"].append(new / dt)
+                    mode = "naive" if naive else "shared"
+                    out[str(lp)][str(c)][mode].append(new / dt)
+                    m1 = ray.get(worker.metrics.remote())
+                    key = (str(lp), str(c), mode)
+                    ph = phases.setdefault(key, {"wall": 0.0})
+                    ph["wall"] += dt
+                    ph["fm"] = ph.get("fm", 0.0) + m1["fm_seconds"] - m0["fm_seconds"]
+                    for name, v in m1["phase_seconds"].items():
+                        ph[name] = ph.get(name, 0.0) + v - m0["phase_seconds"][name]
+                    pairs_done[key] = pairs_done.get(key, 0) + new
             log.info("trial %d done", trial)
+        phase_us: dict = {}
+        for (lp, c, mode), ph in phases.items():
+            phase_us.setdefault(lp, {}).setdefault(c, {})[mode] = {
+                name: 1e6 * v / pairs_done[(lp, c, mode)] for name, v in ph.items()}
         led = ray.get(ledger.report.remote())
         wm = ray.get(worker.metrics.remote())
         pool.shutdown()
         cache.shutdown()
-        return {"trials": out, "ledger": {k: led[k] for k in ("evaluations", "duplicates",
+        return {"trials": out, "phase_us_per_pair": phase_us, "ledger": {k: led[k] for k in ("evaluations", "duplicates",
                                                               "fm_seconds")},
                 "worker": {k: wm[k] for k in ("leases", "pairs", "written", "late_acks",
                                               "fm_seconds", "device", "phase_seconds",
@@ -234,6 +252,10 @@ def summarize(w: dict, m: dict, lease_pairs: int, fm_only: dict) -> dict:
         "trials_pairs_per_s": m["trials"],
         "version": w["version"], "fm": dataclasses.asdict(cfg.fm),
         "ledger": m["ledger"], "worker": m["worker"], "train_s": w["train_s"],
+        # where one worker's time goes, per pair (wall: the driver's timing of the drain;
+        # compute / write / lease / ack / write_wait: wall seconds of the worker's phases;
+        # compute_cpu / write_cpu: CPU seconds of the threads that ran them; fm: FM seconds)
+        "phase_us_per_pair": m["phase_us_per_pair"],
     }
 
 
@@ -260,6 +282,15 @@ def table(r: dict) -> str:
         lines.append(f"{name:<19}" + "".join(
             f"C={c}: {f[str(c)]['shared']:,.0f} / {f[str(c)]['naive']:,.0f} = "
             f"{f[str(c)]['shared'] / f[str(c)]['naive']:.2f}x   " for c in CANDIDATES))
+    lines.append(f"where one worker's time goes at lease {r['lease_pairs']}, 50 candidates "
+                 "(us per pair, summed over trials):")
+    for name, x in shapes:
+        ph = x["phase_us_per_pair"][str(r["lease_pairs"])]["50"]
+        for mode in ("shared", "naive"):
+            lines.append(f"{name:<19}{mode:<7}" + "  ".join(
+                f"{k} {ph[mode][k]:.1f}" for k in ("wall", "fm", "compute", "compute_cpu",
+                                                   "lease", "write_wait", "write",
+                                                   "write_cpu")))
     for name, x in shapes:
         ok = x["sharing_speedup_50"] >= TARGET_SPEEDUP_50
         lines.append(f"{name}: sharing_speedup_50 = {x['sharing_speedup_50']:.2f} at lease "

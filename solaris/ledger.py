@@ -12,12 +12,16 @@
   ended (expired, or were replaced by a re-evaluation), and the share that expired unread.
 
 One ledger per FM+encoder version. Pairs are tracked in a dict of int64 keys while live, so
-its size follows the cache's. numpy in, plain numbers out.
+its size follows the cache's; each batch goes through the dict with C-level calls (``map``
+over ``dict.get`` / ``pop``, ``dict.update``), never a Python loop per pair, so an FM worker's
+report costs ~0.1 us per pair. numpy in, plain numbers out.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
+from itertools import compress, repeat
 
 import numpy as np
 
@@ -71,15 +75,17 @@ class CostLedger:
             if dup.shape != (len(keys),):
                 raise RequestError(f"duplicate_mask: expected shape ({len(keys)},), got "
                                    f"{dup.shape}")
-        n_dup = 0
-        for j, k in enumerate(keys):
-            prev = self._open.get(k)
-            if prev is not None:
-                self.counters["replaced"] += 1
-                self.counters["replaced_read"] += prev
-            is_dup = (prev is not None) if duplicate_mask is None else bool(dup[j])
-            n_dup += is_dup
-            self._open[k] = False
+        # One pass per batch through C-level dict calls, no Python loop per pair. A key may
+        # repeat in a batch: its first occurrence sees the ledger's entry (or none), every
+        # later one the entry the first just opened -- a replaced, unread duplicate.
+        batch = dict.fromkeys(keys, False)  # distinct keys, first-occurrence order
+        prev = list(map(self._open.get, batch))
+        repeats = len(keys) - len(batch)
+        replaced = repeats + len(batch) - prev.count(None)
+        self.counters["replaced"] += replaced
+        self.counters["replaced_read"] += prev.count(True)
+        n_dup = replaced if duplicate_mask is None else int(np.count_nonzero(dup))
+        self._open.update(batch)
         self.counters["evaluations"] += len(keys)
         self.counters["duplicates"] += n_dup
         self.fm_seconds += float(seconds)
@@ -89,13 +95,14 @@ class CostLedger:
         """These pairs were served as pair embeddings (hits of precomputed entries)."""
         keys = _keys(users, items)
         self.counters["reads"] += len(keys)
-        for k in keys:
-            prev = self._open.get(k)
-            if prev is None:
-                self.counters["reads_untracked"] += 1
-            elif not prev:
-                self._open[k] = True
-                self.counters["first_reads"] += 1
+        # every read of a pair the ledger does not hold is untracked; a held, unread pair
+        # turns read once (its first read), whatever the repeats in the batch
+        self.counters["reads_untracked"] += list(map(self._open.get, keys)).count(None)
+        batch = dict.fromkeys(keys)
+        unread = list(compress(batch, map(operator.is_, map(self._open.get, batch),
+                                          repeat(False))))
+        self._open.update(dict.fromkeys(unread, True))
+        self.counters["first_reads"] += len(unread)
 
     def expired(self, users: np.ndarray, items: np.ndarray,
                 was_read: np.ndarray | None = None) -> None:
@@ -106,14 +113,16 @@ class CostLedger:
         flags = None if was_read is None else np.asarray(was_read, bool)
         if flags is not None and flags.shape != (len(keys),):
             raise RequestError(f"was_read: expected shape ({len(keys)},), got {flags.shape}")
-        for j, k in enumerate(keys):
-            prev = self._open.pop(k, None)
-            if prev is None and flags is None:
-                self.counters["expired_untracked"] += 1
-                continue
-            r = bool(flags[j]) if flags is not None else prev
-            self.counters["expired"] += 1
-            self.counters["expired_read"] += r
+        batch = dict.fromkeys(keys)  # a repeated key ends once: later repeats find nothing
+        prev = list(map(self._open.pop, batch, repeat(None)))
+        if flags is not None:  # every row counts, read as the cache says
+            self.counters["expired"] += len(keys)
+            self.counters["expired_read"] += int(np.count_nonzero(flags))
+            return
+        untracked = len(keys) - len(batch) + prev.count(None)
+        self.counters["expired_untracked"] += untracked
+        self.counters["expired"] += len(keys) - untracked
+        self.counters["expired_read"] += prev.count(True)
 
     def report(self) -> dict:
         """Costs per 1,000 served requests and speculation precision (None where undefined)."""

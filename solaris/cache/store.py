@@ -197,7 +197,8 @@ class PairStore:
             self._rebuild_index()
 
     def _resize(self, cap: int) -> None:
-        """Move live slots to new slabs of ``cap`` slots (grow, or shrink to free memory)."""
+        """Move live slots to new slabs of ``cap`` slots, compacted (shrink to free memory;
+        growth goes through ``_grow``, which keeps the slots where they are)."""
         live = np.flatnonzero(self._meta["vid"] != 0)
         n = len(live)
         cap = max(cap, n)
@@ -219,10 +220,25 @@ class PairStore:
         self._index.rebuild(key_hash(m["user"], m["item"], m["vid"]), live, extra)
         _trim_heap()
 
+    def _grow(self, cap: int) -> None:
+        """Enlarge the slabs to ``cap`` slots, every live slot keeping its number, so the
+        index stays valid: no rebuild (re-hashing and re-inserting every live key on each
+        growth made growing cost more than the writes themselves). Holes stay free and are
+        handed out first."""
+        old = len(self._meta)
+        meta = np.zeros(cap, dtype=META)
+        rows = np.zeros((cap, self.codec.row_bytes), dtype=np.uint8)
+        meta[:old], rows[:old] = self._meta, self._rows
+        log.debug("slab %d -> %d slots (%d live)", old, cap, self.live)
+        self._meta, self._rows = meta, rows
+        self._free = np.concatenate([np.arange(cap - 1, old - 1, -1, dtype=np.int64),
+                                     self._free])
+        _trim_heap()  # the old slabs' pages go back (see ``_libc_trim``)
+
     def _alloc(self, k: int) -> np.ndarray:
         if len(self._free) < k:
             grown = max(self.live + k, int(len(self._meta) * _GROW), _MIN_SLOTS)
-            self._resize(min(self.cfg.capacity, grown))
+            self._grow(min(self.cfg.capacity, grown))
         assert len(self._free) >= k, "allocating past capacity"
         out, self._free = self._free[len(self._free) - k:], self._free[:len(self._free) - k]
         return out

@@ -61,25 +61,31 @@ class UserSums:
         return self._index.find_one(key_hash_one(user, 0, vid), verify_one)
 
     def add(self, users: np.ndarray, vids: np.ndarray, vecs: np.ndarray, sign: int) -> None:
-        """Add (sign=+1) or subtract (sign=-1) decoded vectors (n, d) of these keys."""
+        """Add (sign=+1) or subtract (sign=-1) decoded vectors (n, d) of these keys.
+
+        Keys are grouped first (a write batch holds a few users, many items each), so the
+        index is asked once per distinct (user, vid), not once per vector."""
         if len(users) == 0:
             return
         users = np.asarray(users, dtype=np.int64)
-        vids = np.asarray(vids, dtype=np.uint16)
-        rows = self.find(users, vids)
+        vids = np.broadcast_to(np.asarray(vids, dtype=np.uint16), users.shape)
+        order = np.lexsort((vids, users))  # stable: each group keeps the batch's order
+        su, sv = users[order], vids[order]
+        starts = np.flatnonzero(np.r_[True, (su[1:] != su[:-1]) | (sv[1:] != sv[:-1])])
+        gu, gv = su[starts], sv[starts]  # distinct (user, vid)
+        rows = self.find(gu, gv)
         if sign > 0 and (rows < 0).any():
-            rows = self._create(users, vids, rows)
+            rows = self._create(gu, gv, rows)
         assert (rows >= 0).all(), "subtracting a vector that was never added"
-        uniq, order, starts = group_rows(rows)
         acc = np.add.reduceat(np.asarray(vecs, dtype=np.float64)[order], starts, axis=0)
-        cnt = np.diff(np.r_[starts, len(rows)])
+        cnt = np.diff(np.r_[starts, len(users)])
         if sign > 0:
-            self.sums[uniq] += acc
-            self.counts[uniq] += cnt
+            self.sums[rows] += acc
+            self.counts[rows] += cnt
         else:
-            self.sums[uniq] -= acc
-            self.counts[uniq] -= cnt
-            self._release(uniq[self.counts[uniq] == 0])
+            self.sums[rows] -= acc
+            self.counts[rows] -= cnt
+            self._release(rows[self.counts[rows] == 0])
 
     def adjust(self, rows: np.ndarray, delta: np.ndarray) -> None:
         """sums[rows] += delta (n, d) for existing rows, counts unchanged (an overwrite)."""

@@ -79,3 +79,78 @@ def test_bad_inputs_name_the_value():
         led.read(a(1, 2), a(1))
     with pytest.raises(RequestError, match="n=-1"):
         led.served(-1)
+
+
+# ------------------------------------------------------------------ the batch path vs a loop
+
+class LoopLedger:
+    """The ledger's rules one pair at a time (the reference the batch code must match)."""
+
+    def __init__(self) -> None:
+        self.open: dict[int, bool] = {}
+        self.c = dict.fromkeys(("evaluations", "duplicates", "replaced", "replaced_read",
+                                "reads", "reads_untracked", "first_reads", "expired",
+                                "expired_read", "expired_untracked"), 0)
+
+    def evaluated(self, keys, mask=None) -> int:
+        n_dup = 0
+        for j, k in enumerate(keys):
+            prev = self.open.get(k)
+            if prev is not None:
+                self.c["replaced"] += 1
+                self.c["replaced_read"] += prev
+            n_dup += (prev is not None) if mask is None else bool(mask[j])
+            self.open[k] = False
+        self.c["evaluations"] += len(keys)
+        self.c["duplicates"] += n_dup
+        return n_dup
+
+    def read(self, keys) -> None:
+        self.c["reads"] += len(keys)
+        for k in keys:
+            prev = self.open.get(k)
+            if prev is None:
+                self.c["reads_untracked"] += 1
+            elif not prev:
+                self.open[k] = True
+                self.c["first_reads"] += 1
+
+    def expired(self, keys, flags=None) -> None:
+        for j, k in enumerate(keys):
+            prev = self.open.pop(k, None)
+            if prev is None and flags is None:
+                self.c["expired_untracked"] += 1
+                continue
+            self.c["expired"] += 1
+            self.c["expired_read"] += bool(flags[j]) if flags is not None else prev
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_batch_counting_matches_a_pair_by_pair_loop(seed):
+    """Repeated keys within a batch, re-evaluations, reads and expiries (with and without
+    the cache's flags): every counter, the return values and the live set agree."""
+    rng = np.random.default_rng(seed)
+    led, ref = CostLedger(), LoopLedger()
+    for _ in range(60):
+        n = int(rng.integers(0, 12))
+        u, i = rng.integers(0, 3, n), rng.integers(0, 4, n)  # few keys: many repeats
+        keys = ((u << 32) | i).tolist()
+        op = rng.integers(0, 5)
+        if op == 0:
+            assert led.evaluated(u, i, 0.1) == ref.evaluated(keys)
+        elif op == 1:
+            mask = rng.random(n) < 0.5
+            assert led.evaluated(u, i, 0.1, duplicate_mask=mask) == ref.evaluated(keys, mask)
+        elif op == 2:
+            led.read(u, i)
+            ref.read(keys)
+        elif op == 3:
+            led.expired(u, i)
+            ref.expired(keys)
+        else:
+            flags = rng.random(n) < 0.5
+            led.expired(u, i, was_read=flags)
+            ref.expired(keys, flags)
+        r = led.report()
+        assert {k: r[k] for k in ref.c} == ref.c
+        assert r["live"] == len(ref.open) and r["live_read"] == sum(ref.open.values())

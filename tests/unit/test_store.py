@@ -416,6 +416,40 @@ def test_hash_index_matches_a_dict(ops, collide):
         assert index.find_one(hk, lambda s, k=k: keys_of_slot[s] == k) == truth.get(k, -1)
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_hash_index_stays_exact_when_filled_past_its_load_limit(seed):
+    """Batches inserted with no rebuild up to 95% of the cells: keys whose two buckets are
+    full are placed by a one-move displacement (vectorised) or kicks, and every key is still
+    found at its slot -- also after removing a third and inserting again."""
+    rng = np.random.default_rng(seed)
+    index = HashIndex(2000)  # sized for 2,000 keys at the target load: 4,000 cells
+    keys = rng.choice(10**9, size=int(0.95 * index.size), replace=False).astype(np.int64)
+    h = key_hash(keys, 0, 1)
+    placed = []
+    displace = index._displace
+
+    def spy(*args):
+        out = displace(*args)
+        placed.append(int(out.sum()))
+        return out
+    index._displace = spy
+
+    def check(live: np.ndarray) -> None:
+        slot, _ = index.lookup(h[live], lambda pos, s: s == live[pos])
+        assert (slot == live).all()
+
+    for part in np.array_split(np.arange(len(keys)), 12):
+        index.insert(h[part], part)
+    check(np.arange(len(keys)))
+    assert sum(placed) > 0  # the displacement path ran
+    gone = rng.choice(len(keys), len(keys) // 3, replace=False)
+    _, cells = index.lookup(h[gone], lambda pos, s: s == gone[pos])
+    index.remove(cells)
+    index.insert(h[gone], gone)
+    check(np.arange(len(keys)))
+    assert index.live == len(keys)
+
+
 def test_scalar_hash_equals_the_vectorised_one():
     a = np.array([0, 1, 2**40, 2**62, 12345], dtype=np.int64)
     b = np.array([7, 0, 3, 2**50, 99], dtype=np.int64)
