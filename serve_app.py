@@ -41,8 +41,8 @@ from solaris.config import SolarisConfig, config_to_dict, load_config
 from solaris.errors import SolarisError
 from solaris.rollout import RolloutPolicy
 from solaris.scoring import Artifacts, InlineFM, PackedSlots, ScoreRequest, VMScorer
-from solaris.serving import (TIER_NAMES, AfterAnswer, ColdNeighbours, KnnTables, default_artifacts_dir,
-                             ensure_artifacts, is_cold, knn_version, load_knn,
+from solaris.serving import (TIER_NAMES, AfterAnswer, ColdNeighbours, KnnTables,
+                             default_artifacts_dir, ensure_artifacts, is_cold,
                              settings_from_args)
 
 log = logging.getLogger("solaris.serve")
@@ -121,11 +121,14 @@ async def _limit_body(request: Request, call_next):
     return await call_next(request)
 
 
-def _knn_tables(cfg: SolarisConfig) -> KnnTables | None:
-    """The published KNN tables (``jobs/rebuild_knn.py``) if ``knn.table_uri`` is set."""
+def _knn_tables(cfg: SolarisConfig, app_id: str) -> KnnTables | None:
+    """The published KNN tables (``jobs/rebuild_knn.py``) if ``knn.table_uri`` is set, read
+    once per version by the app's holder actor and shared through the object store."""
     if not cfg.knn.table_uri:
         return None
-    return KnnTables(cfg.knn, load_knn, knn_version)
+    from actors.knn import create_knn_holder, holder_tables
+
+    return holder_tables(cfg.knn, create_knn_holder(cfg.knn, app_id))
 
 
 class _Unavailable(SolarisError):
@@ -297,7 +300,7 @@ class LookupRouter:
                                      for t in self.tasks}, cfg.serve.rollout_threshold,
                                     cfg.serve.rollout_min_lookups)
         self.backend = _Backend(cfg, settings)
-        self.knn = _knn_tables(cfg)
+        self.knn = _knn_tables(cfg, settings["app_id"])
         self._inline: InlineFM | None = None
         self._user_enc: tuple | None = None  # (UserEncoder, side tables, history_len), lazily
         self._history_timeout_s = cfg.cache.deadline_ms / 1000.0  # request-path history reads
@@ -484,7 +487,10 @@ class LookupRouter:
                 versions.append(pending)
                 if self._requests % self._shadow_every == 0:
                     self._spawn(self._shadow(body, items, now, pending))
-            full = self.buffer.add(body.user_id, items, body.surface, now,
+            # what the user is shown: the top of the ranking (serve.impressions_top_k)
+            k = min(self.cfg.serve.impressions_top_k, len(items))
+            shown = items[np.argsort(-probs, kind="stable")[:k]]
+            full = self.buffer.add(body.user_id, shown, body.surface, now,
                                    {v: (items[picks], probs[picks]) for v in versions})
             self._budget.record(len(picks))
             if full:

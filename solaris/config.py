@@ -452,6 +452,9 @@ class ServeConfig:
     rollout_min_lookups: int = 2000  # candidates looked up under a new version before a switch
     inline_sharing: bool = False  # mode inline: share the FM's request part (else per pair)
     flush_ms: float = 20.0  # impressions and verifier picks are sent in batches this often
+    # the top-k candidates by score are recorded as impressions (what a feed shows); 0: none
+    # (then /feedback alone feeds the history store)
+    impressions_top_k: int = 10
     flush_requests: int = 32  # ... or once this many requests are buffered
 
     def __post_init__(self) -> None:
@@ -464,6 +467,8 @@ class ServeConfig:
         _check(self.vm_batch_wait_s >= 0, "serve.vm_batch_wait_s", self.vm_batch_wait_s,
                "must be >= 0")
         _check(self.flush_ms > 0, "serve.flush_ms", self.flush_ms, "must be > 0")
+        _check(self.impressions_top_k >= 0, "serve.impressions_top_k", self.impressions_top_k,
+               "must be >= 0")
         _check(self.rollout_min_lookups >= 1, "serve.rollout_min_lookups",
                self.rollout_min_lookups, "must be >= 1")
         _check(self.flush_requests >= 1, "serve.flush_requests", self.flush_requests,

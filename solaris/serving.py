@@ -102,7 +102,24 @@ class KnnSnapshot:
     version: str
     users: Any  # solaris.enrich.NeighbourTable | None
     items: Any  # solaris.enrich.NeighbourTable | None
-    live: Any = None  # solaris.knn.LiveIndex | None
+    live: Any = None  # solaris.knn.LiveIndex | None, or (index bytes, ids, version) in transit
+
+    def shareable(self) -> "KnnSnapshot":
+        """This snapshot with the faiss index as bytes: plain arrays, so one copy in Ray's
+        object store serves every router replica (numpy arrays are read zero-copy)."""
+        live = self.live
+        if live is not None and not isinstance(live, tuple):
+            live = (live.to_bytes(), live.ids, live.version)
+        return KnnSnapshot(self.version, self.users, self.items, live)
+
+    def usable(self) -> "KnnSnapshot":
+        """``shareable``'s inverse: the faiss index rebuilt from its bytes (per replica; the
+        neighbour tables stay shared)."""
+        if not isinstance(self.live, tuple):
+            return self
+        from solaris.knn import LiveIndex
+
+        return KnnSnapshot(self.version, self.users, self.items, LiveIndex.from_bytes(*self.live))
 
 
 def knn_version(uri: str) -> str | None:
@@ -208,27 +225,34 @@ class AfterAnswer:
 
     def __init__(self, max_requests: int):
         self.max_requests = max_requests
+        self._requests = 0
         self._impressions: list[tuple[int, np.ndarray, int, float]] = []
         self._picks: dict[str, list[tuple[int, np.ndarray, np.ndarray, float, int]]] = {}
 
     def __len__(self) -> int:
-        return len(self._impressions)
+        return self._requests
+
+    def _count(self) -> bool:
+        self._requests += 1
+        return self._requests >= self.max_requests
 
     def add(self, user: int, items: np.ndarray, surface: int, now: float,
             picks: dict[str, tuple[np.ndarray, np.ndarray]]) -> bool:
-        """Buffer one answered request; ``picks`` maps a version to (items, scores) to
-        precompute. True when the buffer is full (drain now)."""
-        self._impressions.append((user, items, surface, now))
+        """Buffer one answered request: ``items`` shown (impressions; may be empty) and
+        ``picks`` mapping a version to (items, scores) to precompute. True when the buffer
+        is full (drain now)."""
+        if len(items):
+            self._impressions.append((user, items, surface, now))
         for version, (its, scores) in picks.items():
             if len(its):
                 self._picks.setdefault(version, []).append((user, its, scores, now, surface))
-        return len(self._impressions) >= self.max_requests
+        return self._count()
 
     def drain(self) -> tuple[list[tuple[int, np.ndarray, int, float]],
                              dict[str, tuple[np.ndarray, ...]]]:
         """(impression records, {version: (users, items, priorities, nows, surfaces)})."""
         impressions, picks = self._impressions, self._picks
-        self._impressions, self._picks = [], {}
+        self._impressions, self._picks, self._requests = [], {}, 0
         batches = {}
         for version, rows in picks.items():
             sizes = [len(r[1]) for r in rows]

@@ -111,3 +111,15 @@ def test_after_answer_buffers_and_drains_per_version():
     assert surfaces.tolist() == [0, 0, 0]
     assert picks["v2"][0].tolist() == [2] and picks["v2"][4].tolist() == [1]
     assert b.drain() == ([], {})
+
+
+def test_after_answer_counts_requests_without_impressions():
+    import numpy as np
+
+    from solaris.serving import AfterAnswer
+
+    b = AfterAnswer(max_requests=2)
+    assert not b.add(1, np.array([], np.int64), 0, 1.0, {})  # impressions_top_k = 0
+    assert b.add(2, np.array([3]), 0, 2.0, {}) and len(b) == 2
+    impressions, picks = b.drain()
+    assert [r[0] for r in impressions] == [2] and picks == {} and len(b) == 0
