@@ -20,6 +20,8 @@ cleanup() {
   if [[ -n "${HEAD_PID:-}" ]]; then  # `ray start --block` stops its node on SIGTERM
     kill -TERM "$HEAD_PID" 2>/dev/null || true
     wait "$HEAD_PID" 2>/dev/null || true
+    # the head leaves its address behind; a later `serve run` would try to join it
+    { grep -qs ":$GCS_PORT" /tmp/ray/ray_current_cluster && rm -f /tmp/ray/ray_current_cluster; } || true
   fi
 }
 trap cleanup EXIT
