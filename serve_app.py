@@ -422,13 +422,13 @@ class LookupRouter:
         mode = body.mode or self.cfg.serve.mode
         if body.task not in self.vms:
             return self._error(422, "task", f"{body.task!r} is not served (tasks: "
-                               f"{', '.join(self.tasks)})", mode, body.task)
+                               f"{', '.join(self.tasks)})")
         if len(body.candidates) > self.cfg.serve.max_candidates:
             return self._error(422, "candidates", f"{len(body.candidates)} candidates; the limit "
-                               f"is {self.cfg.serve.max_candidates}", mode, body.task)
+                               f"is {self.cfg.serve.max_candidates}")
         items = np.asarray(body.candidates, np.int64)
         if items.min() < 0 or items.max() > MAX_ID:
-            return self._error(422, "candidates", "ids must be in [0, 2**62]", mode, body.task)
+            return self._error(422, "candidates", "ids must be in [0, 2**62]")
         now = float(body.now) if body.now is not None else time.time()
         version = self.policy.active[body.task]
         loop = asyncio.get_running_loop()
@@ -444,7 +444,7 @@ class LookupRouter:
         try:
             probs = await self._score(body.task, version, req)
         except _Unavailable as e:
-            return self._error(503, "task", str(e), mode, body.task,
+            return self._error(503, "task", str(e),
                                headers={"Retry-After": str(RETRY_AFTER_S)})
         t2 = time.perf_counter()
         rid = body.request_id or uuid.uuid4().hex
@@ -579,7 +579,7 @@ class LookupRouter:
                 out["precompute"] = {"error": type(e).__name__}
         return out
 
-    def _error(self, status: int, field: str, msg: str, mode: str, task: str,
+    def _error(self, status: int, field: str, msg: str,
                headers: dict | None = None) -> JSONResponse:
         self._m_errors.inc(tags={"code": str(status)})
         return _problem(status, field, msg, headers)

@@ -406,26 +406,42 @@ def read_table(fs: pafs.FileSystem, path: str, kind: str) -> KnnTable:
                     float(meta.get("recall_at_10", float("nan"))))
 
 
-def load_current(uri: str, kind: str = "user") -> tuple[str, NeighbourTable]:
-    """(version, NeighbourTable) of the version the pointer under ``uri`` names."""
+def _read_current(uri: str, kind: str) -> tuple[pafs.FileSystem, str, dict, KnnTable]:
+    """The pointer under ``uri`` and the table it names (their versions checked to agree)."""
     fs, root, pointer = _pointer(uri, kind)
     table = read_table(fs, f"{root}/{pointer['table']}", kind)
     if table.version != pointer["version"]:
         raise DataError(f"{root}/{pointer['table']}: holds version {table.version!r}, the "
                         f"pointer names {pointer['version']!r}")
+    return fs, root, pointer, table
+
+
+def load_published(uri: str, kind: str = "user"
+                   ) -> tuple[str, NeighbourTable, LiveIndex | None]:
+    """(version, NeighbourTable, live index or None) of the version the pointer under
+    ``uri`` names: one pointer read, one table read, so the three always match."""
+    fs, root, pointer, table = _read_current(uri, kind)
+    live = None
+    if pointer.get("index"):
+        path = f"{root}/{pointer['index']}"
+        try:
+            with fs.open_input_stream(path) as f:
+                live = LiveIndex.from_bytes(f.readall(), table.ids, table.version)
+        except (OSError, RuntimeError) as e:  # faiss raises RuntimeError on a corrupt index
+            raise DataError(f"{path}: not a readable faiss index ({e})") from e
+    return table.version, table.neighbour_table(), live
+
+
+def load_current(uri: str, kind: str = "user") -> tuple[str, NeighbourTable]:
+    """(version, NeighbourTable) of the version the pointer under ``uri`` names."""
+    table = _read_current(uri, kind)[3]
     return table.version, table.neighbour_table()
 
 
 def load_live(uri: str, kind: str = "user") -> LiveIndex:
     """The current version's faiss index (for cold-start queries); DataError if the version
     was published without one."""
-    fs, root, pointer = _pointer(uri, kind)
-    if not pointer.get("index"):
-        raise DataError(f"{root}/{POINTER}: version {pointer['version']} has no live index")
-    table = read_table(fs, f"{root}/{pointer['table']}", kind)
-    path = f"{root}/{pointer['index']}"
-    try:
-        with fs.open_input_stream(path) as f:
-            return LiveIndex.from_bytes(f.readall(), table.ids, table.version)
-    except (OSError, RuntimeError) as e:  # faiss raises RuntimeError on a corrupt index
-        raise DataError(f"{path}: not a readable faiss index ({e})") from e
+    version, _, live = load_published(uri, kind)
+    if live is None:
+        raise DataError(f"{uri}: {kind} version {version} has no live index")
+    return live

@@ -166,30 +166,27 @@ class PrecomputeWorker:
     def run(self, groups: Sequence[Group]) -> Result:
         """(users (n,), items (n,), vectors (n, d) float32, FM-seconds) for every pair of
         ``groups``, in group order; the request part runs once per group."""
-        groups = self._check(groups)
-        if not groups:
-            return self._empty()
-        req, cand, req_index, users, items = self._batches(groups)
-        with torch.inference_mode():
-            t0 = self.timer()
-            state = self.fm.request_part(req)  # R rows: one per group
-            shared = self.fm.candidate_part(state, cand, req_index)  # (B, S)
-            z = self.encoder.encode(shared).float().cpu().numpy()  # (B, d)
-            seconds = self.timer() - t0
-        return users, items, z, seconds
+        return self._forward(groups, naive=False)
 
     def run_naive(self, groups: Sequence[Group]) -> Result:
         """Same result through the plain per-pair forward: each pair carries its own copy of
         its group's request side, so the request part runs once per pair."""
+        return self._forward(groups, naive=True)
+
+    def _forward(self, groups: Sequence[Group], naive: bool) -> Result:
         groups = self._check(groups)
         if not groups:
             return self._empty()
         req, cand, req_index, users, items = self._batches(groups)
         with torch.inference_mode():
             t0 = self.timer()
-            batch = {k: v.index_select(0, req_index) for k, v in req.items()}  # B rows each
-            batch.update(cand)
-            shared = self.fm.shared_layer(batch)  # (B, S)
+            if naive:
+                batch = {k: v.index_select(0, req_index) for k, v in req.items()}  # B rows each
+                batch.update(cand)
+                shared = self.fm.shared_layer(batch)  # (B, S)
+            else:
+                state = self.fm.request_part(req)  # R rows: one per group
+                shared = self.fm.candidate_part(state, cand, req_index)  # (B, S)
             z = self.encoder.encode(shared).float().cpu().numpy()  # (B, d)
             seconds = self.timer() - t0
         return users, items, z, seconds

@@ -26,9 +26,9 @@ from solaris.cache.query import TIER_NONE, TIER_PAIR, Slots
 from solaris.config import config_from_dict
 from solaris.data.schema import FeatureSpec
 from solaris.errors import CheckpointError, RequestError
-from solaris.models.fm import REQUEST_KEYS
 from solaris.models.vm import VerticalModel
-from solaris.precompute import HistoryProvider, SideTables, load_models
+from solaris.pqueue import Group
+from solaris.precompute import HistoryProvider, PrecomputeWorker, SideTables, load_models
 from solaris.train.artifacts import load_side_tables
 from solaris.train.checkpoint import load_checkpoint
 
@@ -195,21 +195,21 @@ class VMScorer:
 
 
 class InlineFM:
-    """The cache's FM + encoder run in the request path: a pair slot for every known candidate."""
+    """The cache's FM + encoder run in the request path: a pair slot for every known candidate.
+
+    The forward is the FM workers' own (``PrecomputeWorker``) over one request group: with
+    ``sharing`` the request part runs once, as the workers run it; without, every pair
+    carries its own request side, as a ranking model scores pairs in the request path."""
 
     def __init__(self, artifacts: Artifacts, side: SideTables, history: HistoryProvider,
                  sharing: bool = False):
         fm, enc, version = load_models(artifacts.root)
-        # sharing: the request part once per request (as the precompute workers run it);
-        # else the plain per-pair forward, as a ranking model scores pairs in the request path
+        self.worker = PrecomputeWorker(fm, enc, history, side, version)
         self.sharing = sharing
-        self.fm, self.encoder, self.version = fm.eval(), enc.eval(), version
-        self.side = side
-        self.history = history
+        self.version = version
         self.num_users, self.num_items = artifacts.num_users, artifacts.num_items
         self.dim = enc.width
 
-    @torch.inference_mode()
     def embed(self, user: int, items: np.ndarray, surface: int, now: float
               ) -> tuple[np.ndarray, np.ndarray]:
         """(z (C, d) float32, known (C,) bool): the pair embedding of every known candidate."""
@@ -219,24 +219,10 @@ class InlineFM:
         z = np.zeros((len(items), self.dim), np.float32)
         if not known.any():
             return z, known
-        s = self.side
-        req_np = self.history.batch(np.array([user], np.int64), np.array([now], np.float64),
-                                    np.array([max(surface, 0)], np.int64), self.fm.history_len,
-                                    s.item_cat, s.user_cat, s.user_cont)
-        req = {k: torch.from_numpy(np.ascontiguousarray(req_np[k])) for k in REQUEST_KEYS}
         it = items[known]
-        cand = {"item": torch.from_numpy(it),  # (B,)
-                "item_cat": torch.from_numpy(s.item_cat[it].astype(np.int64)),
-                "item_mh": torch.from_numpy(s.item_mh[it].astype(np.int64)),
-                "item_cont": torch.from_numpy(s.item_cont[it].astype(np.float32))}
-        if self.sharing:
-            state = self.fm.request_part(req)  # one row: the request
-            shared = self.fm.candidate_part(state, cand, torch.zeros(len(it), dtype=torch.long))
-        else:
-            rows = torch.zeros(len(it), dtype=torch.long)
-            shared = self.fm.shared_layer({**{k: v.index_select(0, rows) for k, v in req.items()},
-                                           **cand})  # (B, S): every pair its own request side
-        z[known] = self.encoder.encode(shared).float().numpy()  # (B, d)
+        group = Group(user, float(now), max(surface, 0), self.version, it, np.zeros(len(it)))
+        run = self.worker.run if self.sharing else self.worker.run_naive
+        z[known] = run([group])[2]  # (B, d)
         return z, known
 
     def slots(self, user: int, items: np.ndarray, surface: int, now: float) -> Slots:

@@ -138,15 +138,12 @@ def load_knn(uri: str) -> KnnSnapshot:
     its live index; the item table where one is published."""
     from solaris import knn
 
-    uv, users = knn.load_current(uri, "user")
+    uv, users, live = knn.load_published(uri, "user")
+    if live is None:  # published without an index: no cold-start queries, tables still serve
+        log.warning("KNN %s: no live user index; cold-start users get no neighbours", uv)
     items, iv = None, ""
     if knn.current_version(uri, "item") is not None:
         iv, items = knn.load_current(uri, "item")
-    try:
-        live = knn.load_live(uri, "user")
-    except Exception:  # published without an index: no cold-start queries, tables still serve
-        log.warning("KNN %s: no live user index; cold-start users get no neighbours", uv)
-        live = None
     return KnnSnapshot(f"{uv}|{iv}", users, items, live)
 
 

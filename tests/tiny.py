@@ -15,6 +15,12 @@ TINY = {
     "train.fm_epochs": 1, "train.vm_epochs": 1, "train.threads": 1,
 }
 
+# a larger tiny world: users whose histories outgrow the history ring, more requests per user
+WORLD_400 = {
+    "data.synthetic.num_users": 400, "data.synthetic.num_items": 300,
+    "data.synthetic.days": 12.0, "data.synthetic.target_interactions": 16000,
+}
+
 
 def train_tiny(out: Path, seed: int = 0, **overrides: Any) -> Path:
     """Artifacts (``solaris train``) of the tiny world in ``out``."""

@@ -20,6 +20,7 @@ ray = pytest.importorskip("ray")
 
 from ray.exceptions import RayActorError  # noqa: E402
 
+from tests import tiny  # noqa: E402
 from actors.cache import CacheGroup, HistoryUnavailable  # noqa: E402
 from actors.ledger import LedgerActor  # noqa: E402
 from actors.precompute import WorkerPool  # noqa: E402
@@ -35,13 +36,7 @@ from solaris.precompute import PrecomputeWorker, SideTables, load_models  # noqa
 from solaris.train.artifacts import train_artifacts  # noqa: E402
 
 # test_precompute_faults' TINY sizes: the model's quality is not under test here
-TINY = {
-    "data.synthetic.num_users": 400, "data.synthetic.num_items": 300,
-    "data.synthetic.days": 12.0, "data.synthetic.target_interactions": 16000,
-    "fm.emb_dim": 16, "fm.shared_dim": 64, "fm.head_hidden": 32,
-    "features.history_len": 16, "encoder.width": 16, "encoder.epochs": 1,
-    "train.fm_epochs": 1, "train.vm_epochs": 1, "train.threads": 1,
-}
+TINY = {**tiny.TINY, **tiny.WORLD_400}
 HCFG = HistoryConfig(max_events=24, max_users=1000)  # fewer than some users' events: rings wrap
 USERS = 10  # users whose logged requests are recorded live
 REQUESTS, PER_REQUEST = 10, 6  # precompute requests after the recorded events

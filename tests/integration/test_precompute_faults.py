@@ -26,6 +26,7 @@ ray = pytest.importorskip("ray")
 
 from ray.exceptions import RayActorError  # noqa: E402
 
+from tests import tiny  # noqa: E402
 from actors.cache import CacheGroup  # noqa: E402
 from actors.ledger import LedgerActor  # noqa: E402
 from actors.precompute import WorkerPool  # noqa: E402
@@ -41,13 +42,7 @@ from solaris.train.artifacts import train_artifacts  # noqa: E402
 log = logging.getLogger(__name__)
 
 # test_pipeline's TINY sizes, one epoch each: the model's quality is not under test here
-TINY = {
-    "data.synthetic.num_users": 400, "data.synthetic.num_items": 300,
-    "data.synthetic.days": 12.0, "data.synthetic.target_interactions": 16000,
-    "fm.emb_dim": 16, "fm.shared_dim": 64, "fm.head_hidden": 32,
-    "features.history_len": 16, "encoder.width": 16, "encoder.epochs": 1,
-    "train.fm_epochs": 1, "train.vm_epochs": 1, "train.threads": 1,
-}
+TINY = {**tiny.TINY, **tiny.WORLD_400}
 REQUESTS, PER_REQUEST = 12, 8  # 96 accepted pairs per test
 LEASE_PAIRS = 16  # two requests per lease
 LEASE_TIMEOUT_S = 3.0  # short, yet ~100x a step on a loaded 2-core machine

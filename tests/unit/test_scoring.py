@@ -14,14 +14,13 @@ from solaris.errors import CheckpointError, RequestError
 from solaris.history import HistoryStore
 from solaris.scoring import Artifacts, InlineFM, ScoreRequest, VMScorer
 from solaris.train.artifacts import train_artifacts
+from tests import tiny
 
-TINY = {
-    "data.synthetic.num_users": 200, "data.synthetic.num_items": 150,
-    "data.synthetic.days": 8.0, "data.synthetic.target_interactions": 5000,
-    "fm.emb_dim": 16, "fm.shared_dim": 32, "fm.head_hidden": 16,
-    "features.history_len": 8, "encoder.width": 8, "encoder.epochs": 1,
-    "train.fm_epochs": 1, "train.vm_epochs": 1, "train.threads": 1,
-}
+TINY = {**tiny.TINY,  # smaller still: scorers only
+        "data.synthetic.num_users": 200, "data.synthetic.num_items": 150,
+        "data.synthetic.days": 8.0, "data.synthetic.target_interactions": 5000,
+        "fm.shared_dim": 32, "fm.head_hidden": 16, "features.history_len": 8,
+        "encoder.width": 8}
 
 
 @pytest.fixture(scope="module")
