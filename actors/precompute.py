@@ -475,8 +475,9 @@ class WorkerPool:
         return out
 
     def drain(self, timeout_s: float = 60.0) -> list[dict[str, Any] | None]:
-        """Step every worker until the queue holds nothing pending or leased (leases of dead
-        workers come back after the lease timeout); the step reports, in order."""
+        """Step every worker until the queue holds nothing leasable (pending, under the
+        replay's gate if one is set) or leased (leases of dead workers come back after the
+        lease timeout); the step reports, in order."""
         deadline = time.monotonic() + timeout_s
         reports: list[dict[str, Any] | None] = []
         while True:
@@ -485,7 +486,7 @@ class WorkerPool:
             if any(r is not None and r["lease"] is not None for r in got):
                 continue
             m = ray.get(self.queue.metrics.remote())
-            if m["depth"] == 0 and m["leased"] == 0:
+            if m["eligible"] == 0 and m["leased"] == 0:  # nothing leasable (gate) or pending
                 return reports
             if time.monotonic() > deadline:
                 raise TimeoutError(f"precompute: queue not drained after {timeout_s} s "

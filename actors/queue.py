@@ -173,6 +173,12 @@ class PrecomputeQueueActor:
             self._changes += ok
             return ok
 
+    def set_gate(self, until: float | None, allowance: int | None) -> dict[str, Any]:
+        """The replay's event-time gate (``PrecomputeQueue.set_gate``); returns the metrics."""
+        with self._lock:
+            self._queue.set_gate(until, allowance)
+            return self._queue.metrics()
+
     def nack(self, lease_id: str) -> bool:
         """Return a lease unprocessed (its pairs are pending again at once)."""
         with self._lock:

@@ -117,6 +117,10 @@ class PrecomputeQueue:
         self._next_lease = 0
         self.counters = dict.fromkeys(_COUNTERS, 0)
         self._lag = [0, 0.0]  # acked groups, their summed queued -> acked wall seconds
+        # the event-time gate (replay): only groups whose request time is <= ``_until`` are
+        # leased, and at most ``_allowance`` pairs in all (None: no gate / no limit)
+        self._until: float | None = None
+        self._allowance: int | None = None
 
     # ------------------------------------------------------------------ internals
     def _token(self) -> int:
@@ -276,18 +280,27 @@ class PrecomputeQueue:
             if g is None or g.token != entry[2]:
                 heapq.heappop(self._lease_heap)  # stale
                 continue
-            if version is not None and g.key[3] != version:
+            if (version is not None and g.key[3] != version) or \
+                    (self._until is not None and g.key[1] > self._until):
                 skipped.append(heapq.heappop(self._lease_heap))
                 continue
+            room = None if self._allowance is None else self._allowance - total
+            if room is not None and room <= 0:
+                break
             if taken and total + len(g.items) > limit:
                 break
-            heapq.heappop(self._lease_heap)
-            taken.append(self._take(entry[3]))
+            if room is not None and len(g.items) > room:  # the allowance ends inside it
+                taken.append(self._take_top(entry[3], room))
+            else:
+                heapq.heappop(self._lease_heap)
+                taken.append(self._take(entry[3]))
             total += len(taken[-1].items)
         for entry in skipped:
             heapq.heappush(self._lease_heap, entry)
         if not taken:
             return None
+        if self._allowance is not None:
+            self._allowance -= total
         lid = f"{self._epoch}-{self._next_lease}"
         self._next_lease += 1
         lease = Lease(lid, taken, now + self.cfg.lease_timeout_s)
@@ -310,6 +323,39 @@ class PrecomputeQueue:
         for item in items.tolist():
             del self._pending[(user, item, version)]
         return Group(user, now, surface, version, items[o], prios[o], g.born)
+
+    def _take_top(self, gid: int, n: int) -> Group:
+        """The ``n`` highest-priority pairs of group ``gid`` (ties: smaller item id); the
+        rest stay pending in the group."""
+        g = self._groups[gid]
+        user, now, surface, version = g.key
+        items = np.fromiter(g.items.keys(), np.int64, len(g.items))
+        prios = np.fromiter(g.items.values(), np.float64, len(g.items))
+        o = np.lexsort((items, -prios))[:n]
+        for item in items[o].tolist():
+            self._group_remove(gid, item)
+            del self._pending[(user, item, version)]
+        return Group(user, now, surface, version, items[o], prios[o], g.born)
+
+    def set_gate(self, until: float | None, allowance: int | None) -> None:
+        """The replay's event-time gate: from now on lease only request groups of event time
+        <= ``until``, and at most ``allowance`` pairs in all until the next call (None: no
+        gate / no limit). A group the allowance ends inside is split: its best pairs go,
+        the rest stays pending. Production runs with no gate."""
+        if until is not None and not np.isfinite(until):
+            raise RequestError(f"until={until!r}: must be a finite event time or None")
+        if allowance is not None and int(allowance) < 0:
+            raise RequestError(f"allowance={allowance!r}: must be >= 0 or None")
+        self._until = None if until is None else float(until)
+        self._allowance = None if allowance is None else int(allowance)
+
+    def eligible(self) -> int:
+        """Pending pairs a lease could take now (under the gate and its allowance)."""
+        if self._allowance == 0:
+            return 0
+        n = sum(len(g.items) for g in self._groups.values()
+                if self._until is None or g.key[1] <= self._until)
+        return n if self._allowance is None else min(n, self._allowance)
 
     def ack(self, lease_id: str, now_wall: float | None = None) -> bool:
         """The lease's pairs are in the cache: forget them. False if the lease is unknown
@@ -354,6 +400,8 @@ class PrecomputeQueue:
         """Depth (pending pairs), groups, leased pairs and leases, counters."""
         self._reclaim(self._now(now_wall))
         return {"depth": len(self._pending), "groups": len(self._groups),
+                "eligible": self.eligible(), "gate_until": self._until,
+                "allowance": self._allowance,
                 "leased": len(self._leased), "open_leases": len(self._leases),
                 "capacity": self.cfg.capacity, **self.counters,
                 "lag_s_mean": self._lag[1] / self._lag[0] if self._lag[0] else None}

@@ -208,3 +208,25 @@ def test_config_errors_name_the_field():
     with pytest.raises(ConfigError, match="queue.lease_timeout_s=-1"):
         load_config(None, {"queue.lease_timeout_s": -1})
     assert load_config(None, {"queue.capacity": 5}).queue.capacity == 5
+
+
+def test_gate_leases_only_old_enough_groups_within_the_allowance() -> None:
+    q, _ = make_queue(lease_pairs=100)
+    put(q, 1, [10, 11, 12], [0.9, 0.8, 0.1], now=100.0)  # group A, best priority
+    put(q, 2, [20, 21], [0.5, 0.4], now=100.0)  # group B
+    put(q, 3, [30], [0.99], now=500.0)  # too recent for the gate below
+    q.set_gate(until=200.0, allowance=4)
+    assert q.metrics()["eligible"] == 4
+    got = []
+    while (lease := q.lease(max_pairs=2)) is not None:
+        got += [(g.user, int(i)) for g in lease.groups for i in g.items]
+        q.ack(lease.lease_id)
+    # A whole (3 pairs), then the best pair of B; the allowance ends inside B
+    assert got == [(1, 10), (1, 11), (1, 12), (2, 20)]
+    m = q.metrics()
+    assert m["eligible"] == 0 and m["depth"] == 2 and m["allowance"] == 0
+    q.set_gate(until=600.0, allowance=None)  # later tick: the rest, best first
+    lease = q.lease(max_pairs=10)
+    assert [(g.user, g.items.tolist()) for g in lease.groups] == [(3, [30]), (2, [21])]
+    with pytest.raises(RequestError, match="allowance"):
+        q.set_gate(0.0, -1)
