@@ -68,6 +68,9 @@ class RankRequest(BaseModel):
                                               "(accepted; the shipped VMs read none)")
     mode: Literal["solaris", "vm", "inline"] | None = Field(
         None, description="override the app's mode for this request (benchmarks, debugging)")
+    features_for: list[int] | None = Field(
+        None, max_length=1000, description="feature logging: positions in candidates whose "
+        "served SOLARIS inputs (pair and user slot vectors) come back in features")
 
 
 class RankResponse(BaseModel):
@@ -79,6 +82,9 @@ class RankResponse(BaseModel):
     ages_s: list[float]
     aggregate: list[bool]
     versions: dict[str, str]
+    features: dict[str, list[list[float]]] | None = Field(
+        None, description="with features_for: pair and user slot vectors of those positions "
+        "(zeros where absent)")
 
 
 class FeedbackRequest(BaseModel):
@@ -275,6 +281,39 @@ class Precompute:
             pool.start()
         return sum(len(p.workers) for p in self.pools.values())
 
+    def step_until(self, until: float | None, allowance: int | None,
+                   timeout_s: float = 600.0) -> dict[str, Any]:
+        """The replay's precompute step: stop the background loops, let the queue lease only
+        work of request event time <= ``until`` and at most ``allowance`` pairs, and step
+        every FM worker (all versions) until nothing is leasable or leased. What gets
+        computed depends on the queue's order alone, not on how many workers share it."""
+        import ray
+
+        if not self._paused:
+            self.pause()
+        ray.get(self.backend.queue.set_gate.remote(until, allowance), timeout=60)
+        workers = [w for p in self.pools.values() for w in p.workers]
+        deadline = time.monotonic() + timeout_s
+        pairs = 0
+        while True:
+            refs = [w.step.remote() for w in workers]
+            got = []
+            for ref in refs:
+                try:
+                    got.append(ray.get(ref))
+                except ray.exceptions.RayActorError:  # restarted; its lease comes back
+                    got.append(None)
+            pairs += sum(r["pairs"] for r in got if r)
+            if any(r is not None and r["lease"] is not None for r in got):
+                continue
+            m = ray.get(self.backend.queue.metrics.remote(), timeout=60)
+            if m["eligible"] == 0 and m["leased"] == 0:
+                return {"pairs": pairs, "queue": m}
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"precompute step: not done after {timeout_s} s "
+                                   f"(eligible {m['eligible']}, leased {m['leased']})")
+            time.sleep(0.05)
+
     def summary(self) -> dict[str, Any]:
         """The last gauges, the queue's metrics and each pool's worker metrics."""
         out = dict(self._last or self._collect())
@@ -312,6 +351,7 @@ class LookupRouter:
         self._inline_lock = threading.Lock()
         self._io = ThreadPoolExecutor(4, thread_name_prefix="router-io")
         self._after: set[asyncio.Task] = set()
+        self._after_pending = 0  # answered requests whose after-answer work has not run yet
         self.buffer = AfterAnswer(cfg.serve.flush_requests)
         self._flusher: asyncio.Task | None = None
         self._tier_counts = np.zeros(len(TIER_NAMES), np.int64)
@@ -410,6 +450,8 @@ class LookupRouter:
     # -- endpoints
     @api.get("/healthz")
     async def healthz(self) -> dict[str, Any]:
+        if self.knn is not None:  # a due poll of the published KNN pointer
+            await asyncio.get_running_loop().run_in_executor(self._io, self.knn.current)
         return {"ok": True, "tasks": self.tasks, "versions": self.policy.state(),
                 "mode": self.cfg.serve.mode, "knn": self.knn.version if self.knn else None}
 
@@ -429,6 +471,9 @@ class LookupRouter:
         items = np.asarray(body.candidates, np.int64)
         if items.min() < 0 or items.max() > MAX_ID:
             return self._error(422, "candidates", "ids must be in [0, 2**62]")
+        if body.features_for is not None and any(
+                not 0 <= i < len(items) for i in body.features_for):
+            return self._error(422, "features_for", f"positions must be in [0, {len(items)})")
         now = float(body.now) if body.now is not None else time.time()
         version = self.policy.active[body.task]
         loop = asyncio.get_running_loop()
@@ -451,6 +496,14 @@ class LookupRouter:
         tiers = slots.pair_tier if slots is not None else np.zeros(len(items), np.int64)
         # built as RankResponse's JSON directly: validating 3 x 500 values again costs more
         # than the VM (the schema test checks the shape)
+        features = None
+        if body.features_for is not None:
+            pos = np.asarray(body.features_for, np.int64)
+            d = self.cfg.cache.dim
+            features = {"pair": (slots.pair_emb[pos] if slots is not None
+                                 else np.zeros((len(pos), d))).astype(float).tolist(),
+                        "user": (slots.agg_emb[pos] if slots is not None
+                                 else np.zeros((len(pos), d))).astype(float).tolist()}
         resp = JSONResponse({
             "request_id": rid, "task": body.task, "mode": mode,
             "scores": probs.astype(float).tolist(),
@@ -458,13 +511,15 @@ class LookupRouter:
             "ages_s": slots.pair_age_s.tolist() if slots is not None else [0.0] * len(items),
             "aggregate": slots.agg_present.tolist() if slots is not None else [False] * len(items),
             "versions": {"fm": version if mode != "vm" else "", "vm": version,
-                         "knn": (self.knn.version or "") if self.knn else ""}})
+                         "knn": (self.knn.version or "") if self.knn else ""},
+            "features": features})
         t3 = time.perf_counter()
         self._phases[mode].append((t1 - t0, t2 - t1, t3 - t2))
         self._m_latency.observe((t3 - t0) * 1000.0,
                                 tags={"mode": mode, "task": body.task})
         if mode == "solaris" and slots is not None:
             # a background task runs once the answer's bytes are sent
+            self._after_pending += 1
             resp.background = BackgroundTask(self._after_answer, body, items, now, probs, slots)
         return resp
 
@@ -504,6 +559,8 @@ class LookupRouter:
                 self._flusher = self._spawn(self._flush_later())
         except Exception:
             log.exception("after-answer work failed for user %s", body.user_id)
+        finally:
+            self._after_pending -= 1
 
     def _spawn(self, coro: Any) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(coro)
@@ -516,13 +573,16 @@ class LookupRouter:
         self._flusher = None
         self._flush()
 
-    def _flush(self) -> None:
-        """Send the buffered impressions (a call per shard) and picks (a call per version)."""
+    def _flush(self) -> list:
+        """Send the buffered impressions (a call per shard) and picks (a call per version);
+        returns the queue calls' refs (``flush_now`` waits on them)."""
+        refs: list = []
         try:
             impressions, picks = self.buffer.drain()
             self.backend.record_impressions_many(impressions)
             for version, (users, its, prios, nows, surfaces) in picks.items():
-                self.backend.queue.put.remote(users, its, prios, nows, surfaces, version)
+                refs.append(self.backend.queue.put.remote(users, its, prios, nows, surfaces,
+                                                          version))
                 self._m_enqueued.inc(float(len(users)))
             for t, n in enumerate(self._tier_counts.tolist()):
                 if n:  # Ray counters take only positive increments
@@ -533,6 +593,28 @@ class LookupRouter:
             self._agg_count = 0
         except Exception:
             log.exception("flushing %d buffered requests failed", len(self.buffer))
+        return refs
+
+    async def flush_now(self, timeout_s: float = 60.0) -> dict[str, Any]:
+        """A barrier (the replay calls it through a handle between event-time ticks): wait
+        for the after-answer work of every answered request, send the buffer, and wait until
+        the queue took the picks and the shards took every history write (impressions and
+        /feedback labels). Returns the requests seen and the writes still outstanding."""
+        deadline = time.monotonic() + timeout_s
+        while self._after_pending > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.002)
+        if self._flusher is not None:
+            self._flusher.cancel()
+            self._flusher = None
+        refs = self._flush()
+        if self._after:
+            await asyncio.gather(*list(self._after), return_exceptions=True)
+        for ref in refs:
+            await ref
+        left = await asyncio.get_running_loop().run_in_executor(
+            self._io, self.backend.group.flush_records, max(0.0, deadline - time.monotonic()))
+        return {"requests": self._requests, "after_pending": self._after_pending,
+                "records_outstanding": left}
 
     async def _shadow(self, body: RankRequest, items: np.ndarray, now: float,
                       pending: str) -> None:

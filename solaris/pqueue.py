@@ -401,6 +401,7 @@ class PrecomputeQueue:
         self._reclaim(self._now(now_wall))
         return {"depth": len(self._pending), "groups": len(self._groups),
                 "eligible": self.eligible(), "gate_until": self._until,
+                "oldest_pending": min((g.key[1] for g in self._groups.values()), default=None),
                 "allowance": self._allowance,
                 "leased": len(self._leased), "open_leases": len(self._leases),
                 "capacity": self.cfg.capacity, **self.counters,

@@ -147,6 +147,11 @@ class VMScorer:
         self.num_surfaces = FeatureSpec.from_dict(meta["spec"]).num_surfaces
         self.side = side
         self.read_ttl_s = float(read_ttl_s)
+        # a VM trained on offline teacher outputs only ever saw tier "pair" and age 0 with a
+        # present slot: it gets exactly that (its weights for the other tiers and for the
+        # age are untrained); a VM fine-tuned on features as served (``tier_aware``) reads
+        # the tier and the age
+        self.tier_aware = bool(meta.get("tier_aware", False))
 
     def _inputs(self, r: ScoreRequest) -> dict[str, np.ndarray]:
         items = np.asarray(r.items, np.int64)
@@ -175,9 +180,14 @@ class VMScorer:
                        agg_emb=zero, agg_present=np.zeros(c, np.float32))
         else:
             # the age enters as a share of the read TTL (the VM saw 0 = fresh in training)
+            if self.tier_aware:
+                tier = z.pair_tier.astype(np.int64)
+                age = (z.pair_age_s / self.read_ttl_s).astype(np.float32)
+            else:
+                tier = np.where(z.pair_present, TIER_PAIR, TIER_NONE).astype(np.int64)
+                age = np.zeros(c, np.float32)
             out.update(pair_emb=z.pair_emb, pair_present=z.pair_present.astype(np.float32),
-                       pair_tier=z.pair_tier.astype(np.int64),
-                       pair_age=(z.pair_age_s / self.read_ttl_s).astype(np.float32),
+                       pair_tier=tier, pair_age=age,
                        agg_emb=z.agg_emb, agg_present=z.agg_present.astype(np.float32))
         return out
 

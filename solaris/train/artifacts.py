@@ -37,8 +37,14 @@ log = logging.getLogger(__name__)
 
 
 def train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: int = 0,
-                    coverage: float = 0.5, progress: Callable[[str], None] | None = None) -> dict:
-    """Train FM + encoder (FM period) and a two-slot VM per task; write them to ``out_dir``."""
+                    coverage: float = 0.5, progress: Callable[[str], None] | None = None,
+                    evaluation: bool = False) -> dict:
+    """Train FM + encoder (FM period) and a two-slot VM per task; write them to ``out_dir``.
+
+    ``evaluation`` (the replay) also writes what measuring transfer online needs, trained on
+    the same periods: a VM alone per task (no SOLARIS inputs, ``vm_<task>_alone.pt``) and the
+    snapshot's outputs over every interaction row (``teacher.npz``: probabilities, pair
+    embeddings, causal aggregates)."""
     say = progress or (lambda _m: None)
     t0 = time.perf_counter()
     out = Path(out_dir)
@@ -70,12 +76,30 @@ def train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: 
                         task=task, slot_dim=inputs.dim, coverage=coverage, **sizes)
         vms[task] = {"file": f"vm_{task}.pt", "val_bce": v, "test_bce": M.bce(y, pt),
                      "test_auc": M.auc(y, pt), "fm_test_bce": M.bce(y, probs[periods.test, t])}
+    baselines = {}
+    if evaluation:
+        for t, task in enumerate(ds.tasks):
+            say(f"training the VM alone for {task}")
+            spec = VMSpec(f"vm_{task}_alone", use_pair=False, use_agg=False, coverage=0.0)
+            model, v = train_vm(inputs, spec, cfg.vm, cfg.train, task=t,
+                                teacher_rows=periods.vm, absent_rows=periods.fm_vertical,
+                                val_rows=periods.val, lr=cfg.report.vm_lrs[0], seed=seed,
+                                num_users=ds.num_users, num_items=ds.num_items)
+            vm_cfg = {**config_to_dict(cfg.vm), "use_pair": False, "use_agg": False}
+            save_checkpoint(out / f"vm_{task}_alone.pt", model, "vm", vm_cfg,
+                            version=teacher.version, task=task, slot_dim=inputs.dim,
+                            coverage=0.0, **sizes)
+            baselines[task] = {"file": f"vm_{task}_alone.pt", "val_bce": v}
+        np.savez(out / "teacher.npz", probs=probs.astype(np.float32),
+                 z=inputs.pair.numpy(), agg=inputs.agg.numpy(),
+                 agg_present=inputs.agg_present.numpy().astype(bool))
     save_side_tables(out / "side.npz", SideTables.from_features(tables))
     manifest = {
         "dataset": ds.name, "version": teacher.version, "tasks": list(ds.tasks),
         "sizes": {"num_users": ds.num_users, "num_items": ds.num_items},
         "side_tables": "side.npz",
         "fm": "fm.pt", "encoder": "encoder.pt", "vms": vms, "periods": periods.as_dict(),
+        "baselines": baselines,
         "config": config_to_dict(cfg), "seed": seed, "seconds": round(time.perf_counter() - t0, 1),
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))

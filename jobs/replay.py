@@ -1,0 +1,776 @@
+"""Event-time replay of a request log through the live system.
+
+    python jobs/replay.py --dataset synthetic --out runs/replay
+    python jobs/replay.py --dataset movielens --data-dir DIR --out runs/replay-ml [--sweep]
+    solaris replay ...                       # the same command
+
+The live pieces are the production ones: the Serve app (``serve_app.py``: lookup router and
+VMs over HTTP on loopback, the cache shards with their history stores, the precompute queue,
+the FM workers) and the KNN rebuild job (``jobs/rebuild_knn.py``, Ray Data), all on a local
+Ray. The protocol (README, "Replay"):
+
+1. The window is the split's test period; the FM, encoder, VMs (and the VM alone the
+   transfer ratio compares against) train on earlier periods only, checked before serving.
+2. Event time advances in ticks (``--tick-s``, 60). A tick's requests go to ``POST /rank``
+   concurrently with their event time, then their logged labels to ``POST /feedback``; the
+   router's after-answer work (verifier picks to the queue, history writes) is awaited
+   (``LookupRouter.flush_now``).
+3. At the end of tick T the queue releases work whose request time is <= T + tick - lag
+   (``--lag-s``, 300), best verifier score first, within an allowance of
+   floor(B (k+1) tick / 3600) - floor(B k tick / 3600) pair-evaluations for tick number k
+   (``--budget``, B per event-hour; 0: no limit); the FM workers run until nothing is
+   leasable (``Precompute.step_until``). Written pairs carry their request's event time.
+   What is computed depends on the queue's order only, so coverage does not depend on
+   machine speed or on how many workers share the queue.
+4. The KNN job rebuilds the user and item tables every ``--knn-every-h`` event hours as of
+   that event time; the next tick waits until the router serves the new version.
+
+Writes ``OUT/replay.json`` (coverage by tier, ceiling, random-speculation baseline, online
+transfer, costs), ``OUT/served.npz`` (what was served), and the plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # `python jobs/replay.py` from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from solaris.config import SolarisConfig, config_to_dict, load_config, parse_overrides  # noqa: E402
+from solaris.errors import SolarisError  # noqa: E402
+
+log = logging.getLogger("jobs.replay")
+
+
+@dataclass
+class ReplayOptions:
+    tick_s: float = 60.0  # event seconds per tick
+    lag_s: float = 300.0  # work enqueued at t is written no earlier than t + lag
+    budget_per_hour: float = 3000.0  # FM pair-evaluations per event hour (0: no limit)
+    workers: int = 1  # FM worker actors
+    knn_every_h: float = 24.0  # KNN rebuild period in event hours (0: only the initial build)
+    granularity_s: float = 300.0  # request granularity of logs without candidate lists
+    num_candidates: int = 100  # candidates per request of logs without candidate lists
+    max_requests: int | None = None  # replay only the first N requests (tests, quick looks)
+    concurrency: int = 4  # client threads sending a tick's requests
+    port: int = 8000  # Serve's HTTP port on loopback
+    num_cpus: int = 4  # logical CPUs of the local Ray
+    seed: int = 0
+    progress: bool = True
+    rollover_at: float | None = None  # share of the window at which FM v2 is rolled out
+    extra: dict[str, Any] = field(default_factory=dict)  # config overrides for the app
+
+
+def tick_allowance(budget_per_hour: float, tick_s: float, k: int) -> int | None:
+    """Pair-evaluations tick number ``k`` may release: the whole units B accrues in it
+    (units of a tick with no release are lost); None when there is no budget."""
+    if budget_per_hour <= 0:
+        return None
+    rate = budget_per_hour * tick_s / 3600.0
+    return int(math.floor(rate * (k + 1) + 1e-9) - math.floor(rate * k + 1e-9))
+
+
+# ---------------------------------------------------------------------------------- HTTP
+class Client:
+    """POSTs with one retry; counts retries and final failures."""
+
+    def __init__(self, base: str, timeout_s: float = 60.0) -> None:
+        import requests
+
+        self.base = base
+        self.timeout_s = timeout_s
+        self._local = threading.local()
+        self._requests = requests
+        self.retries = 0
+        self.errors = 0
+        self.error_samples: list[str] = []
+        self._lock = threading.Lock()
+
+    def _session(self):
+        s = getattr(self._local, "s", None)
+        if s is None:
+            s = self._local.s = self._requests.Session()
+        return s
+
+    def post(self, path: str, body: dict) -> dict | None:
+        last = ""
+        for attempt in (0, 1):
+            try:
+                r = self._session().post(self.base + path, json=body, timeout=self.timeout_s)
+                if r.status_code < 300:
+                    return r.json()
+                last = f"{r.status_code} {r.text[:200]}"
+            except Exception as e:  # connection reset, timeout
+                last = f"{type(e).__name__}: {e}"
+            if attempt == 0:
+                with self._lock:
+                    self.retries += 1
+                time.sleep(0.2)
+        with self._lock:
+            self.errors += 1
+            if len(self.error_samples) < 5:
+                self.error_samples.append(f"{path}: {last}")
+        return None
+
+
+# ---------------------------------------------------------------------------------- the run
+class LiveReplay:
+    """One replay run: prepare, serve, drive, collect. ``run`` returns the served arrays."""
+
+    def __init__(self, cfg: SolarisConfig, ds: Any, out: Path, opts: ReplayOptions,
+                 say: Callable[[str], None] = print) -> None:
+        self.cfg, self.ds, self.out, self.opts, self.say = cfg, ds, Path(out), opts, say
+        self.out.mkdir(parents=True, exist_ok=True)
+
+    # -- preparation (no Ray)
+    def prepare(self) -> dict[str, Any]:
+        from solaris.replay.log import build_request_log
+        from solaris.replay.prepare import check_trained_before, window, write_data_dir
+        from solaris.train.artifacts import train_artifacts
+
+        cfg, ds, o = self.cfg, self.ds, self.opts
+        self.periods, self.start = window(ds, cfg)
+        t0 = time.perf_counter()
+        self.art_dirs = [self.out / "artifacts"]
+        if o.rollover_at is not None:
+            self.art_dirs.append(self.out / "artifacts-v2")
+        for i, d in enumerate(self.art_dirs):
+            if not ((d / "manifest.json").exists() and (d / "teacher.npz").exists()):
+                c = cfg if i == 0 else _with(cfg, {"fm.version": "fm-v2"})
+                self.say(f"training artifacts{' (v2, for the rollover)' if i else ''} "
+                         f"on the periods before the window")
+                train_artifacts(c, ds, d, seed=o.seed + i, evaluation=True)
+        self.artifacts_seconds = round(time.perf_counter() - t0, 1)
+        self.manifests = [json.loads((d / "manifest.json").read_text()) for d in self.art_dirs]
+        for m in self.manifests:
+            check_trained_before(m, self.start)
+        self.log = build_request_log(ds, self.start, num_candidates=o.num_candidates,
+                                     granularity_s=o.granularity_s, seed=o.seed)
+        if o.max_requests is not None:
+            self.log = self.log.slice(np.arange(min(o.max_requests, self.log.num_requests)))
+        self.data_dir = write_data_dir(ds, self.out / "data")
+        self.knn_uri = str((self.out / "knn").resolve())
+        overrides = {
+            "serve.impressions_top_k": 0,  # the log's labels feed the history (/feedback)
+            "serve.max_candidates": max(1000, self.log.num_candidates),
+            "serve.rollout_min_lookups": 2000,
+            "knn.table_uri": self.knn_uri, "knn.poll_s": 0.2,
+            "precompute.workers": o.workers, "precompute.max_workers": o.workers,
+            "verifier.budget_per_s": 0.0,  # the replay's budget is the queue's allowance
+            "queue.capacity": 10_000_000, "queue.lease_timeout_s": 3600.0,
+            "cache.deadline_ms": 5000.0,  # a loaded machine must not turn into misses
+            "cache.snapshot_uri": None, "queue.snapshot_uri": None,
+            **o.extra}
+        self.app_cfg = _with(cfg, overrides)
+        self.cfg_path = self.out / "replay-config.yaml"
+        import yaml
+
+        self.cfg_path.write_text(yaml.safe_dump(config_to_dict(self.app_cfg), sort_keys=False))
+        return {"artifacts_seconds": self.artifacts_seconds, "requests": self.log.num_requests,
+                "window_start": self.start}
+
+    # -- the live part
+    def run(self) -> dict[str, Any]:
+        import ray
+        import ray.data
+        from ray import serve
+
+        o = self.opts
+        t_start = time.perf_counter()
+        ray.init(address="local", num_cpus=o.num_cpus, object_store_memory=400 * 1024 ** 2,
+                 include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+        ctx = ray.data.DataContext.get_current()
+        ctx.enable_progress_bars = False
+        ctx.print_on_execution_start = False
+        logging.getLogger("ray.data").setLevel(logging.WARNING)
+        logging.getLogger("ray.serve").setLevel(logging.WARNING)
+        try:
+            serve.start(http_options={"host": "127.0.0.1", "port": o.port})
+            return self._serve_and_drive(t_start)
+        finally:
+            try:
+                serve.shutdown()
+            finally:
+                ray.shutdown()
+
+    def _knn(self, as_of: float) -> dict[str, Any]:
+        from jobs.rebuild_knn import rebuild
+
+        return rebuild(self.data_dir, self.art_dirs[0], self.knn_uri, self.app_cfg.knn,
+                       as_of=as_of, encoders=1, encoder_cpus=0.25, task_cpus=0.25,
+                       use_gpu=False)
+
+    def _deploy(self, dirs: list[Path], app_id: str) -> None:
+        from ray import serve
+
+        import serve_app
+
+        app = serve_app.build_app({"config": str(self.cfg_path), "app_id": app_id,
+                                   "artifacts": ",".join(str(d) for d in dirs)})
+        serve.run(app, name="replay", route_prefix="/", blocking=False)
+        self._wait_healthy()
+
+    def _wait_healthy(self, timeout_s: float = 300.0) -> dict:
+        import requests
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                r = requests.get(self.base + "/healthz", timeout=5)
+                if r.status_code == 200:
+                    return r.json()
+            except Exception:
+                pass
+            if time.monotonic() > deadline:
+                raise SolarisError(f"replay: the app did not answer /healthz in {timeout_s} s")
+            time.sleep(0.5)
+
+    def _wait_knn(self, version: str, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        # the router names its tables "<user version>|<item version>"
+        while set(str(self._wait_healthy().get("knn") or "").split("|")) != {version}:
+            if time.monotonic() > deadline:
+                raise SolarisError(f"replay: the router did not load KNN {version} in "
+                                   f"{timeout_s} s")
+            time.sleep(0.1)
+
+    def _serve_and_drive(self, t_start: float) -> dict[str, Any]:
+        from ray import serve
+
+        from actors.cache import CacheGroup
+        from solaris.replay.prepare import seed_history
+
+        o, lg, cfg = self.opts, self.log, self.app_cfg
+        self.base = f"http://127.0.0.1:{o.port}"
+        app_id = "replay-" + uuid.uuid4().hex[:6]
+        self.say("building the KNN tables as of the window start")
+        knn_runs = [self._knn(float(self.start))]
+        self._deploy(self.art_dirs[:1], app_id)
+        pre = serve.get_deployment_handle("Precompute", app_name="replay")
+        router = serve.get_deployment_handle("LookupRouter", app_name="replay")
+        pre.pause.remote().result()
+        group = CacheGroup.connect(cfg.cache, app_id)
+        seeded = group.replay_history(*seed_history(self.ds, self.start, cfg.history.max_events))
+        self._wait_knn(knn_runs[0]["version"])
+        self.say(f"serving {lg.num_requests} requests (history seeded with {seeded} events)")
+
+        task = self.ds.tasks[0]
+        R, C = lg.num_requests, lg.num_candidates
+        scores = np.full((R, C), np.nan, np.float32)
+        tiers = np.full((R, C), -1, np.int8)
+        ages = np.zeros((R, C), np.float32)
+        agg = np.zeros((R, C), bool)
+        vm_version = np.empty(R, object)
+        labelled = lg.labelled
+        feats: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        client = Client(self.base)
+
+        def one(r: int) -> None:
+            pos = np.flatnonzero(labelled[r])
+            body = {"user_id": int(lg.user[r]), "candidates": lg.candidates[r].tolist(),
+                    "task": task, "surface": int(lg.surface[r]), "now": float(lg.ts[r]),
+                    "request_id": f"r{r}", "features_for": pos.tolist()}
+            got = client.post("/rank", body)
+            if got is not None:
+                scores[r] = got["scores"]
+                tiers[r] = [TIER_CODES[t] for t in got["tiers"]]
+                ages[r] = got["ages_s"]
+                agg[r] = got["aggregate"]
+                vm_version[r] = got["versions"]["vm"]
+                f = got.get("features") or {}
+                feats[r] = (np.asarray(f.get("pair", []), np.float32),
+                            np.asarray(f.get("user", []), np.float32))
+            if len(pos):
+                y = lg.labels[r, pos]  # (n, T)
+                client.post("/feedback", {"user_id": int(lg.user[r]),
+                                          "items": lg.candidates[r, pos].tolist(),
+                                          "labels": y.astype(int).tolist(),
+                                          "now": float(lg.ts[r])})
+
+        tick = o.tick_s
+        t0 = math.floor(float(lg.ts[0]) / tick) * tick
+        k_of = np.floor((lg.ts.astype(np.float64) - t0) / tick).astype(np.int64)
+        req_ticks = np.unique(k_of)
+        bounds = np.searchsorted(k_of, req_ticks, side="left").tolist() + [R]
+        by_tick = {int(k): (bounds[j], bounds[j + 1]) for j, k in enumerate(req_ticks)}
+        knn_every = o.knn_every_h * 3600.0
+        next_knn = float(self.start) + knn_every if knn_every > 0 else math.inf
+        roll_k = None
+        if o.rollover_at is not None:
+            roll_k = int(req_ticks[min(len(req_ticks) - 1, int(o.rollover_at * len(req_ticks)))])
+        rolled = False
+        steps, evaluated, curve = 0, 0, []
+        bar = _bar(R, "replay", o.progress)
+        pool = ThreadPoolExecutor(o.concurrency, thread_name_prefix="replay-client")
+        k = int(req_ticks[0])
+        last_k = int(req_ticks[-1])
+        pending_due: int | None = None
+        try:
+            while True:
+                T_end = t0 + (k + 1) * tick
+                if roll_k is not None and not rolled and k >= roll_k:
+                    self.say("rolling out FM v2 (both versions precomputed from now on)")
+                    self._deploy(self.art_dirs, app_id)
+                    pre = serve.get_deployment_handle("Precompute", app_name="replay")
+                    router = serve.get_deployment_handle("LookupRouter", app_name="replay")
+                    pre.pause.remote().result()
+                    rolled = True
+                if k in by_tick:
+                    a, b = by_tick[k]
+                    list(pool.map(one, range(a, b)))
+                    router.flush_now.remote().result()
+                    bar.update(b - a)
+                    if o.rollover_at is not None:
+                        curve.append((float(lg.ts[a]), self._wait_healthy()["versions"]))
+                allowance = tick_allowance(o.budget_per_hour, tick, k)
+                got = pre.step_until.remote(T_end - o.lag_s, allowance).result()
+                steps += 1
+                evaluated += got["pairs"]
+                q = got["queue"]
+                if T_end >= next_knn:
+                    run = self._knn(T_end)
+                    knn_runs.append(run)
+                    self._wait_knn(run["version"])
+                    next_knn += knn_every
+                # the next tick that has anything to do
+                nxt = [int(x) for x in req_ticks[np.searchsorted(req_ticks, k, side="right"):][:1]]
+                if q["eligible"] > 0:  # the allowance ran out with work left
+                    nxt.append(k + 1)
+                elif q["depth"] > 0 and q["oldest_pending"] is not None:
+                    due = math.ceil((q["oldest_pending"] + o.lag_s - t0) / tick) - 1
+                    nxt.append(max(k + 1, due))
+                pending_due = min(nxt) if nxt else None
+                if pending_due is None or (pending_due > last_k and q["depth"] == 0):
+                    break
+                if pending_due > last_k + int(self.app_cfg.cache.read_ttl_s // tick) + 1:
+                    break  # work released after the window could serve nothing
+                k = pending_due
+        finally:
+            pool.shutdown(wait=True)
+            bar.close()
+        summary = pre.summary.remote().result()
+        shards = group.metrics()
+        ledger = _ledger_report(app_id)
+        return {"scores": scores, "tiers": tiers, "ages": ages, "agg": agg, "feats": feats,
+                "vm_version": vm_version, "client": client, "steps": steps,
+                "evaluated": evaluated, "knn_runs": knn_runs, "summary": summary,
+                "shards": shards, "ledger": ledger, "seconds": time.perf_counter() - t_start,
+                "curve": curve}
+
+
+TIER_CODES = {"none": 0, "pair": 1, "user_neighbour": 2, "item_neighbour": 3}
+
+
+def _ledger_report(app_id: str) -> dict | None:
+    import ray
+
+    try:
+        return ray.get(ray.get_actor(f"solaris-ledger-{app_id}").report.remote(), timeout=30)
+    except Exception:
+        return None
+
+
+def _with(cfg: SolarisConfig, overrides: dict[str, Any]) -> SolarisConfig:
+    from solaris.config import config_from_dict
+
+    d = config_to_dict(cfg)
+    for key, value in overrides.items():
+        node = d
+        *path, last = key.split(".")
+        for p in path:
+            node = node[p]
+        node[last] = value
+    return config_from_dict(d)
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _bar(total: int, desc: str, on: bool):
+    if not on:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="req", dynamic_ncols=True)
+
+
+# ---------------------------------------------------------------------------------- the report
+def served_rows(lg: Any, live: dict, ds: Any, within_s: float):
+    """The labelled rows as served (``ServedRows``) and their interaction rows (-1: none)."""
+    from solaris.replay.evaluate import ServedRows
+    from solaris.replay.prepare import row_index
+
+    r_idx, c_idx = np.nonzero(lg.labelled)
+    ok = ~np.isnan(live["scores"][r_idx, c_idx]) & np.isin(r_idx, list(live["feats"]))
+    r_idx, c_idx = r_idx[ok], c_idx[ok]
+    d = None
+    pair, user = [], []
+    for r in np.unique(r_idx).tolist():
+        fp, fu = live["feats"][r]
+        pair.append(fp)
+        user.append(fu)
+        d = fp.shape[1] if fp.ndim == 2 and fp.shape[0] else d
+    pair_emb = np.concatenate(pair) if pair else np.zeros((0, d or 1), np.float32)
+    agg_emb = np.concatenate(user) if user else np.zeros((0, d or 1), np.float32)
+    rows = ServedRows(req=r_idx.astype(np.int64), ts=lg.ts[r_idx].astype(np.float64),
+                      user=lg.user[r_idx].astype(np.int64),
+                      item=lg.candidates[r_idx, c_idx].astype(np.int64),
+                      surface=lg.surface[r_idx].astype(np.int64),
+                      y=lg.labels[r_idx, c_idx, 0].astype(np.float64),
+                      score=live["scores"][r_idx, c_idx].astype(np.float64),
+                      tier=live["tiers"][r_idx, c_idx].astype(np.int64),
+                      age_s=live["ages"][r_idx, c_idx].astype(np.float64),
+                      pair_emb=pair_emb, agg_emb=agg_emb,
+                      agg_present=live["agg"][r_idx, c_idx].astype(bool))
+    row = row_index(ds, rows.user, rows.item, rows.ts, within_s)
+    return rows, row, c_idx
+
+
+def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_ttl_s: float,
+                    resamples: int = 1000) -> dict[str, Any]:
+    """Online TR, by tier, with every pair present, tier worth and train/serve consistency,
+    on the labelled rows that map to interaction rows (and were served by ``art_dir``'s VM)."""
+    import dataclasses
+
+    from solaris.eval import metrics as M
+    from solaris.replay.evaluate import (TIER_STEPS, fine_tune, halves, score, tier_worth,
+                                         transfer)
+    from solaris.scoring import Artifacts, VMScorer
+
+    keep = np.flatnonzero(row >= 0)
+    rows = _take(rows, keep)
+    row = row[keep]
+    art = Artifacts.open(art_dir)
+    side = art.side_tables()
+    vm = VMScorer(art, task, side, read_ttl_s)
+    alone = VMScorer(dataclasses.replace(art, vm_files={task: f"vm_{task}_alone.pt"}), task,
+                     side, read_ttl_s)
+    t = np.load(art_dir / "teacher.npz")
+    t_idx = list(art.tasks).index(task)
+    p_fm = np.clip(t["probs"][row, t_idx].astype(np.float64), 1e-7, 1 - 1e-7)
+    z_real = t["z"][row]
+    y = rows.y
+    first, second = halves(rows)
+    p_alone = score(alone, rows, slots=False)
+    p_served = np.clip(rows.score, 1e-7, 1 - 1e-7)
+    p_again = score(vm, rows)
+    gap = M.paired_bootstrap(M.bce_rows(y, p_alone), M.bce_rows(y, p_fm), resamples, 0.05)
+    out: dict[str, Any] = {
+        "rows": int(len(rows)), "positives": float(y.mean()),
+        "rescored_max_abs_diff": float(np.abs(p_again - p_served).max()) if len(rows) else None,
+        "fm_vm_gap": gap}
+    online = transfer(y, p_alone, p_served, p_fm, first, second)
+    out["tr_online"] = online["tr_cal"]
+    out["tr_online_raw"] = online["tr_raw"]
+    out["bce"] = {"raw": online["bce_raw"], "calibrated_second_half": online["bce_cal"]}
+    out["tr_online_by_tier"] = {}
+    for name, tiers, agg in TIER_STEPS:
+        r = transfer(y, p_alone, score(vm, rows, tiers=tiers, agg=agg), p_fm, first, second)
+        out["tr_online_by_tier"][name] = {"tr": r["tr_cal"], "tr_raw": r["tr_raw"]}
+    r = transfer(y, p_alone, score(vm, rows, pair=z_real), p_fm, first, second)
+    out["tr_offline_pair_100"] = r["tr_cal"]
+    out["tr_offline_pair_100_raw"] = r["tr_raw"]
+    out["tier_worth"] = tier_worth(vm, rows, z_real)
+    # train/serve consistency: fine-tuned on the first half's features as logged
+    tuned = fine_tune(vm, rows, np.flatnonzero(first))
+    sec = np.flatnonzero(second)
+    sub = _take(rows, sec)
+    p_tuned = score(tuned, sub)
+    p_ship = score(vm, sub)
+    out["consistency"] = {
+        "rows_train": int(first.sum()), "rows_eval": int(len(sec)),
+        "bce_dropout_vm": M.bce(y[sec], p_ship), "bce_logged_features_vm": M.bce(y[sec], p_tuned),
+        "bce_vm_alone": M.bce(y[sec], p_alone[sec]), "bce_fm": M.bce(y[sec], p_fm[sec]),
+        "tr_dropout_vm": M.transfer_ratio(M.bce(y[sec], p_alone[sec]), M.bce(y[sec], p_ship),
+                                          M.bce(y[sec], p_fm[sec])),
+        "tr_logged_features_vm": M.transfer_ratio(M.bce(y[sec], p_alone[sec]),
+                                                  M.bce(y[sec], p_tuned),
+                                                  M.bce(y[sec], p_fm[sec]))}
+    out["consistency"]["gap_bce"] = (out["consistency"]["bce_dropout_vm"]
+                                     - out["consistency"]["bce_logged_features_vm"])
+    return out
+
+
+def _take(rows: Any, idx: np.ndarray) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(rows, **{f.name: getattr(rows, f.name)[idx]
+                                        for f in dataclasses.fields(rows)})
+
+
+def coverage_report(lg: Any, live: dict, cfg: SolarisConfig, opts: ReplayOptions
+                    ) -> dict[str, Any]:
+    """Coverage by tier as served, the ceiling, and the key-level schedule with the served
+    scores (a cross-check of the live queue) and with random picks (the baseline)."""
+    from solaris.replay.coverage import (coverage_by_tier, coverage_ceiling,
+                                         simulate_pair_coverage)
+
+    lab = lg.labelled & (live["tiers"] >= 0)
+    cov = coverage_by_tier(live["tiers"][lab].astype(np.int64), live["agg"][lab])
+    ttl = float(cfg.cache.read_ttl_s)
+    kw = dict(fraction=cfg.verifier.fraction, horizon_s=cfg.verifier.horizon_s, read_ttl_s=ttl,
+              lag_s=opts.lag_s, tick_s=opts.tick_s, budget_per_hour=opts.budget_per_hour,
+              seed=opts.seed)
+    scores = np.nan_to_num(live["scores"].astype(np.float64), nan=0.0)
+    same = simulate_pair_coverage(lg, scores, **kw)
+    rand = simulate_pair_coverage(lg, scores, random_picks=True, **kw)
+    return {"coverage": cov,
+            "coverage_ceiling": coverage_ceiling(lg, ttl, opts.lag_s),
+            "coverage_ceiling_no_lag": coverage_ceiling(lg, ttl, 0.0),
+            "coverage_pair_random": rand["pair"],
+            "random_fm_evals": rand["fm_evals"],
+            "schedule_check": {"pair_simulated_with_served_scores": same["pair"],
+                               "fm_evals_simulated": same["fm_evals"],
+                               "precision_simulated": same["precision"]}}
+
+
+def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
+           say: Callable[[str], None] = print) -> dict[str, Any]:
+    """One replay: prepare, serve, drive, measure; writes OUT/replay.json and the plots."""
+    from solaris.replay.coverage import coverage_over_time
+    from solaris.replay.plots import coverage_time_plot, rollover_plot
+
+    out = Path(out)
+    lr = LiveReplay(cfg, ds, out, opts, say)
+    prep = lr.prepare()
+    live = lr.run()
+    lg, acfg = lr.log, lr.app_cfg
+    client = live["client"]
+    rep: dict[str, Any] = {"dataset": ds.name, "requests": int(lg.num_requests),
+                           "candidates_per_request": int(lg.num_candidates),
+                           "labelled_pairs": int(lg.labelled.sum())}
+    rep.update(coverage_report(lg, live, acfg, opts))
+    evals = int(live["evaluated"])
+    ledger = live["ledger"] or {}
+    shards = [s for s in live["shards"]["shards"] if s.get("up")]
+    expired = sum(int(s.get("expired", 0)) for s in shards)
+    unread = sum(int(s.get("expired_unread", 0)) for s in shards)
+    rep.update({
+        "speculation_precision": (expired - unread) / expired if expired else None,
+        "speculation_precision_entries": expired,
+        "expired_unread_share": unread / expired if expired else None,
+        "fm_evals": evals,
+        "fm_evals_per_1k_requests": 1000.0 * evals / max(1, lg.num_requests),
+        "fm_duplicates": ledger.get("duplicates"),
+        "fm_seconds_per_1k_requests": (1000.0 * float(ledger.get("fm_seconds", 0.0))
+                                       / max(1, lg.num_requests)) if ledger else None,
+        "lag_s": opts.lag_s, "budget_per_hour": opts.budget_per_hour, "tick_s": opts.tick_s,
+        "read_ttl_s": acfg.cache.read_ttl_s, "retention_s": acfg.cache.retention_s,
+        "fraction": acfg.verifier.fraction, "workers": opts.workers,
+        "errors": client.errors, "retries": client.retries,
+        "error_samples": client.error_samples,
+        "precompute_steps": live["steps"],
+        "knn_rebuilds": [{k: r.get(k) for k in ("version", "as_of", "seconds")}
+                         for r in live["knn_runs"]],
+        "seconds": round(live["seconds"], 1), "artifacts_seconds": prep["artifacts_seconds"],
+        "window_start": prep["window_start"], "ledger": ledger,
+    })
+    task = ds.tasks[0]
+    within = opts.granularity_s if ds.requests is None else 1.0
+    rows, row, _ = served_rows(lg, live, ds, within)
+    v1 = lr.manifests[0]["version"]
+    own = np.asarray([live["vm_version"][r] == v1 for r in rows.req.tolist()], bool)
+    rows_v1 = _take(rows, np.flatnonzero(own))
+    rep["transfer"] = transfer_report(lr.art_dirs[0], task, rows_v1, row[own],
+                                      float(acfg.cache.read_ttl_s))
+    for k in ("tr_online", "tr_online_raw", "tr_online_by_tier", "tr_offline_pair_100",
+              "consistency", "tier_worth"):
+        rep[k] = rep["transfer"].pop(k)
+    lab = lg.labelled & (live["tiers"] >= 0)
+    r_i, _ = np.nonzero(lab)
+    curve = coverage_over_time(lg.ts[r_i].astype(np.float64), live["tiers"][lab].astype(np.int64),
+                               live["agg"][lab], 6 * 3600.0)
+    plots = [coverage_time_plot(curve, out / "coverage_over_time.png",
+                                f"{ds.name}: coverage of labelled pairs by tier")]
+    if opts.rollover_at is not None and live["curve"]:
+        v2 = lr.manifests[1]["version"]
+        ts = np.array([c[0] for c in live["curve"]])
+        old = np.array([c[1]["coverage"].get(v1, np.nan) for c in live["curve"]])
+        new = np.array([c[1]["coverage"].get(v2, np.nan) for c in live["curve"]])
+        served_v2 = np.flatnonzero(live["vm_version"] == v2)
+        switch_t = float(lg.ts[served_v2[0]]) if len(served_v2) else None
+        mixed = sum(1 for v in live["vm_version"] if v not in (v1, v2, None))
+        rep["rollover"] = {"old": v1, "new": v2, "switch_t": switch_t,
+                           "requests_served_by_new": int(len(served_v2)),
+                           "mixed_version_requests": mixed}
+        plots.append(rollover_plot({"t": ts, "old": old, "new": new, "switch_t": switch_t},
+                                   out / "rollover.png"))
+    rep["plots"] = [str(p) for p in plots]
+    np.savez_compressed(out / "served.npz", scores=live["scores"], tiers=live["tiers"],
+                        ages=live["ages"], agg=live["agg"])
+    (out / "replay.json").write_text(json.dumps(rep, indent=2, default=_json_default))
+    return rep
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def summary_table(rep: dict[str, Any]) -> str:
+    """The replay's headline numbers as a text table."""
+    c = rep["coverage"]
+    lines = [f"replay on {rep['dataset']}: {rep['requests']} requests, "
+             f"{rep['labelled_pairs']} labelled pairs, {rep['seconds']} s "
+             f"(+ {rep['artifacts_seconds']} s training)",
+             f"{'coverage':<28}{'share':>8}"]
+    for k in ("pair", "user_neighbour", "item_neighbour", "aggregate", "effective"):
+        lines.append(f"  {k:<26}{c[k]:>8.3f}")
+    lines += [f"  {'ceiling (TTL, lag)':<26}{rep['coverage_ceiling']:>8.3f}",
+              f"  {'pair, random speculation':<26}{rep['coverage_pair_random']:>8.3f}",
+              f"{'transfer ratio (calibrated)':<28}"]
+    lines.append(f"  {'online, as served':<26}{_f(rep['tr_online']):>8}")
+    for k, v in rep["tr_online_by_tier"].items():
+        lines.append(f"  {'+ ' + k:<26}{_f(v['tr']):>8}")
+    lines.append(f"  {'every pair present':<26}{_f(rep['tr_offline_pair_100']):>8}")
+    lines += [f"{'speculation precision':<28}{_f(rep['speculation_precision']):>8}",
+              f"{'FM evals / 1k requests':<28}{rep['fm_evals_per_1k_requests']:>8.0f}",
+              f"{'errors / retries':<28}{rep['errors']:>5} / {rep['retries']}"]
+    return "\n".join(lines)
+
+
+def _f(x: Any) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.3f}"
+
+
+# ---------------------------------------------------------------------------------- CLI
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="replay", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = ReplayOptions()
+    p.add_argument("--dataset", choices=["synthetic", "movielens"], default="synthetic")
+    p.add_argument("--data-dir", type=Path, help="MovieLens-100K directory")
+    p.add_argument("--fetch", action="store_true", help="movielens without --data-dir: fetch it")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--config", help="YAML config tree")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override")
+    p.add_argument("--tick-s", type=float, default=d.tick_s)
+    p.add_argument("--lag-s", type=float, default=d.lag_s)
+    p.add_argument("--budget", type=float, default=d.budget_per_hour,
+                   help="FM pair-evaluations per event hour (0: no limit)")
+    p.add_argument("--workers", type=int, default=d.workers, help="FM worker actors")
+    p.add_argument("--knn-every-h", type=float, default=d.knn_every_h)
+    p.add_argument("--granularity-s", type=float, default=d.granularity_s,
+                   help="logs without candidate lists (MovieLens): one request per user and "
+                   "time bucket of this many seconds")
+    p.add_argument("--max-requests", type=int)
+    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--rollover-at", type=float,
+                   help="roll out FM v2 at this share of the window (e.g. 0.5)")
+    p.add_argument("--sweep", action="store_true",
+                   help="also replay at other budgets and TTLs and plot coverage and TR")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def options_from_args(args: argparse.Namespace) -> ReplayOptions:
+    return ReplayOptions(tick_s=args.tick_s, lag_s=args.lag_s, budget_per_hour=args.budget,
+                         workers=args.workers, knn_every_h=args.knn_every_h,
+                         max_requests=args.max_requests, port=args.port,
+                         granularity_s=args.granularity_s,
+                         rollover_at=args.rollover_at, progress=not args.no_progress)
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    from solaris.data.load import load_dataset
+
+    ov = parse_overrides(args.set or [])
+    ov["data.dataset"] = args.dataset
+    if args.data_dir:
+        ov["data.data_dir"] = str(args.data_dir)
+    cfg = load_config(args.config, ov)
+    ds = load_dataset(cfg.data, fetch=args.fetch)
+    opts = options_from_args(args)
+    rep = replay(cfg, ds, args.out, opts)
+    print(summary_table(rep))
+    if args.sweep:
+        rep["sweep"] = sweep(cfg, ds, Path(args.out), opts, rep)
+        (Path(args.out) / "replay.json").write_text(json.dumps(rep, indent=2,
+                                                               default=_json_default))
+    print(f"wrote {Path(args.out) / 'replay.json'} and {', '.join(rep['plots'])}")
+    return 0
+
+
+def sweep(cfg: SolarisConfig, ds: Any, out: Path, opts: ReplayOptions, base: dict
+          ) -> list[dict[str, Any]]:
+    """Live replays at other budgets and read TTLs (the base run is one point)."""
+    import dataclasses
+
+    from solaris.replay.plots import sweep_plot
+
+    rows = [_sweep_row(base)]
+    b0 = opts.budget_per_hour or 3000.0
+    for budget in (b0 / 4, b0 / 2, b0 * 2):
+        for ttl in (cfg.cache.read_ttl_s,):
+            rows.append(_sweep_point(cfg, ds, out, opts, budget, ttl))
+    for ttl in (3600, 12 * 3600):
+        rows.append(_sweep_point(cfg, ds, out, dataclasses.replace(opts), b0, ttl))
+    base["plots"].append(str(sweep_plot(rows, out / "sweep.png")))
+    return rows
+
+
+def _sweep_point(cfg: SolarisConfig, ds: Any, out: Path, opts: ReplayOptions, budget: float,
+                 ttl: int) -> dict[str, Any]:
+    import dataclasses
+    import shutil
+
+    sub = out / f"sweep-b{int(budget)}-ttl{int(ttl)}"
+    sub.mkdir(parents=True, exist_ok=True)
+    if not (sub / "artifacts").exists():  # the same models: share the base run's
+        shutil.copytree(out / "artifacts", sub / "artifacts")
+    c = _with(cfg, {"cache.read_ttl_s": int(ttl),
+                    "cache.retention_s": max(int(ttl), cfg.cache.retention_s),
+                    "cache.bucket_s": min(cfg.cache.bucket_s, int(ttl))})
+    o = dataclasses.replace(opts, budget_per_hour=budget, rollover_at=None, progress=False)
+    return _sweep_row(replay(c, ds, sub, o, say=lambda m: None))
+
+
+def _sweep_row(rep: dict[str, Any]) -> dict[str, Any]:
+    return {"budget_per_hour": rep["budget_per_hour"], "read_ttl_s": rep["read_ttl_s"],
+            "coverage_pair": rep["coverage"]["pair"],
+            "coverage_effective": rep["coverage"]["effective"],
+            "tr_online": rep["tr_online"], "fm_evals_per_1k_requests":
+            rep["fm_evals_per_1k_requests"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return run_from_args(args)
+    except SolarisError as e:
+        print(f"replay: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,332 @@
+"""Coverage of the replay's labelled pairs (DESIGN.md, "Numbers everyone reports the same
+way"): tier coverage as served, the coverage ceiling, and a key-level simulator of the
+precompute schedule.
+
+* ``coverage_by_tier`` / ``coverage_over_time``: cumulative tier shares of served rows.
+* ``coverage_ceiling``: share of labelled pairs that were a candidate of an earlier request
+  of the same user within the TTL (and at least ``lag_s`` earlier): no speculation that only
+  ever computes pairs it has seen as candidates can do better.
+* ``simulate_pair_coverage``: the verifier -> queue -> budgeted FM -> store loop on
+  (user, item) keys alone, in event-time ticks, so budgets, TTLs and lags can be swept in
+  seconds without embeddings, and the live replay checked against it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+
+import numpy as np
+
+from solaris.cache.query import TIER_ITEM_NBR, TIER_PAIR, TIER_USER_NBR
+from solaris.errors import ConfigError, DataError
+from solaris.replay.log import RequestLog
+from solaris.verifier import top_count
+
+LEVELS = ("pair", "user_neighbour", "item_neighbour")  # cumulative tier order
+SHARES = (*LEVELS, "aggregate", "effective")
+_MAX_TIER = {"pair": TIER_PAIR, "user_neighbour": TIER_USER_NBR,
+             "item_neighbour": TIER_ITEM_NBR}
+
+
+def _shares(tiers: np.ndarray, aggregate: np.ndarray) -> dict[str, float]:
+    n = len(tiers)
+    if n == 0:
+        return {**dict.fromkeys(SHARES, float("nan")), "count": 0}
+    out = {name: float(np.count_nonzero((tiers >= TIER_PAIR) & (tiers <= top))) / n
+           for name, top in _MAX_TIER.items()}
+    out["aggregate"] = float(np.count_nonzero(aggregate)) / n
+    out["effective"] = float(np.count_nonzero((tiers > 0) | aggregate)) / n
+    out["count"] = n
+    return out
+
+
+def _check_tiers(tiers: np.ndarray, aggregate: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    t = np.asarray(tiers)
+    a = np.asarray(aggregate)
+    if t.ndim != 1 or a.shape != t.shape:
+        raise DataError(f"tiers / aggregate: shapes {t.shape} / {a.shape}, expected (N,) both")
+    if len(t) and (t.min() < 0 or t.max() > TIER_ITEM_NBR):
+        raise DataError(f"tiers: values must be tier codes 0..{TIER_ITEM_NBR}")
+    return t.astype(np.int64), a.astype(bool)
+
+
+def coverage_by_tier(tiers: np.ndarray, aggregate: np.ndarray) -> dict:
+    """Cumulative tier coverage over labelled rows.
+
+    ``tiers`` (N,) tier codes as served, ``aggregate`` (N,) whether the aggregate slot was
+    present. ``pair`` share at tier 1; ``user_neighbour`` at 1-2; ``item_neighbour`` at 1-3;
+    ``aggregate`` with the aggregate; ``effective`` with any SOLARIS input; ``count`` N
+    (shares are NaN when N = 0).
+    """
+    return _shares(*_check_tiers(tiers, aggregate))
+
+
+def coverage_over_time(ts: np.ndarray, tiers: np.ndarray, aggregate: np.ndarray,
+                       bin_s: float, start: float | None = None) -> dict:
+    """``coverage_by_tier`` per event-time bin, for plotting.
+
+    Bins are ``[start + k * bin_s, start + (k + 1) * bin_s)`` (``start`` defaults to the first
+    ts). Returns ``t`` (bin starts), one array per share (NaN in empty bins), ``count`` and
+    ``start``.
+    """
+    t, a = _check_tiers(tiers, aggregate)
+    ts = np.asarray(ts, np.float64)
+    if ts.shape != t.shape:
+        raise DataError(f"ts: shape {ts.shape}, expected {t.shape}")
+    if not bin_s > 0:
+        raise ConfigError(f"bin_s={bin_s!r}: must be > 0")
+    if len(ts) == 0:
+        return {"t": np.zeros(0), **{k: np.zeros(0) for k in SHARES},
+                "count": np.zeros(0, np.int64), "start": start}
+    start = float(ts.min()) if start is None else float(start)
+    b = np.floor((ts - start) / bin_s).astype(np.int64)
+    if b.min() < 0:
+        raise DataError(f"ts: {int((b < 0).sum())} rows before start={start}")
+    nb = int(b.max()) + 1
+    out = {"t": start + bin_s * np.arange(nb), **{k: np.full(nb, np.nan) for k in SHARES},
+           "count": np.bincount(b, minlength=nb), "start": start}
+    order = np.argsort(b, kind="stable")
+    edges = np.searchsorted(b[order], np.arange(nb + 1))
+    for k in range(nb):
+        rows = order[edges[k]:edges[k + 1]]
+        if len(rows):
+            s = _shares(t[rows], a[rows])
+            for name in SHARES:
+                out[name][k] = s[name]
+    return out
+
+
+def coverage_ceiling(request_log: RequestLog, read_ttl_s: float, lag_s: float = 0.0) -> float:
+    """Share of labelled pairs (user, item at request r, ts) that were a candidate of an
+    earlier request of the same user at ts' with ts' < ts, ts' <= ts - lag_s and
+    ts - ts' <= read_ttl_s. NaN when the log has no labelled pair."""
+    return float(ceiling_mask(request_log, read_ttl_s, lag_s)[request_log.labelled].mean()
+                 if request_log.labelled.any() else float("nan"))
+
+
+def ceiling_mask(request_log: RequestLog, read_ttl_s: float, lag_s: float = 0.0) -> np.ndarray:
+    """(R, C) bool: the coverage ceiling's condition per candidate (``coverage_ceiling``)."""
+    if not read_ttl_s >= 0 or not lag_s >= 0:
+        raise ConfigError(f"read_ttl_s={read_ttl_s!r} / lag_s={lag_s!r}: must be >= 0")
+    r, c = request_log.candidates.shape
+    out = np.zeros((r, c), bool)
+    seen: dict[tuple[int, int], list[int]] = {}  # (user, item) -> request times, ascending
+    users, ts, cand = request_log.user.tolist(), request_log.ts.tolist(), request_log.candidates
+    for i in range(r):
+        u, t = users[i], ts[i]
+        row = cand[i].tolist()
+        for j, it in enumerate(row):
+            past = seen.get((u, it))
+            if past is None:
+                continue
+            # latest ts' < ts with ts' <= ts - lag
+            k = min(bisect.bisect_left(past, t), bisect.bisect_right(past, t - lag_s))
+            if k and t - past[k - 1] <= read_ttl_s:
+                out[i, j] = True
+        for it in row:
+            seen.setdefault((u, it), []).append(t)
+    return out
+
+
+class _Pending:
+    __slots__ = ("prio", "req_ts", "order", "token", "group", "item")
+
+    def __init__(self, prio: float, req_ts: float, order: int, token: int, group: tuple,
+                 item: int) -> None:
+        self.prio, self.req_ts, self.order, self.token = prio, req_ts, order, token
+        self.group, self.item = group, item
+
+
+def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fraction: float = 0.2,
+                           horizon_s: float, read_ttl_s: float, lag_s: float, tick_s: float,
+                           budget_per_hour: float, seed: int = 0, random_picks: bool = False,
+                           skip_pending: bool = False) -> dict:
+    """Pair coverage of the precompute schedule, simulated on (user, item) keys.
+
+    Event time advances in ticks of ``tick_s`` from ``floor(ts[0] / tick_s) * tick_s``; the
+    requests of tick T (``T <= ts < T + tick_s``) are served in log order, then the tick ends:
+
+    * serving at ts: a candidate's pair is *found* when the store holds it written at w with
+      ``ts - w <= read_ttl_s`` (its age ``ts - w``);
+    * the verifier (``solaris.verifier.choose``): the top ``ceil(fraction * C)`` candidates by
+      ``scores[r]`` (ties: smaller item id; ``random_picks``: a seeded uniform sample of as
+      many), those not found or with age > ``read_ttl_s - horizon_s``. They are queued with
+      priority = score (``random_picks``: uniform random) and the request's ts. A pair
+      already pending is merged as the live queue does (the router sends no in-flight mask):
+      the higher priority is kept and the pair moves to the later request (its ts and queue
+      order). ``skip_pending=True`` drops pending pairs at the verifier instead;
+    * at the tick's end ``T_end = T + tick_s``: pending pairs whose request ts <=
+      ``T_end - lag_s`` are eligible; ``budget_per_hour * tick_s / 3600`` evaluations are
+      added to an allowance, its whole part is spent and lost if unused, its fraction
+      carried. As the live queue leases (``solaris.pqueue``), pairs go by request group
+      (user, request ts, surface): groups in order of their best pending priority (ties: the
+      group created first), each whole, the last one the allowance ends inside cut to its
+      best pairs (ties: smaller item id). Each taken pair is one FM evaluation and is
+      written with ``written_at`` = its request's ts. ``budget_per_hour = 0``: every
+      eligible pair is taken.
+
+    ``scores`` (R, C): the VM's scores as served. Returns ``pair`` (coverage of labelled
+    candidates), ``fm_evals``, ``precision`` (share of writes found by a later request before
+    a newer write of the pair or expiry), ``found`` (R, C) bool, ``age_s`` (R, C) (NaN where
+    not found), ``per_request_enqueued`` (R,) pairs sent to the queue, ``merged`` and
+    ``pending_left`` (still queued after the last tick).
+    """
+    r, c = request_log.candidates.shape
+    s = np.asarray(scores, np.float64)
+    if s.shape != (r, c):
+        raise DataError(f"scores: shape {s.shape}, expected {(r, c)}")
+    if not random_picks and not np.isfinite(s).all():
+        raise DataError(f"scores: {int((~np.isfinite(s)).sum())} non-finite values")
+    for name, v in (("horizon_s", horizon_s), ("lag_s", lag_s),
+                    ("budget_per_hour", budget_per_hour)):
+        if not (math.isfinite(v) and v >= 0):
+            raise ConfigError(f"{name}={v!r}: must be a finite number >= 0")
+    for name, v in (("read_ttl_s", read_ttl_s), ("tick_s", tick_s)):
+        if not (math.isfinite(v) and v > 0):
+            raise ConfigError(f"{name}={v!r}: must be a finite number > 0")
+    k = top_count(c, fraction)
+    found = np.zeros((r, c), bool)
+    age_s = np.full((r, c), np.nan)
+    sent = np.zeros(r, np.int64)
+    if r == 0:
+        return {"pair": float("nan"), "fm_evals": 0, "precision": float("nan"), "found": found,
+                "age_s": age_s, "per_request_enqueued": sent, "merged": 0, "pending_left": 0}
+
+    ts = request_log.ts.astype(np.float64)
+    t0 = math.floor(ts[0] / tick_s) * tick_s
+    tick_of = np.floor((ts - t0) / tick_s).astype(np.int64)
+    rng = np.random.default_rng(seed)
+    cand = request_log.candidates
+    width = int(cand.max()) + 1
+    if (int(request_log.user.max()) + 1) * width < 2**62:
+        keys = request_log.user.astype(np.int64)[:, None] * width + cand  # (R, C) pair keys
+    else:  # Python ints never overflow
+        keys = request_log.user.astype(object)[:, None] * width + cand.astype(object)
+
+    store: dict[int, tuple[float, int]] = {}  # key -> (written_at, write index)
+    read: list[bool] = []  # per write: found by a later request
+    pending: dict[int, _Pending] = {}
+    waiting: list[tuple[float, int, int]] = []  # (request ts, token, key), lazy
+    state = {"token": 0, "allow": 0.0, "evals": 0, "merged": 0}
+    group_order: dict[tuple, int] = {}  # request group -> creation order (the live gid)
+    per_tick = budget_per_hour * tick_s / 3600.0
+
+    def enqueue(key: int, prio: float, req_ts: float, order: int, group: tuple,
+                item: int) -> None:
+        state["token"] += 1
+        group_order.setdefault(group, len(group_order))
+        p = pending.get(key)
+        if p is None:
+            p = pending[key] = _Pending(prio, req_ts, order, state["token"], group, item)
+        else:
+            state["merged"] += 1
+            p.prio = max(p.prio, prio)
+            if req_ts > p.req_ts:
+                p.req_ts, p.order, p.group = req_ts, order, group
+            p.token = state["token"]
+        heapq.heappush(waiting, (p.req_ts, p.token, key))
+
+    def spend(ticks: int) -> int:
+        """Add ``ticks`` ticks of allowance; its whole part (spent or lost), fraction kept."""
+        allow = state["allow"] + ticks * per_tick
+        n = math.floor(allow + 1e-9)
+        state["allow"] = max(allow - n, 0.0)
+        return n
+
+    def live(token: int, key: int) -> bool:
+        p = pending.get(key)
+        return p is not None and p.token == token
+
+    def release(j: int) -> None:
+        """End of tick j: eligible pairs in, the allowance spent."""
+        cutoff = t0 + (j + 1) * tick_s - lag_s
+        n = spend(1) if budget_per_hour > 0 else len(pending)
+        groups: dict[tuple, list] = {}
+        for key, p in pending.items():
+            if p.req_ts <= cutoff:
+                groups.setdefault(p.group, []).append((-p.prio, p.item, key))
+        ranked = sorted(groups.items(), key=lambda g: (min(m[0] for m in g[1]),
+                                                       group_order[g[0]]))
+        for _, members in ranked:
+            if n <= 0:
+                break
+            for _, _, key in sorted(members)[:n]:
+                p = pending.pop(key)
+                old = store.get(key)
+                if old is None or p.req_ts >= old[0]:
+                    store[key] = (p.req_ts, len(read))
+                read.append(False)
+                state["evals"] += 1
+                n -= 1
+
+    def idle_until(j: int, stop: int) -> int:
+        """Skip ticks j..stop-1 in which nothing can be released; the first that can."""
+        while waiting and not live(waiting[0][1], waiting[0][2]):
+            heapq.heappop(waiting)
+        if waiting and waiting[0][0] <= t0 + (j + 1) * tick_s - lag_s:
+            nxt = j
+        elif waiting:  # first tick whose end makes the earliest waiting pair eligible
+            w = waiting[0][0]
+            nxt = max(j, math.ceil((w + lag_s - t0) / tick_s) - 1)
+            # the same test as release(), so float rounding cannot skip a tick
+            while nxt > j and t0 + nxt * tick_s - lag_s >= w:
+                nxt -= 1
+            while t0 + (nxt + 1) * tick_s - lag_s < w:
+                nxt += 1
+        else:
+            nxt = stop
+        nxt = min(nxt, stop)
+        if budget_per_hour > 0 and nxt > j:
+            spend(nxt - j)
+        return nxt
+
+    i = 0
+    while i < r:
+        tick = int(tick_of[i])
+        while i < r and tick_of[i] == tick:
+            t = ts[i]
+            row_keys = keys[i].tolist()
+            fnd = found[i]
+            age = age_s[i]
+            for j in range(c):
+                hit = store.get(row_keys[j])
+                if hit is not None and t - hit[0] <= read_ttl_s:
+                    fnd[j] = True
+                    age[j] = t - hit[0]
+                    read[hit[1]] = True
+            if random_picks:
+                top = rng.choice(c, size=k, replace=False)
+                prio = rng.random(k)
+            else:
+                top = np.lexsort((cand[i], -s[i]))[:k]
+                prio = s[i][top]
+            keep = ~fnd[top] | (age[top] > read_ttl_s - horizon_s)
+            group = (int(request_log.user[i]), float(t), int(request_log.surface[i]))
+            rank = 0
+            for j, pr in zip(top[keep].tolist(), prio[keep].tolist()):
+                key = row_keys[j]
+                if skip_pending and key in pending:
+                    continue
+                enqueue(key, pr, t, i * c + rank, group, int(cand[i, j]))
+                rank += 1
+            sent[i] = rank
+            i += 1
+        release(tick)
+        if i < r:
+            j = tick + 1
+            stop = int(tick_of[i])
+            while j < stop:
+                j = idle_until(j, stop)
+                if j < stop:
+                    release(j)
+                    j += 1
+
+    lab = request_log.labelled
+    writes = len(read)
+    return {"pair": float(found[lab].mean()) if lab.any() else float("nan"),
+            "fm_evals": state["evals"],
+            "precision": float(sum(read)) / writes if writes else float("nan"),
+            "found": found, "age_s": age_s, "per_request_enqueued": sent,
+            "merged": state["merged"], "pending_left": len(pending)}

@@ -1,0 +1,178 @@
+"""Transfer measured on the replay's labelled rows, from the features as served.
+
+The replay logs, for every labelled candidate, the VM's served score and the two SOLARIS
+inputs exactly as the router sent them (``ServedRows``). Everything here re-scores those rows
+in-process with the same ``VMScorer`` the VM replicas run, so switching tiers off, filling
+every pair slot, or swapping the VM changes one thing at a time:
+
+* ``tr_online``: the VM as served vs the VM alone (a VM trained without SOLARIS inputs on the
+  same periods) against the FM snapshot that produced the embeddings, all on the same rows.
+  Calibrated: each predictor gets a Platt fit on the window's first half (by request time)
+  and TR is computed on the second half; the raw TR over all rows rides along.
+* ``tr_online_by_tier``: tiers switched on cumulatively (pair, + user neighbour, + item
+  neighbour, + aggregate).
+* ``tr_offline_pair_100``: the same rows with every pair slot holding the snapshot's own pair
+  embedding (fresh, as the offline report has it) and the aggregate as served.
+* ``tier_worth``: per imputed tier, on the rows served with it, how much of what the real
+  pair embedding gains over no pair slot the imputed one gains.
+* ``consistency``: the VM fine-tuned on the first half's features as logged (tier and age
+  included) vs the shipped VM (trained with random feature dropout), on the second half.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from solaris.cache.query import TIER_ITEM_NBR, TIER_NONE, TIER_PAIR, TIER_USER_NBR, Slots
+from solaris.eval import metrics as M
+from solaris.scoring import ScoreRequest, VMScorer
+
+TIER_STEPS = (("pair", {TIER_PAIR}, False),
+              ("user_neighbour", {TIER_PAIR, TIER_USER_NBR}, False),
+              ("item_neighbour", {TIER_PAIR, TIER_USER_NBR, TIER_ITEM_NBR}, False),
+              ("aggregate", {TIER_PAIR, TIER_USER_NBR, TIER_ITEM_NBR}, True))
+
+
+@dataclass
+class ServedRows:
+    """The labelled replay rows as served (N rows), grouped by request (``req``)."""
+
+    req: np.ndarray  # (N,) int64 request index (rows of one request are contiguous)
+    ts: np.ndarray  # (N,) float64 request event time
+    user: np.ndarray  # (N,) int64
+    item: np.ndarray  # (N,) int64
+    surface: np.ndarray  # (N,) int64
+    y: np.ndarray  # (N,) float64 the main task's label
+    score: np.ndarray  # (N,) float64 the served VM score
+    tier: np.ndarray  # (N,) int64
+    age_s: np.ndarray  # (N,) float64
+    pair_emb: np.ndarray  # (N, d) float32 (zeros where absent)
+    agg_emb: np.ndarray  # (N, d) float32
+    agg_present: np.ndarray  # (N,) bool
+
+    def __len__(self) -> int:
+        return len(self.req)
+
+    def slots(self, idx: np.ndarray, tiers: set[int] | None = None, agg: bool = True,
+              pair: np.ndarray | None = None) -> Slots:
+        """Slots of rows ``idx``: only ``tiers`` kept (None: all), the aggregate on or off,
+        or ``pair`` (len(idx), d) as a fresh pair-tier slot for every row."""
+        tier = self.tier[idx].copy()
+        emb = self.pair_emb[idx].copy()
+        age = self.age_s[idx].copy()
+        if pair is not None:
+            emb, tier, age = pair.astype(np.float32), np.full(len(idx), TIER_PAIR), np.zeros(len(idx))
+        elif tiers is not None:
+            off = ~np.isin(tier, sorted(tiers))
+            tier[off], emb[off], age[off] = TIER_NONE, 0.0, 0.0
+        present = tier != TIER_NONE
+        ap = self.agg_present[idx] & agg
+        return Slots(pair_emb=emb, pair_present=present, pair_tier=tier.astype(np.int64),
+                     pair_age_s=age, agg_emb=np.where(ap[:, None], self.agg_emb[idx], 0
+                                                      ).astype(np.float32),
+                     agg_present=ap, missing=~present)
+
+
+def score(scorer: VMScorer, rows: ServedRows, slots: bool = True, **kw) -> np.ndarray:
+    """Re-score every row with ``scorer``, one ScoreRequest per replay request; ``slots``
+    False: no SOLARIS inputs; ``kw`` go to ``ServedRows.slots`` (``pair`` indexed by row)."""
+    out = np.empty(len(rows))
+    starts = np.r_[0, np.flatnonzero(np.diff(rows.req)) + 1, len(rows)]
+    reqs, spans = [], []
+    pair = kw.pop("pair", None)
+    for a, b in zip(starts[:-1], starts[1:]):
+        idx = np.arange(a, b)
+        z = None
+        if slots:
+            z = rows.slots(idx, pair=None if pair is None else pair[idx], **kw)
+        reqs.append(ScoreRequest(int(rows.user[a]), rows.item[idx], int(rows.surface[a]), z))
+        spans.append((a, b))
+    for lo in range(0, len(reqs), 256):
+        for (a, b), p in zip(spans[lo:lo + 256], scorer.score(reqs[lo:lo + 256])):
+            out[a:b] = p
+    return np.clip(out, 1e-7, 1 - 1e-7)
+
+
+def halves(rows: ServedRows) -> tuple[np.ndarray, np.ndarray]:
+    """(first, second) half masks by request time: the cut is the median request time, so a
+    request's rows never straddle it."""
+    cut = np.median(rows.ts)
+    first = rows.ts < cut
+    if first.all() or not first.any():  # one timestamp: split by request order
+        first = rows.req < np.median(rows.req)
+    return first, ~first
+
+
+def transfer(y: np.ndarray, p_vm: np.ndarray, p_x: np.ndarray, p_fm: np.ndarray,
+             first: np.ndarray, second: np.ndarray) -> dict[str, float]:
+    """Raw TR on all rows and calibrated TR (Platt on ``first``, measured on ``second``)."""
+    raw = {k: M.bce(y, p) for k, p in (("vm", p_vm), ("x", p_x), ("fm", p_fm))}
+    cal = {}
+    for k, p in (("vm", p_vm), ("x", p_x), ("fm", p_fm)):
+        ab = M.fit_platt(y[first], p[first])
+        cal[k] = M.bce(y[second], M.apply_platt(p[second], ab))
+    return {"tr_raw": M.transfer_ratio(raw["vm"], raw["x"], raw["fm"]),
+            "tr_cal": M.transfer_ratio(cal["vm"], cal["x"], cal["fm"]),
+            "bce_raw": raw, "bce_cal": cal}
+
+
+def tier_worth(scorer: VMScorer, rows: ServedRows, real_pair: np.ndarray) -> dict[str, dict]:
+    """For each imputed tier: on the rows served with it, (BCE(no pair slot) -
+    BCE(imputed)) / (BCE(no pair slot) - BCE(real pair embedding)), raw; the aggregate stays
+    as served in all three."""
+    none = score(scorer, rows, tiers=set())
+    served = score(scorer, rows)
+    real = score(scorer, rows, pair=real_pair)
+    out = {}
+    for name, t in (("user_neighbour", TIER_USER_NBR), ("item_neighbour", TIER_ITEM_NBR)):
+        m = rows.tier == t
+        if m.sum() < 50:
+            out[name] = {"rows": int(m.sum()), "worth": None}
+            continue
+        b0, b1, b2 = (M.bce(rows.y[m], p[m]) for p in (none, served, real))
+        out[name] = {"rows": int(m.sum()), "bce_none": b0, "bce_imputed": b1, "bce_real": b2,
+                     "worth": (b0 - b1) / (b0 - b2) if b0 - b2 > 1e-9 else None}
+    return out
+
+
+def fine_tune(scorer: VMScorer, rows: ServedRows, idx: np.ndarray, epochs: int = 3,
+              lr: float = 1e-3, seed: int = 0) -> VMScorer:
+    """A copy of ``scorer`` fine-tuned on rows ``idx`` with their features as logged (tier
+    and age included: the copy is ``tier_aware``), BCE on the label."""
+    torch.manual_seed(seed)
+    tuned = copy.copy(scorer)
+    tuned.model = copy.deepcopy(scorer.model)
+    tuned.tier_aware = True
+    model = tuned.model.train()
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
+    rng = np.random.default_rng(seed)
+    idx = np.asarray(idx)
+    for _ in range(epochs):
+        for part in np.array_split(rng.permutation(idx), max(1, len(idx) // 256)):
+            part = np.sort(part)
+            req = ScoreRequest(0, rows.item[part], 0, None)
+            inputs = tuned._inputs(req)  # item side; the user side is per row below
+            z = rows.slots(part)
+            known = rows.user[part] < tuned.num_users
+            u = np.where(known, rows.user[part], tuned.num_users)
+            ucat = tuned.side.user_cat[np.where(known, rows.user[part], 0)]
+            inputs.update(
+                user=u, surface=np.clip(rows.surface[part], 0, tuned.num_surfaces - 1),
+                user_cat=np.where(known[:, None], ucat, 0).astype(np.int64),
+                pair_emb=z.pair_emb, pair_present=z.pair_present.astype(np.float32),
+                pair_tier=z.pair_tier, pair_age=(z.pair_age_s / tuned.read_ttl_s
+                                                 ).astype(np.float32),
+                agg_emb=z.agg_emb, agg_present=z.agg_present.astype(np.float32))
+            batch = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in inputs.items()}
+            loss = F.binary_cross_entropy_with_logits(
+                model(batch), torch.from_numpy(rows.y[part].astype(np.float32)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    model.eval()
+    return tuned

@@ -1,0 +1,151 @@
+"""The replay's figures: tier coverage over event time, the budget x TTL sweep, and a
+version rollover. Each writes one PNG (matplotlib, Agg) and returns its path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from solaris.errors import DataError
+
+DAY_S = 86_400.0
+_TIER_LINES = (("pair", "pair", "tab:blue"),
+               ("user_neighbour", "+ user neighbour", "tab:orange"),
+               ("item_neighbour", "+ item neighbour", "tab:green"),
+               ("effective", "effective (any input)", "k"), ("aggregate", "aggregate", "tab:purple"))
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def coverage_time_plot(curve: dict, path: str | Path, title: str) -> Path:
+    """Cumulative tier coverage per time bin (``coverage.coverage_over_time``) against days
+    since the window start."""
+    plt = _pyplot()
+    t = np.asarray(curve["t"], np.float64)
+    start = curve.get("start")
+    start = float(t[0]) if start is None and len(t) else float(start or 0.0)
+    x = (t - start) / DAY_S
+    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    for key, label, color in _TIER_LINES:
+        if key in curve:
+            y = 100.0 * np.asarray(curve[key], np.float64)
+            ax.plot(x, y, label=label, color=color, lw=1.2,
+                    ls="--" if key == "aggregate" else "-")
+    ax.set_xlabel("event time (days since the window start)")
+    ax.set_ylabel("labelled pairs covered (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    out = _save(fig, path)
+    plt.close(fig)
+    return out
+
+
+def _budget_axis(rows: list[dict]) -> tuple[dict[float, float], list[float], list[str]]:
+    """x position per budget: budget 0 (unlimited) sits one step right of the largest."""
+    finite = sorted({float(r["budget_per_hour"]) for r in rows if r["budget_per_hour"] > 0})
+    pos = {b: b for b in finite}
+    ticks, labels = list(finite), [f"{b:g}" for b in finite]
+    if any(r["budget_per_hour"] == 0 for r in rows):
+        top = finite[-1] * 2.0 if finite else 1.0
+        pos[0.0] = top
+        ticks.append(top)
+        labels.append("unlimited")
+    return pos, ticks, labels
+
+
+def sweep_plot(rows: list[dict], path: str | Path) -> Path:
+    """Coverage (pair, effective) and TR against the budget, one line per read TTL.
+
+    ``rows``: dicts with ``budget_per_hour`` (0 = unlimited), ``read_ttl_s``,
+    ``coverage_pair``, ``coverage_effective`` and ``tr_online`` (None where not measured).
+    """
+    if not rows:
+        raise DataError("sweep_plot: no rows")
+    for key in ("budget_per_hour", "read_ttl_s", "coverage_pair", "coverage_effective"):
+        if any(key not in r for r in rows):
+            raise DataError(f"sweep_plot: a row lacks {key!r}")
+    plt = _pyplot()
+    pos, ticks, labels = _budget_axis(rows)
+    fig, (ax_c, ax_t) = plt.subplots(1, 2, figsize=(11.0, 4.2))
+    ttls = sorted({float(r["read_ttl_s"]) for r in rows})
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for n, ttl in enumerate(ttls):
+        sel = sorted((r for r in rows if float(r["read_ttl_s"]) == ttl),
+                     key=lambda r: pos[float(r["budget_per_hour"])])
+        x = [pos[float(r["budget_per_hour"])] for r in sel]
+        color = colors[n % len(colors)]
+        name = f"TTL {ttl / 3600:g} h"
+        ax_c.plot(x, [100 * r["coverage_pair"] for r in sel], "o-", color=color,
+                  label=f"{name}: pair")
+        ax_c.plot(x, [100 * r["coverage_effective"] for r in sel], "s--", color=color,
+                  label=f"{name}: effective")
+        tr = [(xi, r.get("tr_online")) for xi, r in zip(x, sel)]
+        tr = [(xi, v) for xi, v in tr if v is not None]
+        if tr:
+            ax_t.plot([a for a, _ in tr], [v for _, v in tr], "o-", color=color, label=name)
+    for ax in (ax_c, ax_t):
+        if ticks and min(ticks) > 0 and max(ticks) / min(ticks) >= 10:
+            ax.set_xscale("log")
+        ax.set_xticks(ticks, labels, fontsize=8)
+        ax.minorticks_off()
+        ax.set_xlabel("precompute budget (FM pair-evaluations per event hour)")
+        ax.grid(alpha=0.3)
+    ax_c.set_ylabel("labelled pairs covered (%)")
+    ax_c.set_title("coverage vs budget")
+    ax_c.legend(fontsize=7)
+    ax_t.set_ylabel("transfer ratio (online)")
+    ax_t.set_title("TR vs budget")
+    if ax_t.get_legend_handles_labels()[0]:
+        ax_t.legend(fontsize=7)
+    else:
+        ax_t.text(0.5, 0.5, "TR not measured", ha="center", va="center",
+                  transform=ax_t.transAxes)
+    out = _save(fig, path)
+    plt.close(fig)
+    return out
+
+
+def rollover_plot(curve: dict, path: str | Path) -> Path:
+    """Pair coverage of the old and the new version over event time, with the switch.
+
+    ``curve``: ``t`` (event seconds), ``old`` and ``new`` (coverage per t, NaN where not
+    served), ``switch_t`` (event seconds or None).
+    """
+    plt = _pyplot()
+    t = np.asarray(curve["t"], np.float64)
+    start = float(t[0]) if len(t) else 0.0
+    x = (t - start) / 3600.0
+    fig, ax = plt.subplots(figsize=(7.0, 4.2))
+    ax.plot(x, 100 * np.asarray(curve["old"], np.float64), label="old version", color="tab:blue")
+    ax.plot(x, 100 * np.asarray(curve["new"], np.float64), label="new version",
+            color="tab:orange")
+    if curve.get("switch_t") is not None:
+        ax.axvline((float(curve["switch_t"]) - start) / 3600.0, color="k", ls=":",
+                   label="switch")
+    ax.set_xlabel("event time (hours since the first point)")
+    ax.set_ylabel("pair coverage (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title("version rollover: pair coverage per version")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    out = _save(fig, path)
+    plt.close(fig)
+    return out

@@ -1,0 +1,96 @@
+"""What a replay needs before its first request: the window, the data directory the KNN job
+reads, the seed history, and the map from labelled replay pairs to interaction rows.
+
+The replay window is the split's test period (``SplitConfig``): every model the replay serves
+trained on the FM, VM and validation periods, all strictly earlier (``check_trained_before``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from solaris.config import SolarisConfig
+from solaris.data.schema import ITEM, SURFACE, TS, USER, Dataset
+from solaris.data.split import Periods, time_split
+from solaris.errors import DataError
+
+
+def window(ds: Dataset, cfg: SolarisConfig) -> tuple[Periods, int]:
+    """The split's periods and the replay window's first event time (the test period's)."""
+    periods = time_split(ds, cfg.split)
+    return periods, int(periods.cuts[2])
+
+
+def check_trained_before(manifest: dict, start_ts: int) -> None:
+    """Every period the artifacts trained or validated on ends before ``start_ts``."""
+    for name in ("fm", "vm", "val"):
+        last = int(manifest["periods"][name]["ts_max"])
+        if last >= start_ts:
+            raise DataError(f"artifacts' {name} period ends at ts={last}, inside the replay "
+                            f"window starting at ts={start_ts}: models must train on earlier "
+                            "data only")
+
+
+def write_data_dir(ds: Dataset, out: str | Path) -> Path:
+    """``ds`` as a ``solaris data`` directory (users, items, interactions Parquet files and
+    ``meta.json`` last), what ``jobs/rebuild_knn.py`` reads. The whole log is written once: the
+    job's ``as_of`` keeps each rebuild causal."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    pq.write_table(ds.users, out / "users.parquet")
+    pq.write_table(ds.items, out / "items.parquet")
+    pq.write_table(ds.interactions, out / "interactions.parquet", row_group_size=1 << 20)
+    meta = {"name": ds.name, "tasks": list(ds.tasks), "spec": ds.spec.to_dict(),
+            "interactions": ds.interactions.num_rows}
+    (out / "meta.json").write_text(json.dumps(meta, indent=2))
+    return out
+
+
+def seed_history(ds: Dataset, start_ts: int, max_events: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(users, items, surfaces, labels (n, T), ts) of each user's last ``max_events``
+    interactions before ``start_ts``, in event order: the history store's state when the
+    window opens."""
+    t = ds.interactions
+    ts = t.column(TS).to_numpy()
+    n = int(np.searchsorted(ts, start_ts, side="left"))
+    users = t.column(USER).to_numpy()[:n]
+    # keep each user's last max_events rows: rank rows from the end within each user
+    order = np.lexsort((-np.arange(n), users))  # by user, latest first
+    u_sorted = users[order]
+    first = np.r_[0, np.flatnonzero(np.diff(u_sorted)) + 1]
+    rank = np.arange(n) - np.repeat(first, np.diff(np.r_[first, n]))
+    keep = np.sort(order[rank < max_events])
+    labels = np.stack([t.column(c).to_numpy()[:n][keep] for c in ds.tasks], 1)
+    return (users[keep].astype(np.int64), t.column(ITEM).to_numpy()[:n][keep].astype(np.int64),
+            t.column(SURFACE).to_numpy()[:n][keep].astype(np.int32),
+            labels.astype(np.float64), ts[keep].astype(np.float64))
+
+
+def row_index(ds: Dataset, users: np.ndarray, items: np.ndarray, req_ts: np.ndarray,
+              within_s: float) -> np.ndarray:
+    """For each labelled replay pair (user, item, request time): the interaction row it came
+    from -- the first row of that (user, item) at or after the request time and less than
+    ``within_s`` later (a synthetic request's rows share its time; a MovieLens request
+    gathers a user's ratings of one time bucket). -1 where none."""
+    t = ds.interactions
+    u = t.column(USER).to_numpy().astype(np.int64)
+    i = t.column(ITEM).to_numpy().astype(np.int64)
+    ts = t.column(TS).to_numpy().astype(np.int64)
+    order = np.lexsort((ts, i, u))
+    key = np.stack([u[order], i[order], ts[order]], 1)
+    q = np.stack([np.asarray(users, np.int64), np.asarray(items, np.int64),
+                  np.asarray(req_ts, np.int64)], 1)
+    # lexicographic searchsorted via a structured view
+    dt = np.dtype([("u", np.int64), ("i", np.int64), ("t", np.int64)])
+    kv = np.ascontiguousarray(key).view(dt).ravel()
+    qv = np.ascontiguousarray(q).view(dt).ravel()
+    pos = np.searchsorted(kv, qv, side="left")
+    ok = pos < len(kv)
+    pc = np.minimum(pos, len(kv) - 1)
+    ok &= (key[pc, 0] == q[:, 0]) & (key[pc, 1] == q[:, 1]) & (key[pc, 2] - q[:, 2] < within_s)
+    return np.where(ok, order[pc], -1)

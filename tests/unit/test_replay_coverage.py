@@ -1,0 +1,269 @@
+"""Replay coverage: cumulative tiers, the ceiling, and the key-level precompute simulator."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from solaris.errors import ConfigError, DataError
+from solaris.replay.coverage import (ceiling_mask, coverage_by_tier, coverage_ceiling,
+                                     coverage_over_time, simulate_pair_coverage)
+from solaris.replay.log import RequestLog
+from solaris.replay.plots import coverage_time_plot, rollover_plot, sweep_plot
+
+
+def _log(rows) -> RequestLog:
+    """rows: (user, ts, candidates, labelled mask or None = all labelled), in (ts, user) order."""
+    c = len(rows[0][2])
+    lab = np.array([[True] * c if r[3] is None else r[3] for r in rows], bool)
+    labels = np.where(lab, 1.0, np.nan).astype(np.float32)[..., None]
+    lg = RequestLog(user=np.array([r[0] for r in rows], np.int64),
+                    ts=np.array([r[1] for r in rows], np.int64),
+                    surface=np.zeros(len(rows), np.int32),
+                    candidates=np.array([r[2] for r in rows], np.int64), labels=labels,
+                    tasks=("click",))
+    lg.validate()
+    return lg
+
+
+def _sim(lg, scores=None, **kw):
+    args = dict(fraction=1.0, horizon_s=0.0, read_ttl_s=100.0, lag_s=0.0, tick_s=10.0,
+                budget_per_hour=0.0)
+    args.update(kw)
+    if scores is None:
+        scores = np.zeros(lg.candidates.shape)
+    return simulate_pair_coverage(lg, np.asarray(scores, float), **args)
+
+
+# ------------------------------------------------------------ tiers
+def test_tier_coverage_is_cumulative_in_the_fixed_order():
+    tiers = np.array([0, 1, 2, 3, 1, 0])
+    agg = np.array([True, False, False, True, False, False])
+    got = coverage_by_tier(tiers, agg)
+    assert got == {"pair": 2 / 6, "user_neighbour": 3 / 6, "item_neighbour": 4 / 6,
+                   "aggregate": 2 / 6, "effective": 5 / 6, "count": 6}
+    empty = coverage_by_tier(np.zeros(0, int), np.zeros(0, bool))
+    assert empty["count"] == 0 and np.isnan(empty["pair"])
+    with pytest.raises(DataError, match="tier codes"):
+        coverage_by_tier(np.array([4]), np.array([False]))
+
+
+def test_coverage_over_time_bins_and_leaves_empty_bins_nan():
+    ts = np.array([100, 150, 400, 420])
+    tiers = np.array([1, 0, 2, 3])
+    agg = np.array([False, False, True, False])
+    got = coverage_over_time(ts, tiers, agg, bin_s=100, start=100)
+    assert got["t"].tolist() == [100, 200, 300, 400]
+    assert got["count"].tolist() == [2, 0, 0, 2]
+    assert got["pair"][0] == 0.5 and got["pair"][3] == 0.0
+    assert got["user_neighbour"][3] == 0.5 and got["item_neighbour"][3] == 1.0
+    assert got["effective"][3] == 1.0 and got["aggregate"][3] == 0.5
+    assert np.isnan(got["pair"][1:3]).all()
+
+
+# ------------------------------------------------------------ ceiling
+def test_ceiling_on_a_hand_computed_log():
+    lg = _log([
+        (0, 0, [1, 2, 3], [False, False, False]),
+        (0, 100, [2, 4, 5], [True, True, False]),  # 2 was a candidate at ts 0: covered
+        (1, 150, [2, 6, 7], [True, False, False]),  # another user's candidate: not covered
+        (0, 5000, [3, 8, 9], [True, False, False]),  # 3: 5000 s after ts 0
+    ])
+    assert coverage_ceiling(lg, read_ttl_s=3600) == 1 / 4
+    assert coverage_ceiling(lg, read_ttl_s=5000) == 2 / 4
+    assert coverage_ceiling(lg, read_ttl_s=3600, lag_s=100) == 1 / 4  # 100 - 0 >= lag
+    assert coverage_ceiling(lg, read_ttl_s=3600, lag_s=101) == 0.0
+    # a request at the same ts, earlier in the log, does not count
+    same = _log([(0, 10, [1, 2], [False, False]), (0, 10, [1, 3], [True, False])])
+    assert coverage_ceiling(same, read_ttl_s=100) == 0.0
+
+
+# ------------------------------------------------------------ simulator, by hand
+BASIC = [(0, 0, [1, 2], None), (0, 5, [1, 3], None), (0, 20, [1, 2], None)]
+
+
+def test_writes_land_at_the_end_of_the_tick_with_the_request_time():
+    got = _sim(_log(BASIC))
+    # tick [0, 10): nothing found yet (ts 5 is served before the tick ends); at its end 1
+    # (merged, moved to the request at ts 5), 2 and 3 are written
+    assert got["found"].tolist() == [[False, False], [False, False], [True, True]]
+    assert got["age_s"][2].tolist() == [15.0, 20.0]  # item 1 written at 5, item 2 at 0
+    assert got["fm_evals"] == 3 and got["merged"] == 1
+    assert got["per_request_enqueued"].tolist() == [2, 2, 0]  # found and not expiring
+    assert got["precision"] == pytest.approx(2 / 3)  # item 3 is never read
+    assert got["pair"] == pytest.approx(2 / 6)
+
+
+def test_entries_past_the_read_ttl_are_not_found():
+    assert _sim(_log(BASIC), read_ttl_s=10)["found"][2].tolist() == [False, False]
+    assert _sim(_log(BASIC), read_ttl_s=15)["found"][2].tolist() == [True, False]
+    # a horizon reaching the TTL re-enqueues every found pair
+    assert _sim(_log(BASIC), horizon_s=100)["per_request_enqueued"].tolist() == [2, 2, 2]
+
+
+def test_lag_delays_eligibility_by_whole_ticks():
+    # lag 15: at the end of tick [10, 20) pairs requested at ts <= 5 are eligible (all)
+    assert _sim(_log(BASIC), lag_s=15)["found"][2].tolist() == [True, True]
+    # lag 16: only those requested at ts <= 4 (item 2); item 1 moved to ts 5 waits a tick
+    got = _sim(_log(BASIC), lag_s=16)
+    assert got["found"][2].tolist() == [False, True]
+    # lag 25: nothing is eligible before ts 20 is served
+    assert not _sim(_log(BASIC), lag_s=25)["found"].any()
+
+
+def test_the_budget_takes_the_highest_priority_first_and_carries_fractions_only():
+    lg = _log([(0, 0, [1, 2, 3], None), (0, 25, [1, 2, 3], None)])
+    scores = [[0.9, 0.5, 0.7], [0.0, 0.0, 0.0]]
+    # 1 evaluation per 10 s tick: item 1 (0.9) at the end of tick 0, item 3 (0.7) at tick 1
+    got = _sim(lg, scores, budget_per_hour=360)
+    assert got["found"][1].tolist() == [True, False, True]
+    # 0.5 per tick: the first whole evaluation comes at the end of tick 1
+    got = _sim(lg, scores, budget_per_hour=180)
+    assert got["found"][1].tolist() == [True, False, False]
+    # unlimited
+    assert _sim(lg, scores)["found"][1].tolist() == [True, True, True]
+
+
+def test_an_unused_allowance_is_not_banked():
+    lg = _log([(0, 0, [1, 7, 8], None), (1, 50, [1, 2, 3], None), (1, 65, [1, 2, 3], None)])
+    scores = [[0.0, 0.0, 0.0], [0.2, 0.9, 0.5], [0.0, 0.0, 0.0]]
+    got = _sim(lg, scores, budget_per_hour=360)
+    # user 0's three pairs take ticks 0-2; ticks 3-4 have nothing to evaluate and their
+    # allowance is gone: one pair (item 2, the best) at tick 5's end, not three
+    assert got["found"][2].tolist() == [False, True, False]
+    assert got["fm_evals"] == 3 + 1 + 1  # then one more at the end of tick 6
+
+
+def test_duplicates_merge_keeping_the_higher_priority_and_the_later_request():
+    lg = _log([(0, 0, [1, 2], None), (0, 5, [1, 3], None), (0, 104, [1, 2], None)])
+    scores = [[0.2, 0.5], [0.9, 0.1], [0.0, 0.0]]
+    got = _sim(lg, scores, budget_per_hour=360)
+    # item 1 merged: priority 0.9, request ts 5 -> first out, written at 5; item 2 (ts 0)
+    # next tick; at ts 104 (TTL 100) item 1 is fresh (age 99), item 2 expired (104)
+    assert got["merged"] == 1
+    assert got["found"][2].tolist() == [True, False]
+    assert got["age_s"][2, 0] == 99.0
+    # dropping pending pairs at the verifier instead: item 1 keeps ts 0 and priority 0.2
+    got = _sim(lg, scores, budget_per_hour=360, skip_pending=True)
+    assert got["merged"] == 0 and got["per_request_enqueued"][1] == 1
+    assert got["found"][2].tolist() == [False, False]
+
+
+def test_random_picks_spend_the_same_evaluations_on_other_pairs():
+    rng = np.random.default_rng(0)
+    # one request per user, one every tick: no pair is ever found, so both kinds of picks
+    # enqueue k = 3 per request; unlimited, all are evaluated; at one per tick, one a tick
+    fresh = _log([(u, 10 * u, rng.permutation(50)[:10].tolist(), None) for u in range(8)])
+    scores = rng.random((8, 10))
+    for budget, evals in ((0, 8 * 3), (360, 8)):
+        by_score = _sim(fresh, scores, fraction=0.3, budget_per_hour=budget)
+        by_random = _sim(fresh, scores, fraction=0.3, budget_per_hour=budget,
+                         random_picks=True, seed=3)
+        assert by_score["fm_evals"] == by_random["fm_evals"] == evals
+        assert by_score["per_request_enqueued"].tolist() == [3] * 8
+        assert by_random["per_request_enqueued"].tolist() == [3] * 8
+    # each user twice, 20 s apart, same candidates: the second request finds the 3 pairs
+    # the first one picked -- its top 3 by score, or 3 random ones
+    rows, scores = [], []
+    for u in range(8):
+        cands = rng.permutation(50)[:10].tolist()
+        rows += [(u, 100 * u, cands, None), (u, 100 * u + 20, cands, None)]
+        s = rng.random(10)
+        scores += [s, s]
+    lg = _log(rows)
+    scores = np.array(scores)
+    by_score = _sim(lg, scores, fraction=0.3)
+    by_random = _sim(lg, scores, fraction=0.3, random_picks=True, seed=3)
+    assert by_score["found"].sum() == by_random["found"].sum() == 8 * 3
+    top = np.argsort(-scores, axis=1)[:, :3]
+    for r in range(1, 16, 2):
+        assert set(np.flatnonzero(by_score["found"][r])) == set(top[r])
+    assert not np.array_equal(by_score["found"], by_random["found"])
+
+
+def test_bad_arguments_are_named():
+    lg = _log(BASIC)
+    with pytest.raises(DataError, match="scores: shape"):
+        _sim(lg, np.zeros((2, 2)))
+    with pytest.raises(ConfigError, match="tick_s=0"):
+        _sim(lg, tick_s=0)
+    with pytest.raises(ConfigError, match="lag_s=-1"):
+        _sim(lg, lag_s=-1)
+
+
+# ------------------------------------------------------------ simulator vs ceiling
+@st.composite
+def logs(draw):
+    n = draw(st.integers(1, 25))
+    steps = draw(st.lists(st.integers(0, 40), min_size=n, max_size=n))
+    rows = []
+    for t in np.cumsum(steps).tolist():
+        u = draw(st.integers(0, 2))
+        cands = draw(st.permutations(range(6)))[:3]
+        lab = draw(st.lists(st.booleans(), min_size=3, max_size=3))
+        rows.append((u, t, cands, lab))
+    rows.sort(key=lambda r: (r[1], r[0]))
+    scores = draw(st.lists(st.floats(0, 1), min_size=3 * n, max_size=3 * n))
+    return _log(rows), np.array(scores).reshape(n, 3)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=logs(), ttl=st.integers(1, 120), lag=st.integers(0, 60), tick=st.integers(1, 30),
+       budget=st.sampled_from([0, 360, 1000, 5000]), fraction=st.sampled_from([0.3, 0.7, 1.0]),
+       horizon=st.integers(0, 120), random_picks=st.booleans(), skip=st.booleans())
+def test_a_found_pair_always_meets_the_ceiling(data, ttl, lag, tick, budget, fraction, horizon,
+                                               random_picks, skip):
+    lg, scores = data
+    got = simulate_pair_coverage(lg, scores, fraction=fraction, horizon_s=horizon,
+                                 read_ttl_s=ttl, lag_s=lag, tick_s=tick,
+                                 budget_per_hour=budget, random_picks=random_picks,
+                                 skip_pending=skip)
+    ceiling = ceiling_mask(lg, ttl, lag)
+    assert not (got["found"] & ~ceiling).any()
+    if lg.labelled.any():
+        assert got["pair"] <= coverage_ceiling(lg, ttl, lag)
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=logs(), ttl=st.integers(1, 120))
+def test_every_candidate_computed_at_once_reaches_the_ceiling(data, ttl):
+    # one tick per second of integer event time, no lag, no budget limit, every candidate
+    # picked and re-picked: exactly the pairs the ceiling counts are found
+    lg, scores = data
+    got = simulate_pair_coverage(lg, scores, fraction=1.0, horizon_s=ttl, read_ttl_s=ttl,
+                                 lag_s=0, tick_s=1, budget_per_hour=0)
+    assert np.array_equal(got["found"], ceiling_mask(lg, ttl, 0))
+
+
+def _ceiling_brute(lg, ttl, lag):
+    out = np.zeros(lg.candidates.shape, bool)
+    for r in range(lg.num_requests):
+        for q in range(r):
+            dt = lg.ts[r] - lg.ts[q]
+            if lg.user[q] == lg.user[r] and 0 < dt and dt >= lag and dt <= ttl:
+                out[r] |= np.isin(lg.candidates[r], lg.candidates[q])
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=logs(), ttl=st.integers(0, 120), lag=st.integers(0, 60))
+def test_ceiling_matches_brute_force(data, ttl, lag):
+    lg, _ = data
+    assert np.array_equal(ceiling_mask(lg, ttl, lag), _ceiling_brute(lg, ttl, lag))
+
+
+# ------------------------------------------------------------ plots
+def test_plots_write_png_files(tmp_path):
+    curve = coverage_over_time(np.arange(0, 10 * 86_400, 3600), np.arange(240) % 4,
+                               np.arange(240) % 3 == 0, bin_s=86_400)
+    rows = [{"budget_per_hour": b, "read_ttl_s": ttl, "coverage_pair": 0.1 * i,
+             "coverage_effective": 0.2 * i, "tr_online": None if b == 0 else 0.05 * i}
+            for i, b in enumerate((100, 1000, 0)) for ttl in (3600, 14400)]
+    roll = {"t": np.arange(0, 7200, 600.0), "old": np.linspace(0.5, 0.0, 12),
+            "new": np.linspace(0.0, 0.4, 12), "switch_t": 3600.0}
+    for p in (coverage_time_plot(curve, tmp_path / "a" / "time.png", "coverage"),
+              sweep_plot(rows, tmp_path / "sweep.png"),
+              rollover_plot(roll, tmp_path / "roll.png")):
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
