@@ -62,7 +62,7 @@ class ReplayOptions:
     lag_s: float = 300.0  # work enqueued at t is written no earlier than t + lag
     budget_per_hour: float = 3000.0  # FM pair-evaluations per event hour (0: no limit)
     workers: int = 1  # FM worker actors
-    knn_every_h: float = 24.0  # KNN rebuild period in event hours (0: only the initial build)
+    knn_every_h: float = 72.0  # KNN rebuild period in event hours (0: only the initial build)
     granularity_s: float = 300.0  # request granularity of logs without candidate lists
     num_candidates: int = 100  # candidates per request of logs without candidate lists
     max_requests: int | None = None  # replay only the first N requests (tests, quick looks)
@@ -260,11 +260,22 @@ class LiveReplay:
         app_id = "replay-" + uuid.uuid4().hex[:6]
         self.say("building the KNN tables as of the window start")
         knn_runs = [self._knn(float(self.start))]
+        # the app's stateful actors, owned by this driver: the app's replicas attach to them
+        # by name, and a redeploy (the rollover) replaces replicas without losing them
+        from actors.knn import create_knn_holder
+        from actors.ledger import LedgerActor
+        from actors.queue import create_queue
+
+        group = CacheGroup.create(cfg.cache, group_id=app_id)
+        owned = [create_queue(cfg.queue, queue_id=app_id, name=f"solaris-queue-{app_id}"),
+                 LedgerActor.options(name=f"solaris-ledger-{app_id}",
+                                     get_if_exists=True).remote(),
+                 create_knn_holder(cfg.knn, app_id)]
+        group.wait_ready()
         self._deploy(self.art_dirs[:1], app_id)
         pre = serve.get_deployment_handle("Precompute", app_name="replay")
         router = serve.get_deployment_handle("LookupRouter", app_name="replay")
         pre.pause.remote().result()
-        group = CacheGroup.connect(cfg.cache, app_id)
         seeded = group.replay_history(*seed_history(self.ds, self.start, cfg.history.max_events))
         self._wait_knn(knn_runs[0]["version"])
         self.say(f"serving {lg.num_requests} requests (history seeded with {seeded} events)")
@@ -314,6 +325,11 @@ class LiveReplay:
         if o.rollover_at is not None:
             roll_k = int(req_ticks[min(len(req_ticks) - 1, int(o.rollover_at * len(req_ticks)))])
         rolled = False
+        versions = [m["version"] for m in self.manifests]
+        from solaris.config import EnrichConfig
+
+        probe = EnrichConfig(user_knn_probe=0, item_knn_probe=0, item_tier=False,
+                             aggregate=False)
         steps, evaluated, curve = 0, 0, []
         bar = _bar(R, "replay", o.progress)
         pool = ThreadPoolExecutor(o.concurrency, thread_name_prefix="replay-client")
@@ -335,8 +351,12 @@ class LiveReplay:
                     list(pool.map(one, range(a, b)))
                     router.flush_now.remote().result()
                     bar.update(b - a)
-                    if o.rollover_at is not None:
-                        curve.append((float(lg.ts[a]), self._wait_healthy()["versions"]))
+                    if o.rollover_at is not None:  # own-pair coverage of every version
+                        curve += [(float(lg.ts[r]), *[
+                            float(np.mean(group.lookup(int(lg.user[r]), lg.candidates[r],
+                                                       float(lg.ts[r]), v, None, None,
+                                                       probe).pair_tier == 1))
+                            for v in versions]) for r in range(a, b)]
                 allowance = tick_allowance(o.budget_per_hour, tick, k)
                 got = pre.step_until.remote(T_end - o.lag_s, allowance).result()
                 steps += 1
@@ -370,7 +390,7 @@ class LiveReplay:
                 "vm_version": vm_version, "client": client, "steps": steps,
                 "evaluated": evaluated, "knn_runs": knn_runs, "summary": summary,
                 "shards": shards, "ledger": ledger, "seconds": time.perf_counter() - t_start,
-                "curve": curve}
+                "curve": curve, "owned": len(owned)}
 
 
 TIER_CODES = {"none": 0, "pair": 1, "user_neighbour": 2, "item_neighbour": 3}
@@ -492,13 +512,13 @@ def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_t
     out["tr_offline_pair_100_raw"] = r["tr_raw"]
     out["tier_worth"] = tier_worth(vm, rows, z_real)
     # train/serve consistency: fine-tuned on the first half's features as logged
-    tuned = fine_tune(vm, rows, np.flatnonzero(first))
+    tuned, fit = fine_tune(vm, rows, np.flatnonzero(first))
     sec = np.flatnonzero(second)
     sub = _take(rows, sec)
     p_tuned = score(tuned, sub)
     p_ship = score(vm, sub)
     out["consistency"] = {
-        "rows_train": int(first.sum()), "rows_eval": int(len(sec)),
+        "rows_train": int(first.sum()), "rows_eval": int(len(sec)), "fit": fit,
         "bce_dropout_vm": M.bce(y[sec], p_ship), "bce_logged_features_vm": M.bce(y[sec], p_tuned),
         "bce_vm_alone": M.bce(y[sec], p_alone[sec]), "bce_fm": M.bce(y[sec], p_fm[sec]),
         "tr_dropout_vm": M.transfer_ratio(M.bce(y[sec], p_alone[sec]), M.bce(y[sec], p_ship),
@@ -508,6 +528,31 @@ def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_t
                                                   M.bce(y[sec], p_fm[sec]))}
     out["consistency"]["gap_bce"] = (out["consistency"]["bce_dropout_vm"]
                                      - out["consistency"]["bce_logged_features_vm"])
+    return out
+
+
+def save_feature_log(path: Path, rows: Any, row: np.ndarray) -> Path:
+    """The labelled rows' features as served (``ServedRows``) and their interaction rows."""
+    import dataclasses
+
+    np.savez_compressed(path, row=row, **{f.name: getattr(rows, f.name)
+                                         for f in dataclasses.fields(rows)})
+    return path
+
+
+def transfer_from_log(path: Path, art_dir: Path, task: str, read_ttl_s: float
+                      ) -> dict[str, Any]:
+    """``transfer_report`` over a saved feature log; the headline keys lifted to the top."""
+    from solaris.replay.evaluate import ServedRows
+
+    with np.load(path) as f:
+        data = {k: f[k] for k in f.files}
+    row = data.pop("row")
+    out: dict[str, Any] = {"transfer": transfer_report(Path(art_dir), task, ServedRows(**data),
+                                                       row, read_ttl_s)}
+    for k in ("tr_online", "tr_online_raw", "tr_online_by_tier", "tr_offline_pair_100",
+              "consistency", "tier_worth"):
+        out[k] = out["transfer"].pop(k)
     return out
 
 
@@ -583,19 +628,18 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
         "knn_rebuilds": [{k: r.get(k) for k in ("version", "as_of", "seconds")}
                          for r in live["knn_runs"]],
         "seconds": round(live["seconds"], 1), "artifacts_seconds": prep["artifacts_seconds"],
-        "window_start": prep["window_start"], "ledger": ledger,
+        "window_start": prep["window_start"], "window_end": float(lg.ts[-1]),
+        "fm_evals_per_event_hour": evals * 3600.0 / max(1.0, float(lg.ts[-1] - lg.ts[0])),
+        "ledger": ledger,
     })
     task = ds.tasks[0]
     within = opts.granularity_s if ds.requests is None else 1.0
     rows, row, _ = served_rows(lg, live, ds, within)
     v1 = lr.manifests[0]["version"]
     own = np.asarray([live["vm_version"][r] == v1 for r in rows.req.tolist()], bool)
-    rows_v1 = _take(rows, np.flatnonzero(own))
-    rep["transfer"] = transfer_report(lr.art_dirs[0], task, rows_v1, row[own],
-                                      float(acfg.cache.read_ttl_s))
-    for k in ("tr_online", "tr_online_raw", "tr_online_by_tier", "tr_offline_pair_100",
-              "consistency", "tier_worth"):
-        rep[k] = rep["transfer"].pop(k)
+    save_feature_log(out / "feature_log.npz", _take(rows, np.flatnonzero(own)), row[own])
+    rep.update(transfer_from_log(out / "feature_log.npz", lr.art_dirs[0], task,
+                                 float(acfg.cache.read_ttl_s)))
     lab = lg.labelled & (live["tiers"] >= 0)
     r_i, _ = np.nonzero(lab)
     curve = coverage_over_time(lg.ts[r_i].astype(np.float64), live["tiers"][lab].astype(np.int64),
@@ -604,13 +648,20 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
                                 f"{ds.name}: coverage of labelled pairs by tier")]
     if opts.rollover_at is not None and live["curve"]:
         v2 = lr.manifests[1]["version"]
-        ts = np.array([c[0] for c in live["curve"]])
-        old = np.array([c[1]["coverage"].get(v1, np.nan) for c in live["curve"]])
-        new = np.array([c[1]["coverage"].get(v2, np.nan) for c in live["curve"]])
+        cv = np.array(live["curve"], np.float64)  # (n, 3): ts, old share, new share
+        hour = np.floor((cv[:, 0] - cv[0, 0]) / 3600.0)
+        bins = np.unique(hour)
+        ts = cv[0, 0] + 3600.0 * bins
+        old = np.array([cv[hour == h, 1].mean() for h in bins])
+        new = np.array([cv[hour == h, 2].mean() for h in bins])
         served_v2 = np.flatnonzero(live["vm_version"] == v2)
         switch_t = float(lg.ts[served_v2[0]]) if len(served_v2) else None
         mixed = sum(1 for v in live["vm_version"] if v not in (v1, v2, None))
+        half = len(cv) // 2
         rep["rollover"] = {"old": v1, "new": v2, "switch_t": switch_t,
+                           "old_coverage_first_half": float(cv[:half, 1].mean()),
+                           "old_coverage_last_tenth": float(cv[-max(1, len(cv) // 10):, 1].mean()),
+                           "new_coverage_last_tenth": float(cv[-max(1, len(cv) // 10):, 2].mean()),
                            "requests_served_by_new": int(len(served_v2)),
                            "mixed_version_requests": mixed}
         plots.append(rollover_plot({"t": ts, "old": old, "new": new, "switch_t": switch_t},
@@ -728,12 +779,15 @@ def sweep(cfg: SolarisConfig, ds: Any, out: Path, opts: ReplayOptions, base: dic
     from solaris.replay.plots import sweep_plot
 
     rows = [_sweep_row(base)]
-    b0 = opts.budget_per_hour or 3000.0
-    for budget in (b0 / 4, b0 / 2, b0 * 2):
-        for ttl in (cfg.cache.read_ttl_s,):
-            rows.append(_sweep_point(cfg, ds, out, opts, budget, ttl))
+    # budgets below the rate the base run actually used, so that they bind
+    hours = max(1e-9, (base["window_end"] - base["window_start"]) / 3600.0)
+    used = base["fm_evals"] / hours
+    for share in (0.125, 0.25, 0.5):
+        rows.append(_sweep_point(cfg, ds, out, opts, round(used * share, 1),
+                                 cfg.cache.read_ttl_s))
     for ttl in (3600, 12 * 3600):
-        rows.append(_sweep_point(cfg, ds, out, dataclasses.replace(opts), b0, ttl))
+        rows.append(_sweep_point(cfg, ds, out, dataclasses.replace(opts),
+                                 opts.budget_per_hour, ttl))
     base["plots"].append(str(sweep_plot(rows, out / "sweep.png")))
     return rows
 

@@ -139,7 +139,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """The README's main job: the event-time replay of the embedded synthetic data through
     the live system (Serve, cache shards, queue, FM workers, KNN job), with its report."""
     replay = _replay_module()
-    ns = replay.build_parser().parse_args(["--dataset", "synthetic", "--out", str(args.out)])
+    ns = replay.build_parser().parse_args(["--dataset", "synthetic", "--out", str(args.out),
+                                           "--rollover-at", "0.5"])
     ns.config, ns.set = args.config, args.set
     ns.port = args.port
     print("SOLARIS demo: generating the embedded synthetic dataset, training the FM, its "

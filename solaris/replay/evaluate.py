@@ -140,39 +140,75 @@ def tier_worth(scorer: VMScorer, rows: ServedRows, real_pair: np.ndarray) -> dic
     return out
 
 
-def fine_tune(scorer: VMScorer, rows: ServedRows, idx: np.ndarray, epochs: int = 3,
-              lr: float = 1e-3, seed: int = 0) -> VMScorer:
-    """A copy of ``scorer`` fine-tuned on rows ``idx`` with their features as logged (tier
-    and age included: the copy is ``tier_aware``), BCE on the label."""
+SLOT_LAYERS = ("pair_proj", "pair_direct", "agg_proj", "agg_direct", "mlp")
+
+
+def _inputs(scorer: VMScorer, rows: ServedRows, idx: np.ndarray) -> dict[str, torch.Tensor]:
+    """The VM's input batch for rows ``idx`` with their features as logged (tier and age
+    included), built as ``VMScorer._inputs`` builds a request's."""
+    inputs = scorer._inputs(ScoreRequest(0, rows.item[idx], 0, None))  # the item side
+    known = rows.user[idx] < scorer.num_users
+    ucat = scorer.side.user_cat[np.where(known, rows.user[idx], 0)]
+    z = rows.slots(idx)
+    inputs.update(
+        user=np.where(known, rows.user[idx], scorer.num_users),
+        surface=np.clip(rows.surface[idx], 0, scorer.num_surfaces - 1),
+        user_cat=np.where(known[:, None], ucat, 0).astype(np.int64),
+        pair_emb=z.pair_emb, pair_present=z.pair_present.astype(np.float32),
+        pair_tier=z.pair_tier, pair_age=(z.pair_age_s / scorer.read_ttl_s).astype(np.float32),
+        agg_emb=z.agg_emb, agg_present=z.agg_present.astype(np.float32))
+    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in inputs.items()}
+
+
+def fine_tune(scorer: VMScorer, rows: ServedRows, idx: np.ndarray, max_epochs: int = 20,
+              lr: float = 1e-3, holdout: float = 0.2, patience: int = 2,
+              seed: int = 0) -> tuple[VMScorer, dict]:
+    """A copy of ``scorer`` fine-tuned on rows ``idx`` (event order) with their features as
+    logged -- the copy is ``tier_aware``: it reads the tier and the age. Only the layers
+    that read the SOLARIS slots and the MLP above them train (the id and side embeddings
+    stay as trained offline); the last ``holdout`` share of ``idx`` stops it early."""
     torch.manual_seed(seed)
     tuned = copy.copy(scorer)
     tuned.model = copy.deepcopy(scorer.model)
     tuned.tier_aware = True
-    model = tuned.model.train()
-    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
-    rng = np.random.default_rng(seed)
+    model = tuned.model
+    params = [p for n, p in model.named_parameters()
+              if n.split(".")[0] in SLOT_LAYERS and p.requires_grad]
+    for n, p in model.named_parameters():
+        if n.split(".")[0] not in SLOT_LAYERS:
+            p.requires_grad_(False)
+    opt = torch.optim.Adam(params, lr=lr)
     idx = np.asarray(idx)
-    for _ in range(epochs):
-        for part in np.array_split(rng.permutation(idx), max(1, len(idx) // 256)):
-            part = np.sort(part)
-            req = ScoreRequest(0, rows.item[part], 0, None)
-            inputs = tuned._inputs(req)  # item side; the user side is per row below
-            z = rows.slots(part)
-            known = rows.user[part] < tuned.num_users
-            u = np.where(known, rows.user[part], tuned.num_users)
-            ucat = tuned.side.user_cat[np.where(known, rows.user[part], 0)]
-            inputs.update(
-                user=u, surface=np.clip(rows.surface[part], 0, tuned.num_surfaces - 1),
-                user_cat=np.where(known[:, None], ucat, 0).astype(np.int64),
-                pair_emb=z.pair_emb, pair_present=z.pair_present.astype(np.float32),
-                pair_tier=z.pair_tier, pair_age=(z.pair_age_s / tuned.read_ttl_s
-                                                 ).astype(np.float32),
-                agg_emb=z.agg_emb, agg_present=z.agg_present.astype(np.float32))
-            batch = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in inputs.items()}
-            loss = F.binary_cross_entropy_with_logits(
-                model(batch), torch.from_numpy(rows.y[part].astype(np.float32)))
+    cut = int(len(idx) * (1 - holdout))
+    tr, ho = idx[:cut], idx[cut:]
+    y = torch.from_numpy(rows.y.astype(np.float32))
+    ho_batch = _inputs(tuned, rows, ho)
+
+    def ho_loss() -> float:
+        model.eval()
+        with torch.no_grad():
+            return F.binary_cross_entropy_with_logits(model(ho_batch), y[ho]).item()
+
+    rng = np.random.default_rng(seed)
+    best, best_state, bad, epochs = ho_loss(), copy.deepcopy(model.state_dict()), 0, 0
+    start = best
+    for _ in range(max_epochs):
+        model.train()
+        for part in np.array_split(rng.permutation(tr), max(1, len(tr) // 256)):
+            loss = F.binary_cross_entropy_with_logits(model(_inputs(tuned, rows, part)),
+                                                      y[part])
             opt.zero_grad()
             loss.backward()
             opt.step()
+        epochs += 1
+        cur = ho_loss()
+        if cur < best - 1e-5:
+            best, best_state, bad = cur, copy.deepcopy(model.state_dict()), 0
+        else:
+            bad += 1
+            if bad >= patience:
+                break
+    model.load_state_dict(best_state)
     model.eval()
-    return tuned
+    return tuned, {"epochs": epochs, "holdout_bce_start": start, "holdout_bce_best": best,
+                   "rows": int(len(tr)), "holdout_rows": int(len(ho))}
