@@ -741,6 +741,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", action="store_true",
                    help="also replay at other budgets and TTLs and plot coverage and TR")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--evaluate-only", action="store_true",
+                   help="recompute the transfer figures of OUT from its feature log (no replay)")
 
 
 def options_from_args(args: argparse.Namespace) -> ReplayOptions:
@@ -759,6 +761,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.data_dir:
         ov["data.data_dir"] = str(args.data_dir)
     cfg = load_config(args.config, ov)
+    if args.evaluate_only:
+        return evaluate_only(Path(args.out))
     ds = load_dataset(cfg.data, fetch=args.fetch)
     opts = options_from_args(args)
     rep = replay(cfg, ds, args.out, opts)
@@ -768,6 +772,23 @@ def run_from_args(args: argparse.Namespace) -> int:
         (Path(args.out) / "replay.json").write_text(json.dumps(rep, indent=2,
                                                                default=_json_default))
     print(f"wrote {Path(args.out) / 'replay.json'} and {', '.join(rep['plots'])}")
+    return 0
+
+
+def evaluate_only(out: Path) -> int:
+    """Recompute the transfer figures of a finished replay from ``OUT/feature_log.npz`` and
+    rewrite them into ``OUT/replay.json``."""
+    from solaris.scoring import Artifacts
+
+    path = out / "replay.json"
+    if not path.exists() or not (out / "feature_log.npz").exists():
+        raise SolarisError(f"{out}: no replay.json / feature_log.npz (run the replay first)")
+    rep = json.loads(path.read_text())
+    art = out / "artifacts"
+    rep.update(transfer_from_log(out / "feature_log.npz", art, Artifacts.open(art).tasks[0],
+                                 float(rep["read_ttl_s"])))
+    path.write_text(json.dumps(rep, indent=2, default=_json_default))
+    print(summary_table(rep))
     return 0
 
 

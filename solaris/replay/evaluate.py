@@ -140,7 +140,10 @@ def tier_worth(scorer: VMScorer, rows: ServedRows, real_pair: np.ndarray) -> dic
     return out
 
 
-SLOT_LAYERS = ("pair_proj", "pair_direct", "agg_proj", "agg_direct", "mlp")
+# what fine-tuning trains: the layers that read the slots (the MLP above them too would
+# re-fit the whole head on a small recent sample; on both datasets that over-fitted the
+# first half and lost on the second)
+SLOT_LAYERS = ("pair_proj", "pair_direct", "agg_proj", "agg_direct")
 
 
 def _inputs(scorer: VMScorer, rows: ServedRows, idx: np.ndarray) -> dict[str, torch.Tensor]:
@@ -160,18 +163,34 @@ def _inputs(scorer: VMScorer, rows: ServedRows, idx: np.ndarray) -> dict[str, to
     return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in inputs.items()}
 
 
+@torch.no_grad()
+def _tiers_start_as_pair(model: torch.nn.Module) -> None:
+    """Make a VM trained offline read an imputed tier as it read "pair" and ignore the age
+    (the weights of those inputs never trained), so a tier-aware copy starts out scoring
+    exactly as the VM it came from; fine-tuning then moves them."""
+    proj = getattr(model, "pair_proj", None)
+    if proj is None:
+        return
+    d = proj.in_features - 6  # [z (d), present, one-hot tier (4), age]
+    w = proj.weight
+    for t in (TIER_USER_NBR, TIER_ITEM_NBR):
+        w[:, d + 1 + t] = w[:, d + 1 + TIER_PAIR]
+    w[:, d + 5] = 0.0
+
+
 def fine_tune(scorer: VMScorer, rows: ServedRows, idx: np.ndarray, max_epochs: int = 20,
-              lr: float = 1e-3, holdout: float = 0.2, patience: int = 2,
+              lr: float = 3e-4, holdout: float = 0.2, patience: int = 2,
               seed: int = 0) -> tuple[VMScorer, dict]:
     """A copy of ``scorer`` fine-tuned on rows ``idx`` (event order) with their features as
-    logged -- the copy is ``tier_aware``: it reads the tier and the age. Only the layers
-    that read the SOLARIS slots and the MLP above them train (the id and side embeddings
-    stay as trained offline); the last ``holdout`` share of ``idx`` stops it early."""
+    logged -- the copy is ``tier_aware``: it reads the tier and the age, starting from the
+    weights it had for "pair". Only the layers that read the SOLARIS slots train
+    (``SLOT_LAYERS``); the last ``holdout`` share of ``idx`` stops it early."""
     torch.manual_seed(seed)
     tuned = copy.copy(scorer)
     tuned.model = copy.deepcopy(scorer.model)
     tuned.tier_aware = True
     model = tuned.model
+    _tiers_start_as_pair(model)
     params = [p for n, p in model.named_parameters()
               if n.split(".")[0] in SLOT_LAYERS and p.requires_grad]
     for n, p in model.named_parameters():
