@@ -191,9 +191,16 @@ class LiveReplay:
 
         o = self.opts
         t_start = time.perf_counter()
-        ray.init(address="local", num_cpus=o.num_cpus, object_store_memory=400 * 1024 ** 2,
-                 include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
-                 runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+        import os
+
+        attached = bool(os.environ.get("RAY_ADDRESS"))  # `ray job submit`: the job's cluster
+        if attached:
+            ray.init(log_to_driver=False, logging_level=logging.WARNING)
+        else:
+            ray.init(address="local", num_cpus=o.num_cpus,
+                     object_store_memory=400 * 1024 ** 2, include_dashboard=False,
+                     log_to_driver=False, logging_level=logging.WARNING,
+                     runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = False
         ctx.print_on_execution_start = False
@@ -203,8 +210,8 @@ class LiveReplay:
             serve.start(http_options={"host": "127.0.0.1", "port": o.port})
             return self._serve_and_drive(t_start)
         finally:
-            try:
-                serve.shutdown()
+            try:  # on a shared cluster only the replay's own app goes
+                serve.delete("replay") if attached else serve.shutdown()
             finally:
                 ray.shutdown()
 
