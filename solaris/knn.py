@@ -406,10 +406,21 @@ def read_table(fs: pafs.FileSystem, path: str, kind: str) -> KnnTable:
                     float(meta.get("recall_at_10", float("nan"))))
 
 
-def _read_current(uri: str, kind: str) -> tuple[pafs.FileSystem, str, dict, KnnTable]:
-    """The pointer under ``uri`` and the table it names (their versions checked to agree)."""
-    fs, root, pointer = _pointer(uri, kind)
-    table = read_table(fs, f"{root}/{pointer['table']}", kind)
+def _read_current(uri: str, kind: str, attempts: int = 3
+                  ) -> tuple[pafs.FileSystem, str, dict, KnnTable]:
+    """The pointer under ``uri`` and the table it names (their versions checked to agree).
+
+    A reader slow enough that ``keep_versions`` newer versions were published between its
+    pointer read and its table read finds the table pruned: it reads the pointer again (up
+    to ``attempts`` times) rather than fail while a whole newer version is there."""
+    for attempt in range(attempts):
+        fs, root, pointer = _pointer(uri, kind)
+        try:
+            table = read_table(fs, f"{root}/{pointer['table']}", kind)
+            break
+        except DataError:
+            if attempt == attempts - 1 or _pointer(uri, kind)[2] == pointer:
+                raise  # the pointer did not move: the table is really missing or bad
     if table.version != pointer["version"]:
         raise DataError(f"{root}/{pointer['table']}: holds version {table.version!r}, the "
                         f"pointer names {pointer['version']!r}")
