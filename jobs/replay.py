@@ -662,8 +662,10 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
                                  float(acfg.cache.read_ttl_s)))
     lab = lg.labelled & (live["tiers"] >= 0)
     r_i, _ = np.nonzero(lab)
+    span = float(lg.ts[-1] - lg.ts[0])
     curve = coverage_over_time(lg.ts[r_i].astype(np.float64), live["tiers"][lab].astype(np.int64),
-                               live["agg"][lab], 6 * 3600.0)
+                               live["agg"][lab], 6 * 3600.0 if span <= 7 * 86400 else 86400.0,
+                               start=float(lg.ts[0]))
     plots = [coverage_time_plot(curve, out / "coverage_over_time.png",
                                 f"{ds.name}: coverage of labelled pairs by tier")]
     if opts.rollover_at is not None and live["curve"]:
