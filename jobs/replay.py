@@ -441,179 +441,13 @@ def _bar(total: int, desc: str, on: bool):
     return tqdm(total=total, desc=desc, unit="req", dynamic_ncols=True)
 
 
-# ---------------------------------------------------------------------------------- the report
-def served_rows(lg: Any, live: dict, ds: Any, within_s: float):
-    """The labelled rows as served (``ServedRows``) and their interaction rows (-1: none)."""
-    from solaris.replay.evaluate import ServedRows
-    from solaris.replay.prepare import row_index
-
-    r_idx, c_idx = np.nonzero(lg.labelled)
-    ok = ~np.isnan(live["scores"][r_idx, c_idx]) & np.isin(r_idx, list(live["feats"]))
-    r_idx, c_idx = r_idx[ok], c_idx[ok]
-    d = None
-    pair, user = [], []
-    for r in np.unique(r_idx).tolist():
-        fp, fu = live["feats"][r]
-        pair.append(fp)
-        user.append(fu)
-        d = fp.shape[1] if fp.ndim == 2 and fp.shape[0] else d
-    pair_emb = np.concatenate(pair) if pair else np.zeros((0, d or 1), np.float32)
-    agg_emb = np.concatenate(user) if user else np.zeros((0, d or 1), np.float32)
-    rows = ServedRows(req=r_idx.astype(np.int64), ts=lg.ts[r_idx].astype(np.float64),
-                      user=lg.user[r_idx].astype(np.int64),
-                      item=lg.candidates[r_idx, c_idx].astype(np.int64),
-                      surface=lg.surface[r_idx].astype(np.int64),
-                      y=lg.labels[r_idx, c_idx, 0].astype(np.float64),
-                      score=live["scores"][r_idx, c_idx].astype(np.float64),
-                      tier=live["tiers"][r_idx, c_idx].astype(np.int64),
-                      age_s=live["ages"][r_idx, c_idx].astype(np.float64),
-                      pair_emb=pair_emb, agg_emb=agg_emb,
-                      agg_present=live["agg"][r_idx, c_idx].astype(bool))
-    row = row_index(ds, rows.user, rows.item, rows.ts, within_s)
-    return rows, row, c_idx
-
-
-def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_ttl_s: float,
-                    resamples: int = 1000) -> dict[str, Any]:
-    """Online TR, by tier, with every pair present, tier worth and train/serve consistency,
-    on the labelled rows that map to interaction rows (and were served by ``art_dir``'s VM)."""
-    import dataclasses
-
-    from solaris.eval import metrics as M
-    from solaris.replay.evaluate import (TIER_STEPS, fine_tune, halves, score, tier_worth,
-                                         transfer)
-    from solaris.scoring import Artifacts, VMScorer
-
-    keep = np.flatnonzero(row >= 0)
-    rows = _take(rows, keep)
-    row = row[keep]
-    art = Artifacts.open(art_dir)
-    side = art.side_tables()
-    vm = VMScorer(art, task, side, read_ttl_s)
-    alone = VMScorer(dataclasses.replace(art, vm_files={task: f"vm_{task}_alone.pt"}), task,
-                     side, read_ttl_s)
-    t = np.load(art_dir / "teacher.npz")
-    t_idx = list(art.tasks).index(task)
-    p_fm = np.clip(t["probs"][row, t_idx].astype(np.float64), 1e-7, 1 - 1e-7)
-    z_real = t["z"][row]
-    y = rows.y
-    first, second = halves(rows)
-    p_alone = score(alone, rows, slots=False)
-    p_served = np.clip(rows.score, 1e-7, 1 - 1e-7)
-    p_again = score(vm, rows)
-    gap = M.paired_bootstrap(M.bce_rows(y, p_alone), M.bce_rows(y, p_fm), resamples, 0.05)
-    out: dict[str, Any] = {
-        "rows": int(len(rows)), "positives": float(y.mean()),
-        "rescored_max_abs_diff": float(np.abs(p_again - p_served).max()) if len(rows) else None,
-        "fm_vm_gap": gap}
-    online = transfer(y, p_alone, p_served, p_fm, first, second)
-    out["tr_online"] = online["tr_cal"]
-    out["tr_online_raw"] = online["tr_raw"]
-    out["bce"] = {"raw": online["bce_raw"], "calibrated_second_half": online["bce_cal"]}
-    out["tr_online_by_tier"] = {}
-    for name, tiers, agg in TIER_STEPS:
-        r = transfer(y, p_alone, score(vm, rows, tiers=tiers, agg=agg), p_fm, first, second)
-        out["tr_online_by_tier"][name] = {"tr": r["tr_cal"], "tr_raw": r["tr_raw"]}
-    r = transfer(y, p_alone, score(vm, rows, pair=z_real), p_fm, first, second)
-    out["tr_offline_pair_100"] = r["tr_cal"]
-    out["tr_offline_pair_100_raw"] = r["tr_raw"]
-    out["tier_worth"] = tier_worth(vm, rows, z_real)
-    # train/serve consistency: fine-tuned on the first half's features as logged
-    tuned, fit = fine_tune(vm, rows, np.flatnonzero(first))
-    sec = np.flatnonzero(second)
-    sub = _take(rows, sec)
-    p_tuned = score(tuned, sub)
-    p_ship = score(vm, sub)
-    out["consistency"] = {
-        "rows_train": int(first.sum()), "rows_eval": int(len(sec)), "fit": fit,
-        "bce_dropout_vm": M.bce(y[sec], p_ship), "bce_logged_features_vm": M.bce(y[sec], p_tuned),
-        "bce_vm_alone": M.bce(y[sec], p_alone[sec]), "bce_fm": M.bce(y[sec], p_fm[sec]),
-        "tr_dropout_vm": M.transfer_ratio(M.bce(y[sec], p_alone[sec]), M.bce(y[sec], p_ship),
-                                          M.bce(y[sec], p_fm[sec])),
-        "tr_logged_features_vm": M.transfer_ratio(M.bce(y[sec], p_alone[sec]),
-                                                  M.bce(y[sec], p_tuned),
-                                                  M.bce(y[sec], p_fm[sec]))}
-    out["consistency"]["gap_bce"] = (out["consistency"]["bce_dropout_vm"]
-                                     - out["consistency"]["bce_logged_features_vm"])
-    return out
-
-
-def save_feature_log(path: Path, rows: Any, row: np.ndarray) -> Path:
-    """The labelled rows' features as served (``ServedRows``) and their interaction rows."""
-    import dataclasses
-
-    np.savez_compressed(path, row=row, **{f.name: getattr(rows, f.name)
-                                         for f in dataclasses.fields(rows)})
-    return path
-
-
-def transfer_from_log(path: Path, art_dir: Path, task: str, read_ttl_s: float
-                      ) -> dict[str, Any]:
-    """``transfer_report`` over a saved feature log; the headline keys lifted to the top."""
-    from solaris.replay.evaluate import ServedRows
-
-    with np.load(path) as f:
-        data = {k: f[k] for k in f.files}
-    row = data.pop("row")
-    out: dict[str, Any] = {"transfer": transfer_report(Path(art_dir), task, ServedRows(**data),
-                                                       row, read_ttl_s)}
-    for k in ("tr_online", "tr_online_raw", "tr_online_by_tier", "tr_offline_pair_100",
-              "consistency", "tier_worth"):
-        out[k] = out["transfer"].pop(k)
-    return out
-
-
-def _take(rows: Any, idx: np.ndarray) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(rows, **{f.name: getattr(rows, f.name)[idx]
-                                        for f in dataclasses.fields(rows)})
-
-
-def coverage_report(lg: Any, live: dict, cfg: SolarisConfig, opts: ReplayOptions
-                    ) -> dict[str, Any]:
-    """Coverage by tier as served, the ceiling, and the key-level schedule with the served
-    scores (a cross-check of the live queue) and with random picks (the baseline)."""
-    from solaris.replay.coverage import (coverage_by_tier, coverage_ceiling,
-                                         simulate_pair_coverage)
-
-    lab = lg.labelled & (live["tiers"] >= 0)
-    cov = coverage_by_tier(live["tiers"][lab].astype(np.int64), live["agg"][lab])
-    ttl = float(cfg.cache.read_ttl_s)
-    kw = dict(fraction=cfg.verifier.fraction, horizon_s=cfg.verifier.horizon_s, read_ttl_s=ttl,
-              lag_s=opts.lag_s, tick_s=opts.tick_s, budget_per_hour=opts.budget_per_hour,
-              seed=opts.seed)
-    scores = np.nan_to_num(live["scores"].astype(np.float64), nan=0.0)
-    same = simulate_pair_coverage(lg, scores, **kw)
-    rand = simulate_pair_coverage(lg, scores, random_picks=True, **kw)
-    # random picks spend more evaluations when the budget does not bind (they re-pick what
-    # is already fresh less often): also at about the verifier's number of evaluations, by
-    # shrinking the random fraction (a few secant steps)
-    frac, rand_eq = kw["fraction"], rand
-    for _ in range(4):
-        if not rand_eq["fm_evals"] or abs(rand_eq["fm_evals"] - same["fm_evals"]) \
-                <= 0.02 * same["fm_evals"]:
-            break
-        frac = min(1.0, frac * same["fm_evals"] / rand_eq["fm_evals"])
-        rand_eq = simulate_pair_coverage(lg, scores, random_picks=True,
-                                         **{**kw, "fraction": frac})
-    return {"coverage": cov,
-            "coverage_ceiling": coverage_ceiling(lg, ttl, opts.lag_s),
-            "coverage_ceiling_no_lag": coverage_ceiling(lg, ttl, 0.0),
-            "coverage_pair_random": rand["pair"],
-            "random_fm_evals": rand["fm_evals"],
-            "coverage_pair_random_equal_evals": rand_eq["pair"],
-            "random_equal_evals": {"fraction": frac, "fm_evals": rand_eq["fm_evals"]},
-            "schedule_check": {"pair_simulated_with_served_scores": same["pair"],
-                               "fm_evals_simulated": same["fm_evals"],
-                               "precision_simulated": same["precision"]}}
-
-
 def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
            say: Callable[[str], None] = print) -> dict[str, Any]:
     """One replay: prepare, serve, drive, measure; writes OUT/replay.json and the plots."""
     from solaris.replay.coverage import coverage_over_time
     from solaris.replay.plots import coverage_time_plot, rollover_plot
+    from solaris.replay.report import (coverage_report, json_default, save_feature_log,
+                                       served_rows, take_rows, transfer_from_log)
 
     out = Path(out)
     lr = LiveReplay(cfg, ds, out, opts, say)
@@ -624,7 +458,8 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
     rep: dict[str, Any] = {"dataset": ds.name, "requests": int(lg.num_requests),
                            "candidates_per_request": int(lg.num_candidates),
                            "labelled_pairs": int(lg.labelled.sum())}
-    rep.update(coverage_report(lg, live, acfg, opts))
+    rep.update(coverage_report(lg, live, acfg, lag_s=opts.lag_s, tick_s=opts.tick_s,
+                               budget_per_hour=opts.budget_per_hour, seed=opts.seed))
     evals = int(live["evaluated"])
     ledger = live["ledger"] or {}
     shards = [s for s in live["shards"]["shards"] if s.get("up")]
@@ -657,7 +492,7 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
     rows, row, _ = served_rows(lg, live, ds, within)
     v1 = lr.manifests[0]["version"]
     own = np.asarray([live["vm_version"][r] == v1 for r in rows.req.tolist()], bool)
-    save_feature_log(out / "feature_log.npz", _take(rows, np.flatnonzero(own)), row[own])
+    save_feature_log(out / "feature_log.npz", take_rows(rows, np.flatnonzero(own)), row[own])
     rep.update(transfer_from_log(out / "feature_log.npz", lr.art_dirs[0], task,
                                  float(acfg.cache.read_ttl_s)))
     lab = lg.labelled & (live["tiers"] >= 0)
@@ -691,45 +526,8 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
     rep["plots"] = [str(p) for p in plots]
     np.savez_compressed(out / "served.npz", scores=live["scores"], tiers=live["tiers"],
                         ages=live["ages"], agg=live["agg"])
-    (out / "replay.json").write_text(json.dumps(rep, indent=2, default=_json_default))
+    (out / "replay.json").write_text(json.dumps(rep, indent=2, default=json_default))
     return rep
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return str(o)
-
-
-def summary_table(rep: dict[str, Any]) -> str:
-    """The replay's headline numbers as a text table."""
-    c = rep["coverage"]
-    lines = [f"replay on {rep['dataset']}: {rep['requests']} requests, "
-             f"{rep['labelled_pairs']} labelled pairs, {rep['seconds']} s "
-             f"(+ {rep['artifacts_seconds']} s training)",
-             f"{'coverage':<28}{'share':>8}"]
-    for k in ("pair", "user_neighbour", "item_neighbour", "aggregate", "effective"):
-        lines.append(f"  {k:<26}{c[k]:>8.3f}")
-    lines += [f"  {'ceiling (TTL, lag)':<26}{rep['coverage_ceiling']:>8.3f}",
-              f"  {'pair, random speculation':<26}{rep['coverage_pair_random']:>8.3f}",
-              f"  {'  ... at equal FM evals':<26}{rep['coverage_pair_random_equal_evals']:>8.3f}",
-              f"{'transfer ratio (calibrated)':<28}"]
-    lines.append(f"  {'online, as served':<26}{_f(rep['tr_online']):>8}")
-    for k, v in rep["tr_online_by_tier"].items():
-        lines.append(f"  {'+ ' + k:<26}{_f(v['tr']):>8}")
-    lines.append(f"  {'every pair present':<26}{_f(rep['tr_offline_pair_100']):>8}")
-    lines += [f"{'speculation precision':<28}{_f(rep['speculation_precision']):>8}",
-              f"{'FM evals / 1k requests':<28}{rep['fm_evals_per_1k_requests']:>8.0f}",
-              f"{'errors / retries':<28}{rep['errors']:>5} / {rep['retries']}"]
-    return "\n".join(lines)
-
-
-def _f(x: Any) -> str:
-    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.3f}"
 
 
 # ---------------------------------------------------------------------------------- CLI
@@ -778,6 +576,7 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
 
 def run_from_args(args: argparse.Namespace) -> int:
     from solaris.data.load import load_dataset
+    from solaris.replay.report import json_default, summary_table
 
     ov = parse_overrides(args.set or [])
     ov["data.dataset"] = args.dataset
@@ -793,7 +592,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.sweep:
         rep["sweep"] = sweep(cfg, ds, Path(args.out), opts, rep)
         (Path(args.out) / "replay.json").write_text(json.dumps(rep, indent=2,
-                                                               default=_json_default))
+                                                               default=json_default))
     print(f"wrote {Path(args.out) / 'replay.json'} and {', '.join(rep['plots'])}")
     return 0
 
@@ -801,6 +600,7 @@ def run_from_args(args: argparse.Namespace) -> int:
 def evaluate_only(out: Path) -> int:
     """Recompute the transfer figures of a finished replay from ``OUT/feature_log.npz`` and
     rewrite them into ``OUT/replay.json``."""
+    from solaris.replay.report import json_default, summary_table, transfer_from_log
     from solaris.scoring import Artifacts
 
     path = out / "replay.json"
@@ -810,7 +610,7 @@ def evaluate_only(out: Path) -> int:
     art = out / "artifacts"
     rep.update(transfer_from_log(out / "feature_log.npz", art, Artifacts.open(art).tasks[0],
                                  float(rep["read_ttl_s"])))
-    path.write_text(json.dumps(rep, indent=2, default=_json_default))
+    path.write_text(json.dumps(rep, indent=2, default=json_default))
     print(summary_table(rep))
     return 0
 

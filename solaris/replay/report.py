@@ -1,0 +1,217 @@
+"""The replay's report: coverage as served against the ceiling and the schedule's simulation,
+and transfer re-scored from the feature log (``solaris.replay.evaluate``). Pure: the live
+driver (``jobs/replay.py``) hands over what it served."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from solaris.config import SolarisConfig
+
+
+def served_rows(lg: Any, live: dict, ds: Any, within_s: float):
+    """The labelled rows as served (``ServedRows``) and their interaction rows (-1: none)."""
+    from solaris.replay.evaluate import ServedRows
+    from solaris.replay.prepare import row_index
+
+    r_idx, c_idx = np.nonzero(lg.labelled)
+    ok = ~np.isnan(live["scores"][r_idx, c_idx]) & np.isin(r_idx, list(live["feats"]))
+    r_idx, c_idx = r_idx[ok], c_idx[ok]
+    d = None
+    pair, user = [], []
+    for r in np.unique(r_idx).tolist():
+        fp, fu = live["feats"][r]
+        pair.append(fp)
+        user.append(fu)
+        d = fp.shape[1] if fp.ndim == 2 and fp.shape[0] else d
+    pair_emb = np.concatenate(pair) if pair else np.zeros((0, d or 1), np.float32)
+    agg_emb = np.concatenate(user) if user else np.zeros((0, d or 1), np.float32)
+    rows = ServedRows(req=r_idx.astype(np.int64), ts=lg.ts[r_idx].astype(np.float64),
+                      user=lg.user[r_idx].astype(np.int64),
+                      item=lg.candidates[r_idx, c_idx].astype(np.int64),
+                      surface=lg.surface[r_idx].astype(np.int64),
+                      y=lg.labels[r_idx, c_idx, 0].astype(np.float64),
+                      score=live["scores"][r_idx, c_idx].astype(np.float64),
+                      tier=live["tiers"][r_idx, c_idx].astype(np.int64),
+                      age_s=live["ages"][r_idx, c_idx].astype(np.float64),
+                      pair_emb=pair_emb, agg_emb=agg_emb,
+                      agg_present=live["agg"][r_idx, c_idx].astype(bool))
+    row = row_index(ds, rows.user, rows.item, rows.ts, within_s)
+    return rows, row, c_idx
+
+
+def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_ttl_s: float,
+                    resamples: int = 1000) -> dict[str, Any]:
+    """Online TR, by tier, with every pair present, tier worth and train/serve consistency,
+    on the labelled rows that map to interaction rows (and were served by ``art_dir``'s VM)."""
+    import dataclasses
+
+    from solaris.eval import metrics as M
+    from solaris.replay.evaluate import (TIER_STEPS, fine_tune, halves, score, tier_worth,
+                                         transfer)
+    from solaris.scoring import Artifacts, VMScorer
+
+    keep = np.flatnonzero(row >= 0)
+    rows = take_rows(rows, keep)
+    row = row[keep]
+    art = Artifacts.open(art_dir)
+    side = art.side_tables()
+    vm = VMScorer(art, task, side, read_ttl_s)
+    alone = VMScorer(dataclasses.replace(art, vm_files={task: f"vm_{task}_alone.pt"}), task,
+                     side, read_ttl_s)
+    t = np.load(art_dir / "teacher.npz")
+    t_idx = list(art.tasks).index(task)
+    p_fm = np.clip(t["probs"][row, t_idx].astype(np.float64), 1e-7, 1 - 1e-7)
+    z_real = t["z"][row]
+    y = rows.y
+    first, second = halves(rows)
+    p_alone = score(alone, rows, slots=False)
+    p_served = np.clip(rows.score, 1e-7, 1 - 1e-7)
+    p_again = score(vm, rows)
+    gap = M.paired_bootstrap(M.bce_rows(y, p_alone), M.bce_rows(y, p_fm), resamples, 0.05)
+    out: dict[str, Any] = {
+        "rows": int(len(rows)), "positives": float(y.mean()),
+        "rescored_max_abs_diff": float(np.abs(p_again - p_served).max()) if len(rows) else None,
+        "fm_vm_gap": gap}
+    online = transfer(y, p_alone, p_served, p_fm, first, second)
+    out["tr_online"] = online["tr_cal"]
+    out["tr_online_raw"] = online["tr_raw"]
+    out["bce"] = {"raw": online["bce_raw"], "calibrated_second_half": online["bce_cal"]}
+    out["tr_online_by_tier"] = {}
+    for name, tiers, agg in TIER_STEPS:
+        r = transfer(y, p_alone, score(vm, rows, tiers=tiers, agg=agg), p_fm, first, second)
+        out["tr_online_by_tier"][name] = {"tr": r["tr_cal"], "tr_raw": r["tr_raw"]}
+    r = transfer(y, p_alone, score(vm, rows, pair=z_real), p_fm, first, second)
+    out["tr_offline_pair_100"] = r["tr_cal"]
+    out["tr_offline_pair_100_raw"] = r["tr_raw"]
+    out["tier_worth"] = tier_worth(vm, rows, z_real)
+    # train/serve consistency: fine-tuned on the first half's features as logged
+    tuned, fit = fine_tune(vm, rows, np.flatnonzero(first))
+    sec = np.flatnonzero(second)
+    sub = take_rows(rows, sec)
+    p_tuned = score(tuned, sub)
+    p_ship = score(vm, sub)
+    out["consistency"] = {
+        "rows_train": int(first.sum()), "rows_eval": int(len(sec)), "fit": fit,
+        "bce_dropout_vm": M.bce(y[sec], p_ship), "bce_logged_features_vm": M.bce(y[sec], p_tuned),
+        "bce_vm_alone": M.bce(y[sec], p_alone[sec]), "bce_fm": M.bce(y[sec], p_fm[sec]),
+        "tr_dropout_vm": M.transfer_ratio(M.bce(y[sec], p_alone[sec]), M.bce(y[sec], p_ship),
+                                          M.bce(y[sec], p_fm[sec])),
+        "tr_logged_features_vm": M.transfer_ratio(M.bce(y[sec], p_alone[sec]),
+                                                  M.bce(y[sec], p_tuned),
+                                                  M.bce(y[sec], p_fm[sec]))}
+    out["consistency"]["gap_bce"] = (out["consistency"]["bce_dropout_vm"]
+                                     - out["consistency"]["bce_logged_features_vm"])
+    return out
+
+
+def save_feature_log(path: Path, rows: Any, row: np.ndarray) -> Path:
+    """The labelled rows' features as served (``ServedRows``) and their interaction rows."""
+    import dataclasses
+
+    np.savez_compressed(path, row=row, **{f.name: getattr(rows, f.name)
+                                         for f in dataclasses.fields(rows)})
+    return path
+
+
+def transfer_from_log(path: Path, art_dir: Path, task: str, read_ttl_s: float
+                      ) -> dict[str, Any]:
+    """``transfer_report`` over a saved feature log; the headline keys lifted to the top."""
+    from solaris.replay.evaluate import ServedRows
+
+    with np.load(path) as f:
+        data = {k: f[k] for k in f.files}
+    row = data.pop("row")
+    out: dict[str, Any] = {"transfer": transfer_report(Path(art_dir), task, ServedRows(**data),
+                                                       row, read_ttl_s)}
+    for k in ("tr_online", "tr_online_raw", "tr_online_by_tier", "tr_offline_pair_100",
+              "consistency", "tier_worth"):
+        out[k] = out["transfer"].pop(k)
+    return out
+
+
+def take_rows(rows: Any, idx: np.ndarray) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(rows, **{f.name: getattr(rows, f.name)[idx]
+                                        for f in dataclasses.fields(rows)})
+
+
+def coverage_report(lg: Any, live: dict, cfg: SolarisConfig, *, lag_s: float, tick_s: float,
+                    budget_per_hour: float, seed: int = 0) -> dict[str, Any]:
+    """Coverage by tier as served, the ceiling, and the key-level schedule with the served
+    scores (a cross-check of the live queue) and with random picks (the baseline)."""
+    from solaris.replay.coverage import (coverage_by_tier, coverage_ceiling,
+                                         simulate_pair_coverage)
+
+    lab = lg.labelled & (live["tiers"] >= 0)
+    cov = coverage_by_tier(live["tiers"][lab].astype(np.int64), live["agg"][lab])
+    ttl = float(cfg.cache.read_ttl_s)
+    kw = dict(fraction=cfg.verifier.fraction, horizon_s=cfg.verifier.horizon_s, read_ttl_s=ttl,
+              lag_s=lag_s, tick_s=tick_s, budget_per_hour=budget_per_hour, seed=seed)
+    scores = np.nan_to_num(live["scores"].astype(np.float64), nan=0.0)
+    same = simulate_pair_coverage(lg, scores, **kw)
+    rand = simulate_pair_coverage(lg, scores, random_picks=True, **kw)
+    # random picks spend more evaluations when the budget does not bind (they re-pick what
+    # is already fresh less often): also at about the verifier's number of evaluations, by
+    # shrinking the random fraction (a few secant steps)
+    frac, rand_eq = kw["fraction"], rand
+    for _ in range(4):
+        if not rand_eq["fm_evals"] or abs(rand_eq["fm_evals"] - same["fm_evals"]) \
+                <= 0.02 * same["fm_evals"]:
+            break
+        frac = min(1.0, frac * same["fm_evals"] / rand_eq["fm_evals"])
+        rand_eq = simulate_pair_coverage(lg, scores, random_picks=True,
+                                         **{**kw, "fraction": frac})
+    return {"coverage": cov,
+            "coverage_ceiling": coverage_ceiling(lg, ttl, lag_s),
+            "coverage_ceiling_no_lag": coverage_ceiling(lg, ttl, 0.0),
+            "coverage_pair_random": rand["pair"],
+            "random_fm_evals": rand["fm_evals"],
+            "coverage_pair_random_equal_evals": rand_eq["pair"],
+            "random_equal_evals": {"fraction": frac, "fm_evals": rand_eq["fm_evals"]},
+            "schedule_check": {"pair_simulated_with_served_scores": same["pair"],
+                               "fm_evals_simulated": same["fm_evals"],
+                               "precision_simulated": same["precision"]}}
+
+
+def json_default(o: Any) -> Any:
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    return str(o)
+
+
+def summary_table(rep: dict[str, Any]) -> str:
+    """The replay's headline numbers as a text table."""
+    c = rep["coverage"]
+    lines = [f"replay on {rep['dataset']}: {rep['requests']} requests, "
+             f"{rep['labelled_pairs']} labelled pairs, {rep['seconds']} s "
+             f"(+ {rep['artifacts_seconds']} s training)",
+             f"{'coverage':<28}{'share':>8}"]
+    for k in ("pair", "user_neighbour", "item_neighbour", "aggregate", "effective"):
+        lines.append(f"  {k:<26}{c[k]:>8.3f}")
+    lines += [f"  {'ceiling (TTL, lag)':<26}{rep['coverage_ceiling']:>8.3f}",
+              f"  {'pair, random speculation':<26}{rep['coverage_pair_random']:>8.3f}",
+              f"  {'  ... at equal FM evals':<26}"
+              f"{fmt(rep.get('coverage_pair_random_equal_evals')):>8}",
+              f"{'transfer ratio (calibrated)':<28}"]
+    lines.append(f"  {'online, as served':<26}{fmt(rep['tr_online']):>8}")
+    for k, v in rep["tr_online_by_tier"].items():
+        lines.append(f"  {'+ ' + k:<26}{fmt(v['tr']):>8}")
+    lines.append(f"  {'every pair present':<26}{fmt(rep['tr_offline_pair_100']):>8}")
+    lines += [f"{'speculation precision':<28}{fmt(rep['speculation_precision']):>8}",
+              f"{'FM evals / 1k requests':<28}{rep['fm_evals_per_1k_requests']:>8.0f}",
+              f"{'errors / retries':<28}{rep['errors']:>5} / {rep['retries']}"]
+    return "\n".join(lines)
+
+
+def fmt(x: Any) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.3f}"
