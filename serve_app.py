@@ -289,30 +289,15 @@ class Precompute:
         computed depends on the queue's order alone, not on how many workers share it."""
         import ray
 
+        from actors.precompute import drain_workers
+
         if not self._paused:
             self.pause()
         ray.get(self.backend.queue.set_gate.remote(until, allowance), timeout=60)
-        workers = [w for p in self.pools.values() for w in p.workers]
-        deadline = time.monotonic() + timeout_s
-        pairs = 0
-        while True:
-            refs = [w.step.remote() for w in workers]
-            got = []
-            for ref in refs:
-                try:
-                    got.append(ray.get(ref))
-                except ray.exceptions.RayActorError:  # restarted; its lease comes back
-                    got.append(None)
-            pairs += sum(r["pairs"] for r in got if r)
-            if any(r is not None and r["lease"] is not None for r in got):
-                continue
-            m = ray.get(self.backend.queue.metrics.remote(), timeout=60)
-            if m["eligible"] == 0 and m["leased"] == 0:
-                return {"pairs": pairs, "queue": m}
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"precompute step: not done after {timeout_s} s "
-                                   f"(eligible {m['eligible']}, leased {m['leased']})")
-            time.sleep(0.05)
+        reports = drain_workers([w for p in self.pools.values() for w in p.workers],
+                                self.backend.queue, timeout_s)
+        return {"pairs": sum(r["pairs"] for r in reports if r),
+                "queue": ray.get(self.backend.queue.metrics.remote(), timeout=60)}
 
     def summary(self) -> dict[str, Any]:
         """The last gauges, the queue's metrics and each pool's worker metrics."""

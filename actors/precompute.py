@@ -464,34 +464,13 @@ class WorkerPool:
     def step_all(self, naive: bool = False) -> list[dict[str, Any] | None]:
         """One step on every worker in parallel; None for a worker that died in it (Ray
         restarts it; its lease returns to the queue after the timeout)."""
-        refs = [w.step.remote(naive=naive) for w in self.workers]
-        out: list[dict[str, Any] | None] = []
-        for i, ref in enumerate(refs):
-            try:
-                out.append(ray.get(ref))
-            except RayActorError as exc:
-                log.warning("precompute: worker %d died in a step: %s", i, type(exc).__name__)
-                out.append(None)
-        return out
+        return step_workers(self.workers, naive)
 
     def drain(self, timeout_s: float = 60.0) -> list[dict[str, Any] | None]:
         """Step every worker until the queue holds nothing leasable (pending, under the
         replay's gate if one is set) or leased (leases of dead workers come back after the
         lease timeout); the step reports, in order."""
-        deadline = time.monotonic() + timeout_s
-        reports: list[dict[str, Any] | None] = []
-        while True:
-            got = self.step_all()
-            reports += got
-            if any(r is not None and r["lease"] is not None for r in got):
-                continue
-            m = ray.get(self.queue.metrics.remote())
-            if m["eligible"] == 0 and m["leased"] == 0:  # nothing leasable (gate) or pending
-                return reports
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"precompute: queue not drained after {timeout_s} s "
-                                   f"(depth {m['depth']}, leased {m['leased']})")
-            time.sleep(max(self.cfg.idle_wait_s, 0.05))
+        return drain_workers(self.workers, self.queue, timeout_s, self.cfg.idle_wait_s)
 
     def start(self) -> None:
         """Start every worker's background loop."""
@@ -519,3 +498,36 @@ class WorkerPool:
             except RayError:
                 pass
         self.workers = []
+
+
+def step_workers(workers: list[Any], naive: bool = False) -> list[dict[str, Any] | None]:
+    """One step on each of ``workers`` in parallel; None for a worker that died in it."""
+    refs = [w.step.remote(naive=naive) for w in workers]
+    out: list[dict[str, Any] | None] = []
+    for i, ref in enumerate(refs):
+        try:
+            out.append(ray.get(ref))
+        except RayActorError as exc:
+            log.warning("precompute: worker %d died in a step: %s", i, type(exc).__name__)
+            out.append(None)
+    return out
+
+
+def drain_workers(workers: list[Any], queue: Any, timeout_s: float = 60.0,
+                  idle_wait_s: float = 0.05) -> list[dict[str, Any] | None]:
+    """Step ``workers`` (of any versions, sharing ``queue``) until nothing is leasable or
+    leased; the step reports, in order. TimeoutError past ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    reports: list[dict[str, Any] | None] = []
+    while True:
+        got = step_workers(workers)
+        reports += got
+        if any(r is not None and r["lease"] is not None for r in got):
+            continue
+        m = ray.get(queue.metrics.remote())
+        if m["eligible"] == 0 and m["leased"] == 0:  # nothing leasable (gate) or pending
+            return reports
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"precompute: queue not drained after {timeout_s} s "
+                               f"(eligible {m['eligible']}, leased {m['leased']})")
+        time.sleep(max(idle_wait_s, 0.05))

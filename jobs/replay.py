@@ -50,7 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python jobs/replay.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from solaris.config import SolarisConfig, config_to_dict, load_config, parse_overrides  # noqa: E402
+from solaris.config import (SolarisConfig, config_to_dict, load_config,  # noqa: E402
+                            parse_overrides, with_overrides)
 from solaris.errors import SolarisError  # noqa: E402
 
 log = logging.getLogger("jobs.replay")
@@ -150,7 +151,7 @@ class LiveReplay:
             self.art_dirs.append(self.out / "artifacts-v2")
         for i, d in enumerate(self.art_dirs):
             if not ((d / "manifest.json").exists() and (d / "teacher.npz").exists()):
-                c = cfg if i == 0 else _with(cfg, {"fm.version": "fm-v2"})
+                c = cfg if i == 0 else with_overrides(cfg, {"fm.version": "fm-v2"})
                 self.say(f"training artifacts{' (v2, for the rollover)' if i else ''} "
                          f"on the periods before the window")
                 train_artifacts(c, ds, d, seed=o.seed + i, evaluation=True)
@@ -175,7 +176,7 @@ class LiveReplay:
             "cache.deadline_ms": 5000.0,  # a loaded machine must not turn into misses
             "cache.snapshot_uri": None, "queue.snapshot_uri": None,
             **o.extra}
-        self.app_cfg = _with(cfg, overrides)
+        self.app_cfg = with_overrides(cfg, overrides)
         self.cfg_path = self.out / "replay-config.yaml"
         import yaml
 
@@ -412,19 +413,6 @@ def _ledger_report(app_id: str) -> dict | None:
         return None
 
 
-def _with(cfg: SolarisConfig, overrides: dict[str, Any]) -> SolarisConfig:
-    from solaris.config import config_from_dict
-
-    d = config_to_dict(cfg)
-    for key, value in overrides.items():
-        node = d
-        *path, last = key.split(".")
-        for p in path:
-            node = node[p]
-        node[last] = value
-    return config_from_dict(d)
-
-
 class _NoBar:
     def update(self, n: int) -> None:
         pass
@@ -645,7 +633,7 @@ def _sweep_point(cfg: SolarisConfig, ds: Any, out: Path, opts: ReplayOptions, bu
     sub.mkdir(parents=True, exist_ok=True)
     if not (sub / "artifacts").exists():  # the same models: share the base run's
         shutil.copytree(out / "artifacts", sub / "artifacts")
-    c = _with(cfg, {"cache.read_ttl_s": int(ttl),
+    c = with_overrides(cfg, {"cache.read_ttl_s": int(ttl),
                     "cache.retention_s": max(int(ttl), cfg.cache.retention_s),
                     "cache.bucket_s": min(cfg.cache.bucket_s, int(ttl))})
     o = dataclasses.replace(opts, budget_per_hour=budget, rollover_at=None, progress=False)

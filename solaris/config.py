@@ -537,13 +537,23 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: top level must be a mapping, got {type(loaded).__name__}")
         values = loaded
+    return config_from_dict(_apply(values, overrides))
+
+
+def _apply(values: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """``values`` (a nested dict) with dotted ``overrides`` set in place."""
     for dotted, val in (overrides or {}).items():
         node = values
         parts = dotted.split(".")
         for p in parts[:-1]:
             node = node.setdefault(p, {})
         node[parts[-1]] = val
-    return config_from_dict(values)
+    return values
+
+
+def with_overrides(cfg: "SolarisConfig", overrides: dict[str, Any]) -> "SolarisConfig":
+    """A copy of ``cfg`` with dotted ``overrides`` applied (checked like any config)."""
+    return config_from_dict(_apply(config_to_dict(cfg), overrides))
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:

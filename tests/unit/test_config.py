@@ -28,3 +28,14 @@ def test_yaml_and_overrides(tmp_path):
 def test_bad_values_name_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace("(", r"\(").replace(")", r"\)")):
         load_config(None, override)
+
+
+def test_with_overrides_copies_and_checks_like_a_loaded_config():
+    from solaris.config import with_overrides
+
+    base = load_config(None, {"cache.num_shards": 3})
+    got = with_overrides(base, {"cache.read_ttl_s": 3600, "fm.version": "fm-v2"})
+    assert (got.cache.read_ttl_s, got.cache.num_shards, got.fm.version) == (3600, 3, "fm-v2")
+    assert base.cache.read_ttl_s != 3600  # the original is untouched
+    with pytest.raises(ConfigError, match="cache.read_ttl_s"):
+        with_overrides(base, {"cache.read_ttl_s": 0})
