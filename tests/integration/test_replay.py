@@ -75,3 +75,25 @@ def test_replay_is_independent_of_worker_count_and_matches_its_schedule(tmp_path
                                                                      abs=0.01)
     saved = json.loads((tmp_path / "w1" / "replay.json").read_text())
     assert saved["coverage"] == one["coverage"]
+
+
+@pytest.mark.slow
+def test_a_rollover_inside_the_replay_switches_versions_without_mixing(tmp_path):
+    from jobs.replay import ReplayOptions, replay
+    from solaris.config import load_config
+    from solaris.data.load import load_dataset
+
+    cfg = load_config(None, {**TINY, "cache.dim": 16})
+    opts = ReplayOptions(max_requests=250, knn_every_h=0, port=free_port(), progress=False,
+                         num_cpus=3, rollover_at=0.3,
+                         extra={"serve.rollout_min_lookups": 300,
+                                "serve.rollout_threshold": 0.5})
+    rep = replay(cfg, load_dataset(cfg.data), tmp_path, opts, say=lambda m: None)
+    roll = rep["rollover"]
+    assert rep["errors"] == 0
+    assert roll["new"] != roll["old"]
+    assert roll["requests_served_by_new"] > 0  # the VM switched inside the window
+    assert roll["mixed_version_requests"] == 0
+    # the old version stops being precomputed: its own-pair coverage decays to nothing
+    assert roll["old_coverage_last_tenth"] < roll["old_coverage_first_half"]
+    assert (tmp_path / "rollover.png").stat().st_size > 0
