@@ -135,7 +135,8 @@ def _knn_tables(cfg: SolarisConfig, app_id: str) -> KnnTables | None:
         return None
     from actors.knn import create_knn_holder, holder_tables
 
-    return holder_tables(cfg.knn, create_knn_holder(cfg.knn, app_id))
+    return holder_tables(cfg.knn, create_knn_holder(cfg.knn, app_id,
+                                                    detached=cfg.serve.detached_state))
 
 
 class _Unavailable(SolarisError):
@@ -151,10 +152,12 @@ class _Backend:
         from actors.queue import create_queue
 
         app_id = settings["app_id"]
-        self.group = CacheGroup.create(cfg.cache, group_id=app_id)
-        self.queue = create_queue(cfg.queue, queue_id=app_id, name=f"solaris-queue-{app_id}")
-        self.ledger = LedgerActor.options(name=f"solaris-ledger-{app_id}",
-                                          get_if_exists=True).remote()
+        detached = cfg.serve.detached_state  # outlive the replica (a redeploy keeps them)
+        self.group = CacheGroup.create(cfg.cache, group_id=app_id, detached=detached)
+        self.queue = create_queue(cfg.queue, queue_id=app_id, name=f"solaris-queue-{app_id}",
+                                  detached=detached)
+        self.ledger = LedgerActor.options(name=f"solaris-ledger-{app_id}", get_if_exists=True,
+                                          lifetime="detached" if detached else None).remote()
 
     def history_provider(self, timeout_s: float) -> Any:
         """The live history (on the cache shards) as a ``HistoryProvider`` for the request

@@ -39,9 +39,11 @@ class KnnHolder:
         return [] if self._ref is None else [self._ref]
 
 
-def create_knn_holder(cfg: KnnConfig, app_id: str) -> Any:
-    """Start (or attach to) the app's holder, named after ``app_id``."""
-    return KnnHolder.options(name=f"solaris-knn-{app_id}", get_if_exists=True).remote(cfg)
+def create_knn_holder(cfg: KnnConfig, app_id: str, detached: bool = False) -> Any:
+    """Start (or attach to) the app's holder, named after ``app_id``; ``detached``: it
+    outlives the process that starts it."""
+    return KnnHolder.options(name=f"solaris-knn-{app_id}", get_if_exists=True,
+                             lifetime="detached" if detached else None).remote(cfg)
 
 
 def holder_tables(cfg: KnnConfig, holder: Any) -> KnnTables:

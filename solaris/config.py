@@ -456,6 +456,11 @@ class ServeConfig:
     # (then /feedback alone feeds the history store)
     impressions_top_k: int = 10
     flush_requests: int = 32  # ... or once this many requests are buffered
+    # the app's stateful actors (cache shards, queue, ledger, KNN holder) are detached: they
+    # outlive the replicas that start them, so a redeploy that replaces replicas keeps the
+    # cache and the queue (`ray stop`, or ray.kill by name, removes them); false: they die
+    # with the replica that started them
+    detached_state: bool = True
 
     def __post_init__(self) -> None:
         _check(self.mode in ("solaris", "vm", "inline"), "serve.mode", self.mode,
