@@ -4,8 +4,11 @@ quality is not under test), and a free loopback port for Serve's HTTP proxy."""
 from __future__ import annotations
 
 import socket
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY = {
     "data.synthetic.num_users": 300, "data.synthetic.num_items": 200,
@@ -37,3 +40,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextmanager
+def local_serve(port: int, num_cpus: int = 2) -> Iterator[str]:
+    """A local Ray (2 logical CPUs, a small object store) with Serve's proxy on ``port``;
+    yields the base URL and always shuts Serve and Ray down."""
+    import ray
+    from ray import serve
+
+    ray.init(address="local", num_cpus=num_cpus, object_store_memory=200 * 1024**2,
+             include_dashboard=False, logging_level="warning",
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()

@@ -5,22 +5,16 @@ before the redeploy are still found after it."""
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-ray = pytest.importorskip("ray")
 requests = pytest.importorskip("requests")
 
 from ray import serve  # noqa: E402
 
-from tests.tiny import free_port, train_tiny  # noqa: E402
+import serve_app  # noqa: E402
+from tests.tiny import free_port, local_serve, train_tiny  # noqa: E402
 
 T0 = 1.9e9
 CANDIDATES = list(range(40))
@@ -42,15 +36,7 @@ def test_pairs_cached_before_a_redeploy_are_found_after_it(tmp_path):
         conf.write_text(json.dumps({"cache": {"dim": 16, "num_shards": 2, "deadline_ms": 500.0},
                                     "serve": {"flush_ms": flush}}))
         confs.append(str(conf))
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2,
-             include_dashboard=False, logging_level="warning",
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
-    import serve_app
-
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+    with local_serve(free_port()) as base:
         serve.run(serve_app.build_app({"artifacts": art, "config": confs[0],
                                        "app_id": "redeploy"}), blocking=False)
         deadline = time.monotonic() + 90
@@ -68,6 +54,3 @@ def test_pairs_cached_before_a_redeploy_are_found_after_it(tmp_path):
             time.sleep(0.5)
         after = _rank(base, T0 + k).count("pair")  # same event time: nothing expired
         assert after >= before > 0, (before, after)
-    finally:
-        serve.shutdown()
-        ray.shutdown()

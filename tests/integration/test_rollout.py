@@ -5,22 +5,16 @@ versions (the features a VM reads are always of the version it was trained on)."
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-ray = pytest.importorskip("ray")
 requests = pytest.importorskip("requests")
 
 from ray import serve  # noqa: E402
 
-from tests.tiny import free_port, train_tiny  # noqa: E402
+import serve_app  # noqa: E402
+from tests.tiny import free_port, local_serve, train_tiny  # noqa: E402
 
 T0 = 1.9e9
 
@@ -34,15 +28,7 @@ def test_vms_switch_to_the_new_version_once_it_is_covered(tmp_path):
     conf.write_text(json.dumps({"cache": {"dim": 16, "num_shards": 2, "deadline_ms": 200.0},
                                 "serve": {"rollout_threshold": 0.5, "rollout_min_lookups": 300,
                                           "flush_ms": 10.0}}))
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2,
-             include_dashboard=False, logging_level="warning",
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
-    import serve_app
-
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
+    with local_serve(free_port()) as base:
         serve.run(serve_app.build_app({"artifacts": ",".join(dirs), "config": str(conf),
                                        "app_id": "roll"}), blocking=False)
         seen: list[str] = []
@@ -67,6 +53,3 @@ def test_vms_switch_to_the_new_version_once_it_is_covered(tmp_path):
         state = requests.get(base + "/stats", timeout=30).json()["rollout"]
         assert state["active"] == {"click": "fm-v2+enc16", "conversion": "fm-v1+enc16"}
         assert state["coverage"]["fm-v2+enc16"] >= 0.5 * state["coverage"]["fm-v1+enc16"] > 0
-    finally:
-        serve.shutdown()
-        ray.shutdown()

@@ -274,14 +274,11 @@ def _live_rules(lg, scores, *, fraction, horizon, ttl, lag, tick, budget):
     """The live path on keys, from its own parts: ``verifier.choose`` as the router calls it,
     ``PrecomputeQueue`` with the replay's gate and ``tick_allowance``, a dict as the cache."""
     import math
-    import sys
-    from pathlib import Path
 
     from solaris.config import QueueConfig, VerifierConfig
     from solaris.pqueue import PrecomputeQueue
     from solaris.verifier import choose
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from jobs.replay import tick_allowance
 
     q = PrecomputeQueue(QueueConfig(capacity=10**6, lease_pairs=4), clock=lambda: 0.0)

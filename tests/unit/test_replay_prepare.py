@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -13,9 +11,6 @@ from solaris.data.schema import Dataset, FeatureSpec, interaction_schema
 from solaris.errors import DataError
 from solaris.replay.prepare import check_trained_before, row_index, seed_history
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 
 def _ds(users, items, ts) -> Dataset:
