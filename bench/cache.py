@@ -33,6 +33,7 @@ import gc
 import json
 import logging
 import multiprocessing as mp
+import os
 import subprocess
 import sys
 import time
@@ -159,7 +160,7 @@ def payload_bytes() -> dict[str, int]:
 
 
 # ---- phase 2: latency ---------------------------------------------------------------------------
-def latency(entries: int, n_requests: int, warmup: int) -> dict:
+def latency(entries: int, n_requests: int, warmup: int, num_cpus: int = 2) -> dict:
     """Interleaved per request: enrich_local, CacheGroup.lookup, a ping to one shard."""
     import ray
 
@@ -173,7 +174,8 @@ def latency(entries: int, n_requests: int, warmup: int) -> dict:
     uk, ik = w.user_knn(), w.item_knn()
     ecfg = EnrichConfig(user_knn_probe=10, item_knn_probe=10, item_tier=True, aggregate=True)
     cfg = cache_cfg(capacity=max(entries, 1024))
-    ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False,
+    ray.init(address="local", num_cpus=num_cpus, object_store_memory=200 * 1024**2,
+             include_dashboard=False,
              logging_level="warning")
     try:
         group = CacheGroup.create(cfg, group_id="bench")
@@ -399,6 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=100)
     ap.add_argument("--threads", type=int, default=2, help="torch threads of the TR check")
     ap.add_argument("--skip-tr", action="store_true", help="leave out the MovieLens TR check")
+    ap.add_argument("--num-cpus", type=int, default=2,
+                    help="logical CPUs of the local Ray (2: the 2-core profile)")
     ap.add_argument("--memory-probe", choices=("fp32", "fp16", "int8"), help=argparse.SUPPRESS)
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
@@ -425,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     r["total_bytes_per_entry"] = {c: m["tracemalloc_bytes_per_entry"] for c, m in mem.items()}
     r["total_bytes_per_entry_rss"] = {c: m["rss_bytes_per_entry"] for c, m in mem.items()}
     log.info("latency phase")
-    r["latency"] = latency(args.entries, args.requests, args.warmup)
+    r["latency"] = latency(args.entries, args.requests, args.warmup, args.num_cpus)
     for k in ("inproc_ms_p50_256", "ray_ms_p50_256", "noop_rtt_ms_p50"):
         r[k] = r["latency"][k]
     r["int8_tr_delta"] = None
@@ -438,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         r["int8_tr_delta"] = r["transfer"]["int8_tr_delta"]
     r["checks"] = {f"{name} {target}": passed for name, _, _, target, passed in rows(r)
                    if passed is not None}
+    r["num_cpus"], r["cpu_count"] = args.num_cpus, os.cpu_count()
     r["wall_s"] = round(time.perf_counter() - t0, 1)
     print(table(r))
     print(f"bench/cache.py wall time: {r['wall_s']:.0f} s")

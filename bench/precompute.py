@@ -49,6 +49,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 import tempfile
 import time
@@ -146,7 +147,7 @@ def measure_fm_only(w: dict, work: Path, trials: int, pairs: int, lease_pairs: i
 
 
 def measure(w: dict, work: Path, trials: int, pairs: int, lease_sizes: list[int],
-            history: str = "static") -> dict:
+            history: str = "static", num_cpus: int = 2) -> dict:
     """Interleaved trials on one local Ray; per lease size, C and mode, pairs/s per trial.
     ``history``: ``static`` (a copy in the worker) or ``live`` (read from the shards)."""
     import ray
@@ -157,7 +158,7 @@ def measure(w: dict, work: Path, trials: int, pairs: int, lease_sizes: list[int]
     from actors.queue import create_queue
     from solaris.config import CacheConfig, PrecomputeConfig, QueueConfig
 
-    ray.init(address="local", num_cpus=2, object_store_memory=300 * 1024**2,
+    ray.init(address="local", num_cpus=num_cpus, object_store_memory=300 * 1024**2,
              include_dashboard=False, logging_level="warning",
              runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     try:
@@ -326,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="measure the default shape only")
     ap.add_argument("--history", choices=("static", "live"), default="static",
                     help="the worker's history: a static copy, or live from the cache shards")
+    ap.add_argument("--num-cpus", type=int, default=2,
+                    help="logical CPUs of the local Ray (2: the 2-core profile)")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -338,17 +341,20 @@ def main(argv: list[str] | None = None) -> int:
         fm_trials = max(1, min(args.trials, 3))
         w = build(work)
         fm_only = measure_fm_only(w, work, fm_trials, args.pairs, args.lease_pairs)
-        r = summarize(w, measure(w, work, args.trials, args.pairs, sizes, args.history),
+        r = summarize(w, measure(w, work, args.trials, args.pairs, sizes, args.history,
+                                 args.num_cpus),
                       args.lease_pairs, fm_only)
         if not args.no_production:
             work = Path(tmp) / "production"
             w = build(work, prod)
             fm_only = measure_fm_only(w, work, fm_trials, args.pairs, args.lease_pairs)
             r["production_shaped"] = summarize(
-                w, measure(w, work, args.trials, args.pairs, [args.lease_pairs], args.history),
+                w, measure(w, work, args.trials, args.pairs, [args.lease_pairs], args.history,
+                        args.num_cpus),
                 args.lease_pairs, fm_only)
     r.update(trials=args.trials, pairs_per_trial=args.pairs, lease_pairs=args.lease_pairs,
-             history=args.history, target_speedup_50=TARGET_SPEEDUP_50)
+             history=args.history, target_speedup_50=TARGET_SPEEDUP_50,
+             num_cpus=args.num_cpus, cpu_count=os.cpu_count())
     r["wall_s"] = time.perf_counter() - t0
     print(table(r))
     args.json.parent.mkdir(parents=True, exist_ok=True)

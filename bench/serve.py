@@ -238,6 +238,8 @@ def main() -> int:
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--requests", type=int, default=400, help="requests per trial and mode")
     p.add_argument("--sizes", default="100,500")
+    p.add_argument("--num-cpus", type=int, default=2,
+                   help="logical CPUs of the local Ray (2: the 2-core profile)")
     p.add_argument("--load", type=float, default=0.5, help="offered load / VM-alone saturation")
     p.add_argument("--pool", type=int, default=300, help="users in the workload")
     p.add_argument("--warmup", type=int, default=200, help="SOLARIS requests before the trials")
@@ -261,7 +263,8 @@ def main() -> int:
     art_dir = args.artifacts or str(ensure_artifacts(load_config(), default_artifacts_dir(load_config())))
     t0 = time.perf_counter()
     ratio = compute_ratio(art_dir)
-    ray.init(address="local", num_cpus=2, object_store_memory=300 * 1024**2, include_dashboard=False,
+    ray.init(address="local", num_cpus=args.num_cpus, object_store_memory=300 * 1024**2,
+             include_dashboard=False,
              logging_level="warning", log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     try:
         serve.run(serve_app.build_app({"artifacts": art_dir, "app_id": "bench"}), blocking=False)
@@ -272,7 +275,8 @@ def main() -> int:
     out["fm_vm_compute_ratio"] = ratio["ratio_per_pair"]
     out["compute_ms_500"] = ratio
     out["seconds"] = round(time.perf_counter() - t0, 1)
-    out["config"] = vars(args) | {"json": str(args.json), "artifacts": art_dir}
+    out["config"] = vars(args) | {"json": str(args.json), "artifacts": art_dir,
+                                  "cpu_count": os.cpu_count()}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=2))
     keys = [k for k in out["latency_ms"]]
