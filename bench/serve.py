@@ -8,7 +8,8 @@ take the serving CPU; on a cluster they run on GPU nodes of their own). The JSON
 and how many pairs they wrote. Per candidate count (100, 500):
 the VM-alone saturation rate is measured closed-loop, then the three modes run open-loop
 (Poisson arrivals) at half that rate in interleaved trials of ``--requests`` requests each
-(mode order shuffled per trial). Overheads are medians over trials of per-trial ratios. A
+(mode order shuffled per trial), after ``--warmup-trials`` (1) rounds run the same way and not
+counted: latencies of every mode settle over the first rounds at that rate. Overheads are medians over trials of per-trial ratios. A
 request whose final answer is non-2xx after at most one retry counts as an error.
 ``fm_vm_compute_ratio`` is measured in-process: per-pair compute time of the FM (the plain
 per-pair forward + encoder, as the inline mode runs it) over the VM, on the same batch.
@@ -193,14 +194,17 @@ async def _run(args: argparse.Namespace, art_dir: str) -> dict[str, Any]:
             logging.info("size %d: VM-alone saturation %.1f rps; offering %.1f", s, sat,
                          sat * args.load)
         per: dict[str, list[dict]] = {f"{m}_{s}": [] for m in MODES for s in sizes}
-        for trial in range(args.trials):
+        warm: dict[str, list[dict]] = {f"{m}_{s}": [] for m in MODES for s in sizes}
+        # the first --warmup-trials rounds run exactly like a trial but are not counted: at
+        # the offered rate the app's latencies settle over the first rounds (kept in the JSON)
+        for trial in range(-args.warmup_trials, args.trials):
             for s in sizes:
                 order = list(MODES)
                 random.Random(trial * 31 + s).shuffle(order)
                 for m in order:
                     r = await _open_loop(client, works[s], m, args.requests,
                                          out["rates"][str(s)]["offered_rps"], trial)
-                    per[f"{m}_{s}"].append(r)
+                    (per if trial >= 0 else warm)[f"{m}_{s}"].append(r)
                     await _settle(client, works[s])  # an overloaded trial's backlog drains first
                     logging.info("trial %d %s_%d: p50 %.1f p99 %.1f ms, %.1f rps, %d errors",
                                  trial, m, s, r["p50"], r["p99"], r["rps"], r["errors"])
@@ -209,13 +213,17 @@ async def _run(args: argparse.Namespace, art_dir: str) -> dict[str, Any]:
                                 "p99": float(np.median([r["p99"] for r in rs]))}
         out["throughput_rps"][k] = float(np.median([r["rps"] for r in rs]))
         out["trials"][k] = rs
-    out["errors"] = int(sum(r["errors"] for rs in per.values() for r in rs))
+    # errors and retries count every timed request, the uncounted warm-up rounds' included
+    out["errors"] = int(sum(r["errors"] for d in (per, warm) for rs in d.values() for r in rs))
     out["errors_by_mode"] = {k: int(sum(r["errors"] for r in rs)) for k, rs in per.items()}
-    out["retries"] = int(sum(r["retries"] for rs in per.values() for r in rs))
+    out["retries"] = int(sum(r["retries"] for d in (per, warm) for rs in d.values() for r in rs))
     big = max(sizes)
 
     def ratio(a: str, b: str, q: str) -> float:
         return float(np.median([x[q] / y[q] for x, y in zip(per[f"{a}_{big}"], per[f"{b}_{big}"])]))
+    out["warmup_trials"] = warm
+    out[f"p50_overhead_{big}_per_trial"] = [x["p50"] / y["p50"] for x, y in
+                                            zip(per[f"solaris_{big}"], per[f"vm_{big}"])]
     out[f"p50_overhead_{big}"] = ratio("solaris", "vm", "p50")
     out[f"p99_overhead_{big}"] = ratio("solaris", "vm", "p99")
     out[f"inline_slowdown_{big}"] = ratio("inline", "solaris", "p50")
@@ -237,6 +245,8 @@ def main() -> int:
     p.add_argument("--artifacts", help="artifact dir (default: the embedded default, built once)")
     p.add_argument("--trials", type=int, default=5)
     p.add_argument("--requests", type=int, default=400, help="requests per trial and mode")
+    p.add_argument("--warmup-trials", type=int, default=1,
+                   help="interleaved rounds run before the trials and not counted")
     p.add_argument("--sizes", default="100,500")
     p.add_argument("--num-cpus", type=int, default=2,
                    help="logical CPUs of the local Ray (2: the 2-core profile)")
