@@ -434,8 +434,10 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
     """One replay: prepare, serve, drive, measure; writes OUT/replay.json and the plots."""
     from solaris.replay.coverage import coverage_over_time
     from solaris.replay.plots import coverage_time_plot, rollover_plot
-    from solaris.replay.report import (coverage_report, json_default, save_feature_log,
-                                       served_rows, take_rows, transfer_from_log)
+    from solaris.knn import load_current
+    from solaris.replay.report import (bounds_report, coverage_report, json_default,
+                                       save_feature_log, served_rows, take_rows,
+                                       transfer_from_log)
 
     out = Path(out)
     lr = LiveReplay(cfg, ds, out, opts, say)
@@ -448,6 +450,8 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
                            "labelled_pairs": int(lg.labelled.sum())}
     rep.update(coverage_report(lg, live, acfg, lag_s=opts.lag_s, tick_s=opts.tick_s,
                                budget_per_hour=opts.budget_per_hour, seed=opts.seed))
+    rep.update(bounds_report(lg, live, acfg, load_current(lr.knn_uri, "user")[1],
+                             lag_s=opts.lag_s))
     evals = int(live["evaluated"])
     ledger = live["ledger"] or {}
     shards = [s for s in live["shards"]["shards"] if s.get("up")]

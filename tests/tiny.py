@@ -60,3 +60,22 @@ def local_serve(port: int, num_cpus: int = 2) -> Iterator[str]:
             serve.shutdown()
         finally:
             ray.shutdown()
+
+
+def request_log(rows: list) -> Any:
+    """A validated ``RequestLog`` from rows (user, ts, candidates, labelled mask or None = all
+    labelled), given in (ts, user) order; labels are 1.0 where labelled."""
+    import numpy as np
+
+    from solaris.replay.log import RequestLog
+
+    c = len(rows[0][2])
+    lab = np.array([[True] * c if r[3] is None else r[3] for r in rows], bool)
+    labels = np.where(lab, 1.0, np.nan).astype(np.float32)[..., None]
+    lg = RequestLog(user=np.array([r[0] for r in rows], np.int64),
+                    ts=np.array([r[1] for r in rows], np.int64),
+                    surface=np.zeros(len(rows), np.int32),
+                    candidates=np.array([r[2] for r in rows], np.int64), labels=labels,
+                    tasks=("click",))
+    lg.validate()
+    return lg

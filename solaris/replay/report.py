@@ -179,6 +179,28 @@ def coverage_report(lg: Any, live: dict, cfg: SolarisConfig, *, lag_s: float, ti
                                "precision_simulated": same["precision"]}}
 
 
+def bounds_report(lg: Any, live: dict, cfg: SolarisConfig, neighbours: Any, *,
+                  lag_s: float) -> dict[str, Any]:
+    """What the log allows whatever the speculation (``solaris.replay.bounds``): effective
+    coverage of an oracle that precomputes every candidate, with the probed and with 100
+    nearest user neighbours of ``neighbours`` (a ``NeighbourTable``), and how well the served
+    scores pick the candidates that come back labelled."""
+    from solaris.replay.bounds import effective_bounds, speculation_signal
+
+    probe = int(cfg.enrich.user_knn_probe)
+    wide = max(100, probe)
+    nbrs = {int(u): neighbours.nearest(int(u), wide)[0] for u in np.unique(lg.user)}
+    eff = effective_bounds(lg, nbrs, read_ttl_s=float(cfg.cache.read_ttl_s),
+                           retention_s=float(cfg.cache.retention_s), lag_s=lag_s,
+                           probes=tuple(sorted({probe, wide})))
+    scores = np.nan_to_num(live["scores"].astype(np.float64), nan=0.0)
+    sig = speculation_signal(lg, scores, read_ttl_s=float(cfg.cache.read_ttl_s), lag_s=lag_s,
+                             fraction=float(cfg.verifier.fraction))
+    return {"coverage_bounds": {**eff, "knn_version": neighbours.version,
+                                "user_knn_probe": probe},
+            "speculation_signal": sig}
+
+
 def json_default(o: Any) -> Any:
     if isinstance(o, (np.integer,)):
         return int(o)
@@ -207,6 +229,16 @@ def summary_table(rep: dict[str, Any]) -> str:
     for k, v in rep["tr_online_by_tier"].items():
         lines.append(f"  {'+ ' + k:<26}{fmt(v['tr']):>8}")
     lines.append(f"  {'every pair present':<26}{fmt(rep['tr_offline_pair_100']):>8}")
+    b, sig = rep.get("coverage_bounds"), rep.get("speculation_signal")
+    if b:
+        lines.append(f"{'bounds (oracle speculation)':<28}")
+        lines.append(f"  {'own history (24 h)':<26}{b['own_history_share']:>8.3f}")
+        for k, v in b["effective_oracle"].items():
+            name = "effective, any user" if k == "any_user" else f"effective, {k} nbrs"
+            lines.append(f"  {name:<26}{v:>8.3f}")
+    if sig:
+        lines += [f"  {'verifier AUC, returning':<26}{fmt(sig['auc']):>8}",
+                  f"  {'returning in top fraction':<26}{fmt(sig['top_fraction_share']):>8}"]
     lines += [f"{'speculation precision':<28}{fmt(rep['speculation_precision']):>8}",
               f"{'FM evals / 1k requests':<28}{rep['fm_evals_per_1k_requests']:>8.0f}",
               f"{'errors / retries':<28}{rep['errors']:>5} / {rep['retries']}"]

@@ -10,22 +10,10 @@ from hypothesis import strategies as st
 from solaris.errors import ConfigError, DataError
 from solaris.replay.coverage import (ceiling_mask, coverage_by_tier, coverage_ceiling,
                                      coverage_over_time, simulate_pair_coverage)
-from solaris.replay.log import RequestLog
 from solaris.replay.plots import coverage_time_plot, rollover_plot, sweep_plot
+from tests.tiny import request_log
 
-
-def _log(rows) -> RequestLog:
-    """rows: (user, ts, candidates, labelled mask or None = all labelled), in (ts, user) order."""
-    c = len(rows[0][2])
-    lab = np.array([[True] * c if r[3] is None else r[3] for r in rows], bool)
-    labels = np.where(lab, 1.0, np.nan).astype(np.float32)[..., None]
-    lg = RequestLog(user=np.array([r[0] for r in rows], np.int64),
-                    ts=np.array([r[1] for r in rows], np.int64),
-                    surface=np.zeros(len(rows), np.int32),
-                    candidates=np.array([r[2] for r in rows], np.int64), labels=labels,
-                    tasks=("click",))
-    lg.validate()
-    return lg
+_log = request_log
 
 
 def _sim(lg, scores=None, **kw):
