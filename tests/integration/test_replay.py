@@ -51,6 +51,12 @@ def test_replay_is_independent_of_worker_count_and_matches_its_schedule(tmp_path
         assert c["pair"] <= c["user_neighbour"] <= c["item_neighbour"] <= c["effective"]
         assert c["aggregate"] <= c["effective"] <= 1.0
         assert c["pair"] <= rep["coverage_ceiling_no_lag"] + 1e-9
+        # the oracle bounds: ordered, and above the pair ceiling (same user, within the TTL)
+        b = rep["coverage_bounds"]
+        eo = b["effective_oracle"]
+        assert rep["coverage_ceiling"] <= b["own_history_share"] <= eo["10"] <= eo["100"] \
+            <= eo["any_user"] <= 1.0
+        assert 0.0 <= rep["speculation_signal"]["top_fraction_share"] <= 1.0
         # the re-scored VM reproduces what the VM replicas served
         assert rep["transfer"]["rescored_max_abs_diff"] < 1e-4
         for key in ("tr_online", "tr_online_by_tier", "tr_offline_pair_100", "consistency",
