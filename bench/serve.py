@@ -228,6 +228,9 @@ async def _run(args: argparse.Namespace, art_dir: str) -> dict[str, Any]:
     out[f"p99_overhead_{big}"] = ratio("solaris", "vm", "p99")
     out[f"inline_slowdown_{big}"] = ratio("inline", "solaris", "p50")
     stats = requests.get(URL.replace("/rank", "/stats"), timeout=30).json()
+    # the router's own median split per mode over its last 2,000 requests of that mode (both
+    # sizes): awaiting the lookup round, awaiting the VM, building the answer
+    out["router_phases_p50_ms"] = stats.get("phases_p50")
     pre = stats.get("precompute") or {}
     workers = [w for ws in (pre.get("workers") or {}).values() for w in ws if w]
     out["fm_workers"] = {"ran_in_warmup": bool(workers),
