@@ -12,8 +12,8 @@ much the verifier's score knows about which candidates come back.
 * ``speculation_signal``: candidates the same user has labelled again within
   ``[t + lag_s, t + read_ttl_s]`` (the pairs a precompute at ``t`` could serve), the AUC of
   the verifier's score for them over the request's other candidates, and the share of them
-  inside the request's top ``fraction`` (what the verifier enqueues). Pair coverage relative
-  to the ceiling cannot be much above that share, at any budget.
+  inside the request's top ``fraction`` (what the verifier enqueues): whatever the budget,
+  a pair is covered only through a returning candidate inside its request's top fraction.
 
 Pure numpy on a ``RequestLog``; loops over labelled pairs only.
 """

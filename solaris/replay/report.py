@@ -232,7 +232,7 @@ def summary_table(rep: dict[str, Any]) -> str:
     b, sig = rep.get("coverage_bounds"), rep.get("speculation_signal")
     if b:
         lines.append(f"{'bounds (oracle speculation)':<28}")
-        lines.append(f"  {'own history (24 h)':<26}{b['own_history_share']:>8.3f}")
+        lines.append(f"  {'own history (retention)':<26}{b['own_history_share']:>8.3f}")
         for k, v in b["effective_oracle"].items():
             name = "effective, any user" if k == "any_user" else f"effective, {k} nbrs"
             lines.append(f"  {name:<26}{v:>8.3f}")
