@@ -18,7 +18,10 @@ Phases, one after the other so that none disturbs another's numbers:
    all requests; ray == inproc is checked bit for bit on every request. Then, outside the
    timed loop, 300 more lookups broken into steps (client: plan, submit, wait, assemble;
    each shard: time inside ``answer``) show where a round's time goes; ``ray.shutdown()``;
-4. int8 vs fp32 (``bench/int8_transfer.py``): a teacher and vm_pair_100 trained once on
+4. the user-neighbour step alone, in process: the store's hash probes vs an item -> users
+   index built once (``neighbour_step``), on the pinned workload and with 10x the holders per
+   item;
+5. int8 vs fp32 (``bench/int8_transfer.py``): a teacher and vm_pair_100 trained once on
    MovieLens-100K (seed 0, the report's validation grid), scored on the same test rows with
    fp32 z and int8-decoded z; the change of the calibrated transfer ratio (Platt fitted on
    validation).
@@ -63,21 +66,23 @@ PHASE_REQUESTS = 300  # lookups of the per-step breakdown that follows the timed
 class Workload:
     """Users in communities; each holds ``PAIRS_PER_USER`` items of its community's pool."""
 
-    def __init__(self, entries: int, seed: int = 0) -> None:
+    def __init__(self, entries: int, seed: int = 0, community_users: int = COMMUNITY_USERS
+                 ) -> None:
+        self.cu = cu = community_users  # users sharing a pool: holders per item ~ cu / 16
         self.users = entries // PAIRS_PER_USER
         self.entries = self.users * PAIRS_PER_USER
-        self.communities = max(1, self.users // COMMUNITY_USERS)
+        self.communities = max(1, self.users // cu)
         rng = np.random.default_rng(seed)
         held = np.empty((self.users, PAIRS_PER_USER), np.int64)  # item ids each user holds
         for c in range(self.communities):
-            lo, hi = c * COMMUNITY_USERS, min(self.users, (c + 1) * COMMUNITY_USERS)
+            lo, hi = c * cu, min(self.users, (c + 1) * cu)
             if c == self.communities - 1:
                 hi = self.users
             pick = rng.random((hi - lo, POOL_ITEMS)).argsort(axis=1)[:, :PAIRS_PER_USER]
             held[lo:hi] = c * POOL_ITEMS + pick
         self.held = held
         self.items = self.communities * POOL_ITEMS
-        self.community = np.minimum(np.arange(self.users) // COMMUNITY_USERS,
+        self.community = np.minimum(np.arange(self.users) // cu,
                                     self.communities - 1)
         self.seed = seed
 
@@ -89,8 +94,8 @@ class Workload:
         ids = np.empty((self.users, USER_NEIGHBOURS), np.int64)
         for u in range(self.users):
             c = self.community[u]
-            end = self.users if c == self.communities - 1 else (c + 1) * COMMUNITY_USERS
-            members = np.arange(c * COMMUNITY_USERS, end)
+            end = self.users if c == self.communities - 1 else (c + 1) * self.cu
+            members = np.arange(c * self.cu, end)
             members = members[members != u]
             ids[u] = rng.choice(members, size=USER_NEIGHBOURS, replace=False)
         sims = np.sort(rng.uniform(0.2, 0.95, size=ids.shape), axis=1)[:, ::-1]
@@ -331,6 +336,82 @@ def memory(entries: int) -> dict[str, dict]:
     return out
 
 
+# ---- phase 3b: the user-neighbour step, hash probes vs an item -> users index ------------------
+def neighbour_step(entries: int, n_requests: int, probe: int = 10,
+                   community_users: int = COMMUNITY_USERS) -> dict:
+    """The user-neighbour tier's question -- which of the user's ``probe`` nearest
+    neighbours hold a fresh pair of which still-open candidate -- answered two ways on the
+    same in-process store and requests, in rotating order:
+
+    * ``probe``: ``PairStore.holders`` (what the shards run): one vectorised lookup of the
+      (neighbour, item) keys in the store's hash index, vectors and ages included;
+    * ``postings``: an item -> holders index (CSR: items sorted, users and slots per item) built
+      once from the store's live entries -- the best case of such an index, with no upkeep on
+      writes and expiry -- intersected with the neighbours by one vectorised ``isin`` over the
+      candidates' postings, then the hits' vectors read by slot.
+
+    Both must find the same hits (checked per request). Reported: medians per request, the
+    index's build seconds and bytes per entry (not counted in the store's own bytes)."""
+    from solaris.cache.answer import _vectors
+    from solaris.cache.slab import gather
+    from solaris.cache.store import PairStore
+
+    w = Workload(entries, community_users=community_users)
+    store = PairStore(cache_cfg(capacity=max(entries, 1024)))
+    for u, i, vec, now in w.chunks():
+        store.put(u, i, vec, VERSION, now)
+    uk = w.user_knn()
+    t0 = time.perf_counter()
+    meta = store._meta
+    slots = np.flatnonzero(meta["vid"] == store._vid[VERSION])
+    users, items = meta["user"][slots], meta["item"][slots]
+    order = np.lexsort((users, items))
+    post_users = users[order].astype(np.int32)
+    post_slots = slots[order].astype(np.int32)
+    offsets = np.zeros(w.items + 1, np.int64)
+    np.cumsum(np.bincount(items, minlength=w.items), out=offsets[1:])
+    build_s = time.perf_counter() - t0
+    index_bytes = post_users.nbytes + post_slots.nbytes + offsets.nbytes
+    ttl = store.cfg.read_ttl_s
+
+    def by_postings(open_items: np.ndarray, nbrs: np.ndarray):
+        starts, ends = offsets[open_items], offsets[open_items + 1]
+        lens = ends - starts
+        row = np.repeat(np.arange(len(open_items)), lens)
+        pos = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens) \
+            + np.repeat(starts, lens)
+        hit = np.isin(post_users[pos], nbrs)
+        row, who, slot = row[hit], post_users[pos][hit], post_slots[pos][hit]
+        age = NOW - gather(store._meta, slot)["written"]
+        fresh = age <= ttl
+        row, who, slot, age = row[fresh], who[fresh], slot[fresh], age[fresh]
+        col = np.searchsorted(np.sort(nbrs), who)
+        col = np.argsort(nbrs)[col]  # the neighbour's position in the probe order
+        k = np.lexsort((col, row))
+        return row[k], col[k], _vectors(store, slot[k]), age[k]
+
+    t_probe, t_post, same = [], [], 0
+    for n, (user, cands) in enumerate(w.requests(n_requests, seed=11)):
+        open_items = cands[~np.isin(cands, w.held[user])]  # candidates without an own pair
+        nbrs, _ = uk.nearest(user, probe)
+        res = {}
+        for step in ((0, 1) if n % 2 == 0 else (1, 0)):
+            t = time.perf_counter()
+            res[step] = (store.holders(open_items, nbrs, VERSION, NOW) if step == 0
+                         else by_postings(open_items, nbrs))
+            (t_probe if step == 0 else t_post).append((time.perf_counter() - t) * 1e3)
+        a, b = res[0], res[1]
+        same += (np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+                 and np.array_equal(a[2], b[2]))
+    return {"probe_ms_p50": float(np.median(t_probe)),
+            "postings_ms_p50": float(np.median(t_post)),
+            "postings_build_s": round(build_s, 2),
+            "postings_bytes_per_entry": index_bytes / store.live,
+            "same_hits_share": same / n_requests, "requests": n_requests,
+            "neighbours_probed": probe,
+            "holders_per_item_mean": float(np.mean(np.diff(offsets)))}
+
+
 # ---- report -------------------------------------------------------------------------------------
 def rows(r: dict) -> list[tuple[str, str, str, str, bool | None]]:
     """(metric, value, detail, target, passed or None) for the table and the JSON checks."""
@@ -370,6 +451,12 @@ def table(r: dict) -> str:
     for name, value, detail, target, passed in rows(r):
         mark = "" if passed is None else ("PASS" if passed else "FAIL")
         lines.append(f"{name:<30}{value:>12}  {detail:<20}{target:<34}{mark}")
+    for name, x in (r.get("user_neighbour_step") or {}).items():
+        lines.append(f"user-neighbour step ({name}: {x['holders_per_item_mean']:.1f} holders per "
+                     f"item, {x['neighbours_probed']} neighbours): hash probes "
+                     f"{x['probe_ms_p50']:.3f} ms, item -> users index {x['postings_ms_p50']:.3f}"
+                     f" ms (+{x['postings_bytes_per_entry']:.1f} B per entry, no upkeep counted);"
+                     f" same hits on {x['same_hits_share']:.3f} of requests")
     lat = r.get("latency")
     if lat:
         ts = " ".join(f"{k} {v:.2f}" for k, v in lat["tier_share"].items())
@@ -432,6 +519,10 @@ def main(argv: list[str] | None = None) -> int:
     r["latency"] = latency(args.entries, args.requests, args.warmup, args.num_cpus)
     for k in ("inproc_ms_p50_256", "ray_ms_p50_256", "noop_rtt_ms_p50"):
         r[k] = r["latency"][k]
+    log.info("user-neighbour step: hash probes vs an item -> users index")
+    r["user_neighbour_step"] = {
+        name: neighbour_step(args.entries, min(args.requests, 1000), community_users=cu)
+        for name, cu in (("pinned", COMMUNITY_USERS), ("holders_x10", 10 * COMMUNITY_USERS))}
     r["int8_tr_delta"] = None
     if not args.skip_tr:  # its own process: torch threads and memory go away with it
         log.info("transfer-ratio phase (MovieLens-100K)")
