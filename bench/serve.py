@@ -11,7 +11,9 @@ the VM-alone saturation rate is measured closed-loop, then the three modes run o
 (mode order shuffled per trial), after ``--warmup-trials`` (1) rounds run the same way and not
 counted: latencies of every mode settle over the first rounds at that rate. Overheads are medians over trials of per-trial ratios. A
 request whose final answer is non-2xx after at most one retry counts as an error.
-``fm_vm_compute_ratio`` is measured in-process: per-pair compute time of the FM (the plain
+Per trial, the CPU seconds of every process of the run (from /proc, by role: proxy, router,
+VM, cache shards, queue, ...) are read before and after, so ``cpu_ms_per_request`` shows
+what each mode costs the machine and where. ``fm_vm_compute_ratio`` is measured in-process: per-pair compute time of the FM (the plain
 per-pair forward + encoder, as the inline mode runs it) over the VM, on the same batch.
 """
 
@@ -127,6 +129,41 @@ async def _open_loop(client: Client, work: list, mode: str, n: int, rate: float,
             "retries": sum(r[2] for r in res), "tiers": tiers}
 
 
+# the processes of a local run by role, from their titles (``ray::<actor class>``, Serve's
+# replicas name their deployment); CPU seconds from /proc (Linux; empty elsewhere)
+ROLES = (("router", "LookupRouter"), ("vm", "VM_"), ("proxy", "ProxyActor"),
+         ("cache_shards", "CacheShard"), ("queue", "PrecomputeQueue"), ("ledger", "Ledger"),
+         ("fm_workers", "FMWorker"), ("precompute", "Precompute"),
+         ("serve_controller", "ServeController"))
+
+
+def cpu_by_role() -> dict[str, float]:
+    """CPU seconds (user + system) so far of this machine's Ray processes by role, this
+    process (the load generator) as ``client``, raylet and GCS as ``ray_core``."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    out: dict[str, float] = {}
+    for pid in (os.listdir("/proc") if os.path.isdir("/proc") else []):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                name = f.read().split(b"\0")[0].decode(errors="replace")
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(pid) == os.getpid():
+            role = "client"
+        elif name.startswith("ray::"):
+            role = next((r for r, key in ROLES if key in name), "ray_other")
+        elif name.endswith(("/raylet", "/gcs_server")):
+            role = "ray_core"
+        else:
+            continue
+        out[role] = out.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def compute_ratio(artifacts: str, size: int = 500, reps: int = 15) -> dict[str, float]:
     """Per-pair compute time of the FM over the VM on one batch of ``size`` candidates."""
     import torch
@@ -202,10 +239,16 @@ async def _run(args: argparse.Namespace, art_dir: str) -> dict[str, Any]:
                 order = list(MODES)
                 random.Random(trial * 31 + s).shuffle(order)
                 for m in order:
+                    cpu0 = cpu_by_role()
                     r = await _open_loop(client, works[s], m, args.requests,
                                          out["rates"][str(s)]["offered_rps"], trial)
-                    (per if trial >= 0 else warm)[f"{m}_{s}"].append(r)
                     await _settle(client, works[s])  # an overloaded trial's backlog drains first
+                    # CPU per request by process role, the after-answer work and the settle's
+                    # few VM-alone probes included
+                    cpu1 = cpu_by_role()
+                    r["cpu_ms_per_request"] = {k: 1e3 * (cpu1[k] - cpu0.get(k, 0.0))
+                                               / args.requests for k in cpu1}
+                    (per if trial >= 0 else warm)[f"{m}_{s}"].append(r)
                     logging.info("trial %d %s_%d: p50 %.1f p99 %.1f ms, %.1f rps, %d errors",
                                  trial, m, s, r["p50"], r["p99"], r["rps"], r["errors"])
     for k, rs in per.items():
@@ -214,6 +257,10 @@ async def _run(args: argparse.Namespace, art_dir: str) -> dict[str, Any]:
         out["throughput_rps"][k] = float(np.median([r["rps"] for r in rs]))
         out["trials"][k] = rs
     # errors and retries count every timed request, the uncounted warm-up rounds' included
+    out["cpu_ms_per_request"] = {
+        k: {role: float(np.median([r["cpu_ms_per_request"].get(role, 0.0) for r in rs]))
+            for role in sorted({x for r in rs for x in r["cpu_ms_per_request"]})}
+        for k, rs in per.items()}
     out["errors"] = int(sum(r["errors"] for d in (per, warm) for rs in d.values() for r in rs))
     out["errors_by_mode"] = {k: int(sum(r["errors"] for r in rs)) for k, rs in per.items()}
     out["retries"] = int(sum(r["retries"] for d in (per, warm) for rs in d.values() for r in rs))
@@ -251,6 +298,7 @@ def main() -> int:
     p.add_argument("--warmup-trials", type=int, default=1,
                    help="interleaved rounds run before the trials and not counted")
     p.add_argument("--sizes", default="100,500")
+    p.add_argument("--config", help="the app's config tree (YAML; default: the defaults)")
     p.add_argument("--num-cpus", type=int, default=2,
                    help="logical CPUs of the local Ray (2: the 2-core profile)")
     p.add_argument("--load", type=float, default=0.5, help="offered load / VM-alone saturation")
@@ -280,7 +328,10 @@ def main() -> int:
              include_dashboard=False,
              logging_level="warning", log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     try:
-        serve.run(serve_app.build_app({"artifacts": art_dir, "app_id": "bench"}), blocking=False)
+        app_args = {"artifacts": art_dir, "app_id": "bench"}
+        if args.config:
+            app_args["config"] = args.config
+        serve.run(serve_app.build_app(app_args), blocking=False)
         out = asyncio.run(_run(args, art_dir))
     finally:
         serve.shutdown()
@@ -303,6 +354,14 @@ def main() -> int:
                       ("errors", "= 0"), ("retries", "")):
         print(f"{k:<24}{out[k]:>10.3f}  {target}" if isinstance(out[k], float)
               else f"{k:<24}{out[k]:>10}  {target}")
+    cpu = out["cpu_ms_per_request"]
+    roles = [r for r in ("client", "proxy", "router", "vm", "cache_shards", "queue",
+                         "ray_core", "serve_controller", "ray_other")
+             if any(r in v for v in cpu.values())]
+    print("CPU ms per request by process (medians over trials): " + " ".join(roles))
+    for k in sorted(cpu, key=lambda k: (int(k.split('_')[1]), MODES.index(k.split('_')[0]))):
+        print(f"{k:<14}" + " ".join(f"{cpu[k].get(r, 0.0):.2f}" for r in roles)
+              + f"  total {sum(cpu[k].values()):.2f}")
     fw = out["fm_workers"]
     print(f"FM workers: ran in the warm-up ({fw['pairs_written']} pairs written), "
           f"{'ran' if fw['ran_in_trials'] else 'paused'} in the trials; wrote {args.json}")
