@@ -32,8 +32,8 @@ from solaris.replay.log import RequestLog
 from solaris.verifier import top_count
 
 
-def _check_windows(read_ttl_s: float, retention_s: float, lag_s: float) -> None:
-    for name, v in (("read_ttl_s", read_ttl_s), ("retention_s", retention_s), ("lag_s", lag_s)):
+def _check_windows(**windows: float) -> None:
+    for name, v in windows.items():
         if not v >= 0:
             raise ConfigError(f"{name}={v!r}: must be >= 0")
 
@@ -61,7 +61,7 @@ def effective_bounds(log: RequestLog, neighbours: Mapping[int, np.ndarray], *,
     ``[t - retention_s, t - lag_s]``), ``effective_oracle`` keyed by ``str(k)`` for each
     ``k`` in ``probes`` and ``"any_user"``, and ``labelled_pairs``.
     """
-    _check_windows(read_ttl_s, retention_s, lag_s)
+    _check_windows(read_ttl_s=read_ttl_s, retention_s=retention_s, lag_s=lag_s)
     if any(k < 0 for k in probes):
         raise ConfigError(f"probes={probes!r}: must be >= 0")
     lab = log.labelled
@@ -109,7 +109,7 @@ def speculation_signal(log: RequestLog, scores: np.ndarray, *, read_ttl_s: float
     candidates) and ``top_fraction_share`` (share of the returning candidates inside their
     request's top ``fraction``, ``verifier.top_count`` per request, as the verifier picks).
     """
-    _check_windows(read_ttl_s, read_ttl_s, lag_s)
+    _check_windows(read_ttl_s=read_ttl_s, lag_s=lag_s)
     scores = np.asarray(scores, dtype=np.float64)
     if scores.shape != log.candidates.shape:
         raise DataError(f"scores shape {scores.shape} != candidates {log.candidates.shape}")
