@@ -380,8 +380,9 @@ def neighbour_step(entries: int, n_requests: int, probe: int = 10,
         row = np.repeat(np.arange(len(open_items)), lens)
         pos = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens) \
             + np.repeat(starts, lens)
-        hit = np.isin(post_users[pos], nbrs)
-        row, who, slot = row[hit], post_users[pos][hit], post_slots[pos][hit]
+        holders = post_users[pos]
+        hit = np.isin(holders, nbrs)
+        row, who, slot = row[hit], holders[hit], post_slots[pos[hit]]
         age = NOW - gather(store._meta, slot)["written"]
         fresh = age <= ttl
         row, who, slot, age = row[fresh], who[fresh], slot[fresh], age[fresh]

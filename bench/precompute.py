@@ -350,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
             fm_only = measure_fm_only(w, work, fm_trials, args.pairs, args.lease_pairs)
             r["production_shaped"] = summarize(
                 w, measure(w, work, args.trials, args.pairs, [args.lease_pairs], args.history,
-                        args.num_cpus),
+                           args.num_cpus),
                 args.lease_pairs, fm_only)
     r.update(trials=args.trials, pairs_per_trial=args.pairs, lease_pairs=args.lease_pairs,
              history=args.history, target_speedup_50=TARGET_SPEEDUP_50,

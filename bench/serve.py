@@ -8,12 +8,13 @@ take the serving CPU; on a cluster they run on GPU nodes of their own). The JSON
 and how many pairs they wrote. Per candidate count (100, 500):
 the VM-alone saturation rate is measured closed-loop, then the three modes run open-loop
 (Poisson arrivals) at half that rate in interleaved trials of ``--requests`` requests each
-(mode order shuffled per trial), after ``--warmup-trials`` (1) rounds run the same way and not
-counted: latencies of every mode settle over the first rounds at that rate. Overheads are medians over trials of per-trial ratios. A
-request whose final answer is non-2xx after at most one retry counts as an error.
-Per trial, the CPU seconds of every process of the run (from /proc, by role: proxy, router,
-VM, cache shards, queue, ...) are read before and after, so ``cpu_ms_per_request`` shows
-what each mode costs the machine and where. ``fm_vm_compute_ratio`` is measured in-process: per-pair compute time of the FM (the plain
+(mode order shuffled per trial), after ``--warmup-trials`` (1) rounds run the same way and
+not counted: latencies of every mode settle over the first rounds at that rate. Overheads are
+medians over trials of per-trial ratios. A request whose final answer is non-2xx after at
+most one retry counts as an error. Per trial, the CPU seconds of every process of the run
+(from /proc, by role: proxy, router, VM, cache shards, queue, ...) are read before and
+after, so ``cpu_ms_per_request`` shows what each mode costs the machine and where.
+``fm_vm_compute_ratio`` is measured in-process: per-pair compute time of the FM (the plain
 per-pair forward + encoder, as the inline mode runs it) over the VM, on the same batch.
 """
 
@@ -256,11 +257,11 @@ async def _run(args: argparse.Namespace, art_dir: str) -> dict[str, Any]:
                                 "p99": float(np.median([r["p99"] for r in rs]))}
         out["throughput_rps"][k] = float(np.median([r["rps"] for r in rs]))
         out["trials"][k] = rs
-    # errors and retries count every timed request, the uncounted warm-up rounds' included
     out["cpu_ms_per_request"] = {
         k: {role: float(np.median([r["cpu_ms_per_request"].get(role, 0.0) for r in rs]))
             for role in sorted({x for r in rs for x in r["cpu_ms_per_request"]})}
         for k, rs in per.items()}
+    # errors and retries count every timed request, the uncounted warm-up rounds' included
     out["errors"] = int(sum(r["errors"] for d in (per, warm) for rs in d.values() for r in rs))
     out["errors_by_mode"] = {k: int(sum(r["errors"] for r in rs)) for k, rs in per.items()}
     out["retries"] = int(sum(r["retries"] for d in (per, warm) for rs in d.values() for r in rs))
@@ -355,9 +356,8 @@ def main() -> int:
         print(f"{k:<24}{out[k]:>10.3f}  {target}" if isinstance(out[k], float)
               else f"{k:<24}{out[k]:>10}  {target}")
     cpu = out["cpu_ms_per_request"]
-    roles = [r for r in ("client", "proxy", "router", "vm", "cache_shards", "queue",
-                         "ray_core", "serve_controller", "ray_other")
-             if any(r in v for v in cpu.values())]
+    order = ["client", *(r for r, _ in ROLES), "ray_core", "ray_other"]
+    roles = [r for r in order if any(r in v for v in cpu.values())]  # every role measured
     print("CPU ms per request by process (medians over trials): " + " ".join(roles))
     for k in sorted(cpu, key=lambda k: (int(k.split('_')[1]), MODES.index(k.split('_')[0]))):
         print(f"{k:<14}" + " ".join(f"{cpu[k].get(r, 0.0):.2f}" for r in roles)

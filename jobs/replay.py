@@ -275,10 +275,10 @@ class LiveReplay:
         from actors.queue import create_queue
 
         group = CacheGroup.create(cfg.cache, group_id=app_id)
-        owned = [create_queue(cfg.queue, queue_id=app_id, name=f"solaris-queue-{app_id}"),
-                 LedgerActor.options(name=f"solaris-ledger-{app_id}",
-                                     get_if_exists=True).remote(),
-                 create_knn_holder(cfg.knn, app_id)]
+        self._owned = [  # held for the whole run
+            create_queue(cfg.queue, queue_id=app_id, name=f"solaris-queue-{app_id}"),
+            LedgerActor.options(name=f"solaris-ledger-{app_id}", get_if_exists=True).remote(),
+            create_knn_holder(cfg.knn, app_id)]
         group.wait_ready()
         self._deploy(self.art_dirs[:1], app_id)
         pre = serve.get_deployment_handle("Precompute", app_name="replay")
@@ -398,7 +398,7 @@ class LiveReplay:
                 "vm_version": vm_version, "client": client, "steps": steps,
                 "evaluated": evaluated, "knn_runs": knn_runs, "summary": summary,
                 "shards": shards, "ledger": ledger, "seconds": time.perf_counter() - t_start,
-                "curve": curve, "owned": len(owned)}
+                "curve": curve}
 
 
 TIER_CODES = {"none": 0, "pair": 1, "user_neighbour": 2, "item_neighbour": 3}
@@ -610,8 +610,6 @@ def evaluate_only(out: Path) -> int:
 def sweep(cfg: SolarisConfig, ds: Any, out: Path, opts: ReplayOptions, base: dict
           ) -> list[dict[str, Any]]:
     """Live replays at other budgets and read TTLs (the base run is one point)."""
-    import dataclasses
-
     from solaris.replay.plots import sweep_plot
 
     rows = [_sweep_row(base)]
@@ -622,8 +620,7 @@ def sweep(cfg: SolarisConfig, ds: Any, out: Path, opts: ReplayOptions, base: dic
         rows.append(_sweep_point(cfg, ds, out, opts, round(used * share, 1),
                                  cfg.cache.read_ttl_s))
     for ttl in (3600, 12 * 3600):
-        rows.append(_sweep_point(cfg, ds, out, dataclasses.replace(opts),
-                                 opts.budget_per_hour, ttl))
+        rows.append(_sweep_point(cfg, ds, out, opts, opts.budget_per_hour, ttl))
     base["plots"].append(str(sweep_plot(rows, out / "sweep.png")))
     return rows
 
@@ -638,8 +635,8 @@ def _sweep_point(cfg: SolarisConfig, ds: Any, out: Path, opts: ReplayOptions, bu
     if not (sub / "artifacts").exists():  # the same models: share the base run's
         shutil.copytree(out / "artifacts", sub / "artifacts")
     c = with_overrides(cfg, {"cache.read_ttl_s": int(ttl),
-                    "cache.retention_s": max(int(ttl), cfg.cache.retention_s),
-                    "cache.bucket_s": min(cfg.cache.bucket_s, int(ttl))})
+                             "cache.retention_s": max(int(ttl), cfg.cache.retention_s),
+                             "cache.bucket_s": min(cfg.cache.bucket_s, int(ttl))})
     o = dataclasses.replace(opts, budget_per_hour=budget, rollover_at=None, progress=False)
     return _sweep_row(replay(c, ds, sub, o, say=lambda m: None))
 

@@ -93,19 +93,15 @@ def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_t
     tuned, fit = fine_tune(vm, rows, np.flatnonzero(first))
     sec = np.flatnonzero(second)
     sub = take_rows(rows, sec)
-    p_tuned = score(tuned, sub)
-    p_ship = score(vm, sub)
+    b_ship, b_tuned = M.bce(y[sec], score(vm, sub)), M.bce(y[sec], score(tuned, sub))
+    b_alone, b_fm = M.bce(y[sec], p_alone[sec]), M.bce(y[sec], p_fm[sec])
     out["consistency"] = {
         "rows_train": int(first.sum()), "rows_eval": int(len(sec)), "fit": fit,
-        "bce_dropout_vm": M.bce(y[sec], p_ship), "bce_logged_features_vm": M.bce(y[sec], p_tuned),
-        "bce_vm_alone": M.bce(y[sec], p_alone[sec]), "bce_fm": M.bce(y[sec], p_fm[sec]),
-        "tr_dropout_vm": M.transfer_ratio(M.bce(y[sec], p_alone[sec]), M.bce(y[sec], p_ship),
-                                          M.bce(y[sec], p_fm[sec])),
-        "tr_logged_features_vm": M.transfer_ratio(M.bce(y[sec], p_alone[sec]),
-                                                  M.bce(y[sec], p_tuned),
-                                                  M.bce(y[sec], p_fm[sec]))}
-    out["consistency"]["gap_bce"] = (out["consistency"]["bce_dropout_vm"]
-                                     - out["consistency"]["bce_logged_features_vm"])
+        "bce_dropout_vm": b_ship, "bce_logged_features_vm": b_tuned,
+        "bce_vm_alone": b_alone, "bce_fm": b_fm,
+        "tr_dropout_vm": M.transfer_ratio(b_alone, b_ship, b_fm),
+        "tr_logged_features_vm": M.transfer_ratio(b_alone, b_tuned, b_fm),
+        "gap_bce": b_ship - b_tuned}
     return out
 
 
