@@ -344,7 +344,8 @@ class LookupRouter:
         self._flusher: asyncio.Task | None = None
         self._tier_counts = np.zeros(len(TIER_NAMES), np.int64)
         self._agg_count = 0
-        # seconds of the last requests per mode: (enrich, VM call, answer) -- where time goes
+        # seconds of the last requests per mode by phase (enrich, VM call, answer; the lookup
+        # round's own steps) -- where the time goes
         self._phases: dict[str, deque] = defaultdict(lambda: deque(maxlen=2000))
         self._shadow_every = int(settings.get("shadow_every", 4))
         self._requests = 0
@@ -385,7 +386,7 @@ class LookupRouter:
             return None
 
     async def _lookup(self, user: int, items: np.ndarray, now: float, version: str,
-                      surface: int = 0) -> Slots:
+                      surface: int = 0, phases: dict[str, float] | None = None) -> Slots:
         """Both SOLARIS slots in one awaited round of shard calls (cold-start neighbours,
         which run the user encoder, on a thread first)."""
         knn = self.knn.current() if self.knn else None
@@ -396,7 +397,7 @@ class LookupRouter:
             users = cold or users
         return await self.backend.group.lookup_async(user, items, now, version, users,
                                                      knn.items if knn else None,
-                                                     self.cfg.enrich)
+                                                     self.cfg.enrich, phases=phases)
 
     def _cold_neighbours(self, user: int, now: float, surface: int, knn: Any
                          ) -> ColdNeighbours | None:
@@ -466,8 +467,9 @@ class LookupRouter:
         version = self.policy.active[body.task]
         loop = asyncio.get_running_loop()
         slots: Slots | None = None
+        steps: dict[str, float] = {}
         if mode == "solaris":
-            slots = await self._lookup(body.user_id, items, now, version, body.surface)
+            slots = await self._lookup(body.user_id, items, now, version, body.surface, steps)
         elif mode == "inline":
             slots = await loop.run_in_executor(self._io, self._inline_slots, body.user_id,
                                                items, body.surface, now)
@@ -502,7 +504,8 @@ class LookupRouter:
                          "knn": (self.knn.version or "") if self.knn else ""},
             "features": features})
         t3 = time.perf_counter()
-        self._phases[mode].append((t1 - t0, t2 - t1, t3 - t2))
+        self._phases[mode].append({"enrich": t1 - t0, "vm": t2 - t1, "answer": t3 - t2,
+                                   **{f"lookup_{k}": v for k, v in steps.items()}})
         self._m_latency.observe((t3 - t0) * 1000.0,
                                 tags={"mode": mode, "task": body.task})
         if mode == "solaris" and slots is not None:
@@ -632,11 +635,11 @@ class LookupRouter:
     @api.get("/stats")
     async def stats(self) -> dict[str, Any]:
         """The router's rollout state and the precompute backend's last gauges."""
-        phases = {m: dict(zip(("enrich_ms", "vm_ms", "answer_ms"),
-                              (np.median(np.array(d), axis=0) * 1e3).round(3).tolist()))
-                  for m, d in self._phases.items() if d}
+        phases = {m: {f"{k}_ms": round(float(np.median([r.get(k, 0.0) for r in d])) * 1e3, 3)
+                      for k in d[-1]} for m, d in self._phases.items() if d}
         out: dict[str, Any] = {"rollout": self.policy.state(), "mode": self.cfg.serve.mode,
                                "phases_p50": phases,
+                               "cache_client": self.backend.group.client_counts(),
                                "serve": config_to_dict(self.cfg.serve),
                                "knn": {"version": self.knn.version, "swaps": self.knn.swaps,
                                        "errors": self.knn.errors,

@@ -176,17 +176,26 @@ class CacheGroup:
     async def lookup_async(self, user: int, candidates: np.ndarray, now: float, version: str,
                            user_knn: enrich.NeighbourTable | None,
                            item_knn: enrich.NeighbourTable | None, enrich_cfg: EnrichConfig,
-                           deadline_ms: float | None = None) -> Slots:
+                           deadline_ms: float | None = None,
+                           phases: dict[str, float] | None = None) -> Slots:
         """``lookup`` for an event loop (a Serve replica): the round is awaited, no thread
-        blocks on it; the same slots, the same deadline and miss semantics."""
+        blocks on it; the same slots, the same deadline and miss semantics, the same
+        ``phases``."""
         t0 = time.monotonic()
         budget = (self.cfg.deadline_ms if deadline_ms is None else deadline_ms) / 1000.0
         p = enrich.plan(user, candidates, user_knn, item_knn, enrich_cfg)
         queries = enrich.route(p, self.shard_of, version, now)
+        t1 = time.monotonic()
         refs = {s: self.shards[s].answer.remote(wire.encode_query(q))
                 for s, q in queries.items()}
+        t2 = time.monotonic()
         got, late, failed = await collect_async(refs, t0 + budget)
-        return enrich.assemble(p, self._answers(queries, got, late, failed), self.cfg.dim)
+        t3 = time.monotonic()
+        slots = enrich.assemble(p, self._answers(queries, got, late, failed), self.cfg.dim)
+        if phases is not None:
+            phases.update(plan=t1 - t0, submit=t2 - t1, wait=t3 - t2,
+                          assemble=time.monotonic() - t3)
+        return slots
 
     def _answers(self, queries: dict[int, ShardQuery], got: dict[int, Any], late: list[int],
                  failed: dict[int, RayError]) -> dict[int, ShardAnswer]:
@@ -410,12 +419,16 @@ class CacheGroup:
         got = self._gather(refs, timeout_s, "metrics", None)
         shards = [dict(got[s], up=True) if got[s] is not None else {"shard": s, "up": False}
                   for s in range(len(self.shards))]
+        return {"group": self.group_id, "shards": shards, "client": self.client_counts()}
+
+    def client_counts(self) -> dict[str, Any]:
+        """This client's own counts (no shard call): lookups, late and failed shard answers
+        per shard, history writes (sent, failed, pending)."""
         with self._counts_lock:
-            client = {"lookups": self._lookups, "late": self._late.tolist(),
-                      "failed": self._failed.tolist(),
-                      "history_writes": {**self._records, "pending": len(self._pending),
-                                         "failed_by_shard": self._record_failed.tolist()}}
-        return {"group": self.group_id, "shards": shards, "client": client}
+            return {"lookups": self._lookups, "late": self._late.tolist(),
+                    "failed": self._failed.tolist(),
+                    "history_writes": {**self._records, "pending": len(self._pending),
+                                       "failed_by_shard": self._record_failed.tolist()}}
 
     def ping(self, shard: int = 0, timeout_s: float = 5.0) -> bool:
         """Whether ``shard`` answers a no-op call within ``timeout_s``."""

@@ -49,7 +49,7 @@ import numpy as np
 import pyarrow.fs as pafs
 import ray
 
-from actors.shard import pack
+from actors.shard import RECORD_TASK_EVENTS, pack
 from solaris.cache.snapshot import read_snapshot, write_snapshot
 from solaris.config import QueueConfig
 from solaris.pqueue import Lease, PrecomputeQueue
@@ -68,7 +68,8 @@ def queue_snapshot_location(uri: str, queue_id: str) -> tuple[pafs.FileSystem, s
     return fs, f"{root.rstrip('/')}/queue-{queue_id}/{QUEUE_FILE}"
 
 
-@ray.remote(num_cpus=QUEUE_NUM_CPUS, max_restarts=-1, max_task_retries=3)
+@ray.remote(num_cpus=QUEUE_NUM_CPUS, max_restarts=-1, max_task_retries=3,
+            enable_task_events=RECORD_TASK_EVENTS)
 class PrecomputeQueueActor:
     """One PrecomputeQueue; calls are serialised (one at a time) and retried on a restart.
 

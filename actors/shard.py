@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 SHARD_NUM_CPUS = 0.1  # a shard is mostly idle between calls; the 2-core profile packs several
 SHARD_MAX_CONCURRENCY = 4  # answer/put/metrics threads; the store itself is behind one lock
 HISTORY_GROUP = "history"  # the concurrency group (one thread) of the history calls
+# no per-call task events (Ray's task table / timeline): every request makes a call per shard,
+# and recording each cost caller, shard and GCS CPU -- Serve's own actors run without them too
+RECORD_TASK_EVENTS = False
 
 
 def pack(obj: Any) -> bytes:
@@ -67,7 +70,8 @@ def history_location(pair_path: str) -> str:
 
 
 @ray.remote(num_cpus=SHARD_NUM_CPUS, max_restarts=-1, max_task_retries=0,
-            max_concurrency=SHARD_MAX_CONCURRENCY, concurrency_groups={HISTORY_GROUP: 1})
+            max_concurrency=SHARD_MAX_CONCURRENCY, concurrency_groups={HISTORY_GROUP: 1},
+            enable_task_events=RECORD_TASK_EVENTS)
 class CacheShard:
     """One shard: a PairStore and a HistoryStore, snapshotted to Parquet, restored on
     (re)start.

@@ -14,6 +14,9 @@ medians over trials of per-trial ratios. A request whose final answer is non-2xx
 most one retry counts as an error. Per trial, the CPU seconds of every process of the run
 (from /proc, by role: proxy, router, VM, cache shards, queue, ...) are read before and
 after, so ``cpu_ms_per_request`` shows what each mode costs the machine and where.
+Before the app starts, the KNN rebuild job (``jobs/rebuild_knn.py``, Ray Data) publishes
+user and item neighbour tables once, so the SOLARIS lookups probe neighbours' pairs in
+every shard as a deployed app's do (``--knn-data none``: own pairs and the aggregate only).
 ``fm_vm_compute_ratio`` is measured in-process: per-pair compute time of the FM (the plain
 per-pair forward + encoder, as the inline mode runs it) over the VM, on the same batch.
 """
@@ -27,6 +30,7 @@ import logging
 import os
 import random
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -165,6 +169,53 @@ def cpu_by_role() -> dict[str, float]:
     return out
 
 
+def shard_answers(app_id: str) -> dict[str, list[float]]:
+    """Per kind of lookup query (the user's own shard, neighbour probes only), summed over
+    the app's cache shards: [calls, thread CPU s, wall s] inside ``CacheShard.answer``."""
+    import ray
+
+    from actors.shard import shard_name
+
+    out: dict[str, list[float]] = {}
+    s = 0
+    while True:
+        try:
+            shard = ray.get_actor(shard_name(app_id, s))
+        except ValueError:
+            return out
+        for kind, a in ray.get(shard.metrics.remote(), timeout=30).get("answers", {}).items():
+            o = out.setdefault(kind, [0, 0.0, 0.0])
+            o[0], o[1], o[2] = o[0] + a["calls"], o[1] + a["cpu_s"], o[2] + a["wall_s"]
+        s += 1
+
+
+def publish_knn(args: argparse.Namespace, art_dir: str, tmp: Path) -> dict[str, Any]:
+    """One run of the KNN rebuild job (Ray Data, on the local Ray) into ``tmp``, and the
+    app's config (``--config`` with ``knn.table_uri`` set) written beside it."""
+    import yaml
+
+    from jobs.rebuild_knn import rebuild
+    from solaris.config import config_to_dict, load_config
+
+    cfg = load_config(args.config, {"knn.table_uri": str(tmp / "knn")})
+    data = args.knn_data
+    if data == "synthetic":
+        from solaris.data.synthetic import generate_to_parquet
+
+        data = str(tmp / "data")
+        generate_to_parquet(cfg.data.synthetic, data)
+    t = time.perf_counter()
+    summary = rebuild(data, art_dir, str(tmp / "knn"), cfg.knn, encoders=1,
+                      encoder_cpus=0.25, task_cpus=0.25, use_gpu=False)
+    logging.info("KNN tables %s published in %.1f s", summary["version"],
+                 time.perf_counter() - t)
+    path = tmp / "app-config.yaml"
+    path.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))
+    return {"config": path, "version": summary["version"],
+            "users": summary["user"]["rows"], "items": summary["item"]["rows"],
+            "seconds": summary["seconds"]}
+
+
 def compute_ratio(artifacts: str, size: int = 500, reps: int = 15) -> dict[str, float]:
     """Per-pair compute time of the FM over the VM on one batch of ``size`` candidates."""
     import torch
@@ -231,13 +282,15 @@ async def _run(args: argparse.Namespace, art_dir: str) -> dict[str, Any]:
             out["rates"][str(s)] = {"vm_saturation_rps": sat, "offered_rps": sat * args.load}
             logging.info("size %d: VM-alone saturation %.1f rps; offering %.1f", s, sat,
                          sat * args.load)
-        per: dict[str, list[dict]] = {f"{m}_{s}": [] for m in MODES for s in sizes}
-        warm: dict[str, list[dict]] = {f"{m}_{s}": [] for m in MODES for s in sizes}
+        modes = [m for m in MODES if m in args.modes.split(",") or m != "inline"]
+        answers0 = shard_answers("bench")
+        per: dict[str, list[dict]] = {f"{m}_{s}": [] for m in modes for s in sizes}
+        warm: dict[str, list[dict]] = {f"{m}_{s}": [] for m in modes for s in sizes}
         # the first --warmup-trials rounds run exactly like a trial but are not counted: at
         # the offered rate the app's latencies settle over the first rounds (kept in the JSON)
         for trial in range(-args.warmup_trials, args.trials):
             for s in sizes:
-                order = list(MODES)
+                order = list(modes)
                 random.Random(trial * 31 + s).shuffle(order)
                 for m in order:
                     cpu0 = cpu_by_role()
@@ -252,11 +305,28 @@ async def _run(args: argparse.Namespace, art_dir: str) -> dict[str, Any]:
                     (per if trial >= 0 else warm)[f"{m}_{s}"].append(r)
                     logging.info("trial %d %s_%d: p50 %.1f p99 %.1f ms, %.1f rps, %d errors",
                                  trial, m, s, r["p50"], r["p99"], r["rps"], r["errors"])
+    # inside the shards over all timed rounds (warm-up rounds included), per answer call
+    out["shard_answer_ms"] = {
+        kind: {"calls": int(n - answers0.get(kind, [0])[0]),
+               "cpu_ms_mean": 1e3 * (cpu - answers0.get(kind, [0, 0.0])[1])
+               / max(1, n - answers0.get(kind, [0])[0]),
+               "wall_ms_mean": 1e3 * (wall - answers0.get(kind, [0, 0.0, 0.0])[2])
+               / max(1, n - answers0.get(kind, [0])[0])}
+        for kind, (n, cpu, wall) in shard_answers("bench").items()}
     for k, rs in per.items():
         out["latency_ms"][k] = {"p50": float(np.median([r["p50"] for r in rs])),
                                 "p99": float(np.median([r["p99"] for r in rs]))}
         out["throughput_rps"][k] = float(np.median([r["rps"] for r in rs]))
         out["trials"][k] = rs
+    # what the SOLARIS lookups found: candidates by tier over the timed trials
+    out["tier_share"] = {}
+    for k, rs in per.items():
+        counts: dict[str, int] = {}
+        for r in rs:
+            for t, n in r["tiers"].items():
+                counts[t] = counts.get(t, 0) + n
+        if k.startswith("solaris") and counts:
+            out["tier_share"][k] = {t: n / sum(counts.values()) for t, n in sorted(counts.items())}
     out["cpu_ms_per_request"] = {
         k: {role: float(np.median([r["cpu_ms_per_request"].get(role, 0.0) for r in rs]))
             for role in sorted({x for r in rs for x in r["cpu_ms_per_request"]})}
@@ -274,11 +344,16 @@ async def _run(args: argparse.Namespace, art_dir: str) -> dict[str, Any]:
                                             zip(per[f"solaris_{big}"], per[f"vm_{big}"])]
     out[f"p50_overhead_{big}"] = ratio("solaris", "vm", "p50")
     out[f"p99_overhead_{big}"] = ratio("solaris", "vm", "p99")
-    out[f"inline_slowdown_{big}"] = ratio("inline", "solaris", "p50")
+    if "inline" in modes:
+        out[f"inline_slowdown_{big}"] = ratio("inline", "solaris", "p50")
     stats = requests.get(URL.replace("/rank", "/stats"), timeout=30).json()
     # the router's own median split per mode over its last 2,000 requests of that mode (both
     # sizes): awaiting the lookup round, awaiting the VM, building the answer
     out["router_phases_p50_ms"] = stats.get("phases_p50")
+    # the router's lookup rounds over the whole run (warm-up included): shard answers that
+    # missed the deadline (``cache.deadline_ms``, read as misses) or failed, per shard
+    out["cache_client"] = {k: (stats.get("cache_client") or {}).get(k)
+                           for k in ("lookups", "late", "failed")}
     pre = stats.get("precompute") or {}
     workers = [w for ws in (pre.get("workers") or {}).values() for w in ws if w]
     out["fm_workers"] = {"ran_in_warmup": bool(workers),
@@ -299,7 +374,16 @@ def main() -> int:
     p.add_argument("--warmup-trials", type=int, default=1,
                    help="interleaved rounds run before the trials and not counted")
     p.add_argument("--sizes", default="100,500")
+    p.add_argument("--modes", default=",".join(MODES),
+                   help="modes to time (vm and solaris always; leaving out inline makes a "
+                        "quicker A/B, without inline_slowdown)")
     p.add_argument("--config", help="the app's config tree (YAML; default: the defaults)")
+    p.add_argument("--knn-data", default="synthetic",
+                   help="the data (a `solaris data` directory) the KNN rebuild job reads "
+                        "before the app starts, so lookups probe user and item neighbours; "
+                        "'synthetic' (default) writes the embedded default's to a temporary "
+                        "directory, 'none' serves without KNN tables (own pairs and the "
+                        "aggregate only)")
     p.add_argument("--num-cpus", type=int, default=2,
                    help="logical CPUs of the local Ray (2: the 2-core profile)")
     p.add_argument("--load", type=float, default=0.5, help="offered load / VM-alone saturation")
@@ -323,20 +407,29 @@ def main() -> int:
     from solaris.serving import default_artifacts_dir, ensure_artifacts
 
     art_dir = args.artifacts or str(ensure_artifacts(load_config(), default_artifacts_dir(load_config())))
+    if args.artifacts and args.knn_data == "synthetic":
+        p.error("--artifacts: pass --knn-data DIR (the data they were trained on) or none")
     t0 = time.perf_counter()
     ratio = compute_ratio(art_dir)
+    tmp = tempfile.TemporaryDirectory(prefix="solaris-bench-serve-")
     ray.init(address="local", num_cpus=args.num_cpus, object_store_memory=300 * 1024**2,
              include_dashboard=False,
              logging_level="warning", log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     try:
         app_args = {"artifacts": art_dir, "app_id": "bench"}
-        if args.config:
+        knn = None
+        if args.knn_data != "none":
+            knn = publish_knn(args, art_dir, Path(tmp.name))
+            app_args["config"] = str(knn["config"])
+        elif args.config:
             app_args["config"] = args.config
         serve.run(serve_app.build_app(app_args), blocking=False)
         out = asyncio.run(_run(args, art_dir))
+        out["knn"] = knn and {k: v for k, v in knn.items() if k != "config"}
     finally:
         serve.shutdown()
         ray.shutdown()
+        tmp.cleanup()
     out["fm_vm_compute_ratio"] = ratio["ratio_per_pair"]
     out["compute_ms_500"] = ratio
     out["seconds"] = round(time.perf_counter() - t0, 1)
@@ -353,6 +446,8 @@ def main() -> int:
     for k, target in ((f"p50_overhead_{big}", "<= 1.3"), (f"p99_overhead_{big}", "(report)"),
                       ("fm_vm_compute_ratio", ">= 20"), (f"inline_slowdown_{big}", ">= 5"),
                       ("errors", "= 0"), ("retries", "")):
+        if k not in out:
+            continue
         print(f"{k:<24}{out[k]:>10.3f}  {target}" if isinstance(out[k], float)
               else f"{k:<24}{out[k]:>10}  {target}")
     cpu = out["cpu_ms_per_request"]
@@ -362,6 +457,8 @@ def main() -> int:
     for k in sorted(cpu, key=lambda k: (int(k.split('_')[1]), MODES.index(k.split('_')[0]))):
         print(f"{k:<14}" + " ".join(f"{cpu[k].get(r, 0.0):.2f}" for r in roles)
               + f"  total {sum(cpu[k].values()):.2f}")
+    for k, share in out["tier_share"].items():
+        print(f"{k} candidates by tier: " + ", ".join(f"{t} {v:.3f}" for t, v in share.items()))
     fw = out["fm_workers"]
     print(f"FM workers: ran in the warm-up ({fw['pairs_written']} pairs written), "
           f"{'ran' if fw['ran_in_trials'] else 'paused'} in the trials; wrote {args.json}")
