@@ -137,6 +137,11 @@ def take_rows(rows: Any, idx: np.ndarray) -> Any:
                                         for f in dataclasses.fields(rows)})
 
 
+def served_scores(live: dict) -> np.ndarray:
+    """The served VM scores of every candidate (float64; NaN -- never served -- as 0)."""
+    return np.nan_to_num(live["scores"].astype(np.float64), nan=0.0)
+
+
 def coverage_report(lg: Any, live: dict, cfg: SolarisConfig, *, lag_s: float, tick_s: float,
                     budget_per_hour: float, seed: int = 0) -> dict[str, Any]:
     """Coverage by tier as served, the ceiling, and the key-level schedule with the served
@@ -149,7 +154,7 @@ def coverage_report(lg: Any, live: dict, cfg: SolarisConfig, *, lag_s: float, ti
     ttl = float(cfg.cache.read_ttl_s)
     kw = dict(fraction=cfg.verifier.fraction, horizon_s=cfg.verifier.horizon_s, read_ttl_s=ttl,
               lag_s=lag_s, tick_s=tick_s, budget_per_hour=budget_per_hour, seed=seed)
-    scores = np.nan_to_num(live["scores"].astype(np.float64), nan=0.0)
+    scores = served_scores(live)
     same = simulate_pair_coverage(lg, scores, **kw)
     rand = simulate_pair_coverage(lg, scores, random_picks=True, **kw)
     # random picks spend more evaluations when the budget does not bind (they re-pick what
@@ -189,7 +194,7 @@ def bounds_report(lg: Any, live: dict, cfg: SolarisConfig, neighbours: Any, *,
     eff = effective_bounds(lg, nbrs, read_ttl_s=float(cfg.cache.read_ttl_s),
                            retention_s=float(cfg.cache.retention_s), lag_s=lag_s,
                            probes=tuple(sorted({probe, wide})))
-    scores = np.nan_to_num(live["scores"].astype(np.float64), nan=0.0)
+    scores = served_scores(live)
     sig = speculation_signal(lg, scores, read_ttl_s=float(cfg.cache.read_ttl_s), lag_s=lag_s,
                              fraction=float(cfg.verifier.fraction))
     return {"coverage_bounds": {**eff, "knn_version": neighbours.version,

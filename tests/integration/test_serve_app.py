@@ -93,6 +93,22 @@ def test_precompute_fills_the_cache_for_repeated_requests(app):
     assert tiers.count("pair") >= int(0.2 * len(cands))
 
 
+def test_stats_split_the_router_time_and_count_the_lookup_rounds(app):
+    before = requests.get(app["base"] + "/stats", timeout=TIMEOUT_S).json()["cache_client"]
+    for k in range(3):
+        assert _rank(app, user_id=11, now=T0 + k).status_code == 200
+    assert _rank(app, user_id=11, mode="vm").status_code == 200
+    stats = requests.get(app["base"] + "/stats", timeout=TIMEOUT_S).json()
+    client = stats["cache_client"]
+    assert client["lookups"] >= before["lookups"] + 3  # the VM-alone request looks nothing up
+    assert len(client["late"]) == len(client["failed"]) == 2  # per shard
+    sol, vm = stats["phases_p50"]["solaris"], stats["phases_p50"]["vm"]
+    steps = ("lookup_plan_ms", "lookup_submit_ms", "lookup_wait_ms", "lookup_assemble_ms")
+    assert all(sol[k] > 0 for k in ("enrich_ms", "vm_ms", "answer_ms", *steps))
+    assert sum(sol[k] for k in steps) <= sol["enrich_ms"] * 1.5  # the round's steps, medians
+    assert not any(k in vm for k in steps)
+
+
 def test_unknown_ids_are_served_through_fallbacks(app):
     r = _rank(app, user_id=10**12, candidates=[0, 10**9, 2**62])
     assert r.status_code == 200, r.text
