@@ -306,13 +306,13 @@ async def _run(args: argparse.Namespace, art_dir: str) -> dict[str, Any]:
                     logging.info("trial %d %s_%d: p50 %.1f p99 %.1f ms, %.1f rps, %d errors",
                                  trial, m, s, r["p50"], r["p99"], r["rps"], r["errors"])
     # inside the shards over all timed rounds (warm-up rounds included), per answer call
-    out["shard_answer_ms"] = {
-        kind: {"calls": int(n - answers0.get(kind, [0])[0]),
-               "cpu_ms_mean": 1e3 * (cpu - answers0.get(kind, [0, 0.0])[1])
-               / max(1, n - answers0.get(kind, [0])[0]),
-               "wall_ms_mean": 1e3 * (wall - answers0.get(kind, [0, 0.0, 0.0])[2])
-               / max(1, n - answers0.get(kind, [0])[0])}
-        for kind, (n, cpu, wall) in shard_answers("bench").items()}
+    out["shard_answer_ms"] = {}
+    for kind, (n, cpu, wall) in shard_answers("bench").items():
+        n0, cpu0, wall0 = answers0.get(kind, (0, 0.0, 0.0))
+        calls = int(n - n0)
+        out["shard_answer_ms"][kind] = {"calls": calls,
+                                        "cpu_ms_mean": 1e3 * (cpu - cpu0) / max(1, calls),
+                                        "wall_ms_mean": 1e3 * (wall - wall0) / max(1, calls)}
     for k, rs in per.items():
         out["latency_ms"][k] = {"p50": float(np.median([r["p50"] for r in rs])),
                                 "p99": float(np.median([r["p99"] for r in rs]))}
@@ -406,9 +406,9 @@ def main() -> int:
     from solaris.config import load_config
     from solaris.serving import default_artifacts_dir, ensure_artifacts
 
-    art_dir = args.artifacts or str(ensure_artifacts(load_config(), default_artifacts_dir(load_config())))
     if args.artifacts and args.knn_data == "synthetic":
         p.error("--artifacts: pass --knn-data DIR (the data they were trained on) or none")
+    art_dir = args.artifacts or str(ensure_artifacts(load_config(), default_artifacts_dir(load_config())))
     t0 = time.perf_counter()
     ratio = compute_ratio(art_dir)
     tmp = tempfile.TemporaryDirectory(prefix="solaris-bench-serve-")

@@ -452,7 +452,8 @@ class ServeConfig:
     rollout_min_lookups: int = 2000  # candidates looked up under a new version before a switch
     inline_sharing: bool = False  # mode inline: share the FM's request part (else per pair)
     # impressions and verifier picks are sent in batches this often (each send is a call per
-    # shard and one to the queue: on 2 cores, 20 ms cost 0.5 ms more CPU per request than 250)
+    # shard and one to the queue: on 2 cores, 20 ms cost the queue and the shards about 1 ms
+    # more CPU per request than 250)
     flush_ms: float = 250.0
     # the top-k candidates by score are recorded as impressions (what a feed shows); 0: none
     # (then /feedback alone feeds the history store)
