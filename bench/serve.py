@@ -108,6 +108,74 @@ async def _settle(client: Client, work: list, limit_s: float = 60.0) -> None:
     await asyncio.sleep(0.5)
 
 
+async def _trial(client: Client, work: list, mode: str, n: int, rate: float, seed: int
+                 ) -> dict[str, Any]:
+    """One timed open-loop round, then a settle; with the CPU ms per request of each process
+    role over both (the after-answer work and the settle's few VM-alone probes included)."""
+    cpu0 = cpu_by_role()
+    r = await _open_loop(client, work, mode, n, rate, seed)
+    await _settle(client, work)  # an overloaded round's backlog drains first
+    cpu1 = cpu_by_role()
+    r["cpu_ms_per_request"] = {k: 1e3 * (cpu1[k] - cpu0.get(k, 0.0)) / n for k in cpu1}
+    return r
+
+
+async def _sweep(client: Client, work: list, loads: list[float], sat: float,
+                 args: argparse.Namespace) -> dict[str, Any]:
+    """VM alone vs SOLARIS at each offered load (a share of the VM-alone saturation rate
+    ``sat``), interleaved: per trial every load, both modes in a shuffled order."""
+    per: dict[float, dict[str, list]] = {x: {"vm": [], "solaris": []} for x in loads}
+    for trial in range(args.trials):
+        for x in loads:
+            order = ["vm", "solaris"]
+            random.Random(7919 * trial + int(1000 * x)).shuffle(order)
+            for m in order:
+                r = await _trial(client, work, m, args.requests, sat * x, 5000 + trial)
+                per[x][m].append(r)
+                logging.info("sweep trial %d load %.3f %s: p50 %.1f ms, %d errors", trial, x,
+                             m, r["p50"], r["errors"])
+    out = {}
+    for x, rs in per.items():
+        ratios = [a["p50"] / b["p50"] for a, b in zip(rs["solaris"], rs["vm"])]
+        out[f"{x:g}"] = {
+            "offered_rps": sat * x, "p50_overhead": float(np.median(ratios)),
+            "p50_overhead_per_trial": ratios,
+            "p50_ms": {m: float(np.median([r["p50"] for r in rs[m]])) for m in rs},
+            "p99_ms": {m: float(np.median([r["p99"] for r in rs[m]])) for m in rs},
+            "cpu_ms_per_request": {m: float(np.median([sum(r["cpu_ms_per_request"].values())
+                                                       for r in rs[m]])) for m in rs},
+            "errors": int(sum(r["errors"] for m in rs for r in rs[m]))}
+    return out
+
+
+def plot_sweep(sweep: dict[str, Any], size: int, path: Path) -> Path:
+    """p50 overhead (per trial and median) and each mode's p50 against the offered load."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = sorted(sweep, key=float)
+    load = [float(x) for x in xs]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    for x in xs:
+        pts = sweep[x]["p50_overhead_per_trial"]
+        a.scatter([float(x)] * len(pts), pts, color="0.6", s=12)
+    a.plot(load, [sweep[x]["p50_overhead"] for x in xs], "o-", label="median over trials")
+    a.axhline(1.3, color="tab:red", ls="--", lw=1, label="target 1.3")
+    a.set(xlabel="offered load / VM-alone saturation rate",
+          ylabel=f"SOLARIS p50 / VM-alone p50 ({size} candidates)")
+    a.legend()
+    for m, label in (("vm", "VM alone"), ("solaris", "SOLARIS")):
+        b.plot(load, [sweep[x]["p50_ms"][m] for x in xs], "o-", label=label)
+    b.set(xlabel="offered load / VM-alone saturation rate", ylabel="p50 latency (ms)")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 async def _open_loop(client: Client, work: list, mode: str, n: int, rate: float, seed: int
                      ) -> dict[str, Any]:
     rng = random.Random(seed)
@@ -293,18 +361,16 @@ async def _run(args: argparse.Namespace, art_dir: str) -> dict[str, Any]:
                 order = list(modes)
                 random.Random(trial * 31 + s).shuffle(order)
                 for m in order:
-                    cpu0 = cpu_by_role()
-                    r = await _open_loop(client, works[s], m, args.requests,
-                                         out["rates"][str(s)]["offered_rps"], trial)
-                    await _settle(client, works[s])  # an overloaded trial's backlog drains first
-                    # CPU per request by process role, the after-answer work and the settle's
-                    # few VM-alone probes included
-                    cpu1 = cpu_by_role()
-                    r["cpu_ms_per_request"] = {k: 1e3 * (cpu1[k] - cpu0.get(k, 0.0))
-                                               / args.requests for k in cpu1}
+                    r = await _trial(client, works[s], m, args.requests,
+                                     out["rates"][str(s)]["offered_rps"], trial)
                     (per if trial >= 0 else warm)[f"{m}_{s}"].append(r)
                     logging.info("trial %d %s_%d: p50 %.1f p99 %.1f ms, %.1f rps, %d errors",
                                  trial, m, s, r["p50"], r["p99"], r["rps"], r["errors"])
+        if args.sweep_loads:  # the same app and cache, after the trials, at the largest size
+            big = max(sizes)
+            out["load_sweep"] = await _sweep(
+                client, works[big], sorted({float(x) for x in args.sweep_loads.split(",")}),
+                out["rates"][str(big)]["vm_saturation_rps"], args)
     # inside the shards over all timed rounds (warm-up rounds included), per answer call
     out["shard_answer_ms"] = {}
     for kind, (n, cpu, wall) in shard_answers("bench").items():
@@ -387,6 +453,10 @@ def main() -> int:
     p.add_argument("--num-cpus", type=int, default=2,
                    help="logical CPUs of the local Ray (2: the 2-core profile)")
     p.add_argument("--load", type=float, default=0.5, help="offered load / VM-alone saturation")
+    p.add_argument("--sweep-loads", default="",
+                   help="after the trials: VM alone vs SOLARIS at these loads too (e.g. "
+                        "0.125,0.25,0.375,0.5; largest size, --trials interleaved rounds), "
+                        "in the JSON as load_sweep and plotted beside it (.png)")
     p.add_argument("--pool", type=int, default=300, help="users in the workload")
     p.add_argument("--warmup", type=int, default=200, help="SOLARIS requests before the trials")
     p.add_argument("--sat-requests", type=int, default=200)
@@ -457,6 +527,14 @@ def main() -> int:
     for k in sorted(cpu, key=lambda k: (int(k.split('_')[1]), MODES.index(k.split('_')[0]))):
         print(f"{k:<14}" + " ".join(f"{cpu[k].get(r, 0.0):.2f}" for r in roles)
               + f"  total {sum(cpu[k].values()):.2f}")
+    if "load_sweep" in out:
+        print("load sweep (offered load: p50 overhead, VM alone / SOLARIS p50 ms, CPU ms per "
+              "request):")
+        for x, r in sorted(out["load_sweep"].items(), key=lambda kv: float(kv[0])):
+            print(f"  {float(x):.3f} ({r['offered_rps']:.1f} rps): {r['p50_overhead']:.3f}  "
+                  f"{r['p50_ms']['vm']:.1f} / {r['p50_ms']['solaris']:.1f}  "
+                  f"{r['cpu_ms_per_request']['vm']:.1f} / {r['cpu_ms_per_request']['solaris']:.1f}")
+        print(f"  plot: {plot_sweep(out['load_sweep'], big, args.json.with_suffix('.png'))}")
     for k, share in out["tier_share"].items():
         print(f"{k} candidates by tier: " + ", ".join(f"{t} {v:.3f}" for t, v in share.items()))
     fw = out["fm_workers"]
