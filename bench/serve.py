@@ -374,7 +374,8 @@ async def _run(args: argparse.Namespace, art_dir: str) -> dict[str, Any]:
             out["load_sweep"] = await _sweep(
                 client, works[big], sorted({float(x) for x in args.sweep_loads.split(",")}),
                 out["rates"][str(big)]["vm_saturation_rps"], args)
-    # inside the shards over all timed rounds (warm-up rounds included), per answer call
+    # inside the shards over every timed round (the warm-up round and any sweep included),
+    # per answer call
     out["shard_answer_ms"] = {}
     for kind, (n, cpu, wall) in shard_answers("bench").items():
         n0, cpu0, wall0 = answers0.get(kind, (0, 0.0, 0.0))
