@@ -332,6 +332,9 @@ class LookupRouter:
                                     cfg.serve.rollout_min_lookups)
         self.backend = _Backend(cfg, settings)
         self.knn = _knn_tables(cfg, settings["app_id"])
+        self._knn_poll: Any = None  # the pointer poll running on a thread, if any
+        if self.knn is not None:
+            self.knn.current()  # the published tables, if any, before the first request
         self._inline: InlineFM | None = None
         self._user_enc: tuple | None = None  # (UserEncoder, side tables, history_len), lazily
         self._history_timeout_s = cfg.cache.deadline_ms / 1000.0  # request-path history reads
@@ -389,7 +392,7 @@ class LookupRouter:
                       surface: int = 0, phases: dict[str, float] | None = None) -> Slots:
         """Both SOLARIS slots in one awaited round of shard calls (cold-start neighbours,
         which run the user encoder, on a thread first)."""
-        knn = self.knn.current() if self.knn else None
+        knn = self._knn_now()
         users = knn.users if knn else None
         if knn is not None and knn.live is not None and is_cold(users, user):
             cold = await asyncio.get_running_loop().run_in_executor(
@@ -398,6 +401,21 @@ class LookupRouter:
         return await self.backend.group.lookup_async(user, items, now, version, users,
                                                      knn.items if knn else None,
                                                      self.cfg.enrich, phases=phases)
+
+    def _knn_now(self) -> Any:
+        """The KNN tables in use (None: none published). A due poll of the published pointer
+        (a call to the app's holder; on a new version, a fetch of its snapshot) runs on a
+        thread, never on the event loop: requests go on with the tables in use meanwhile."""
+        if self.knn is None:
+            return None
+        if self._knn_poll is None and self.knn.due():
+            self._knn_poll = asyncio.get_running_loop().run_in_executor(self._io,
+                                                                        self.knn.current)
+            self._knn_poll.add_done_callback(self._knn_polled)
+        return self.knn.peek()
+
+    def _knn_polled(self, _: Any) -> None:
+        self._knn_poll = None
 
     def _cold_neighbours(self, user: int, now: float, surface: int, knn: Any
                          ) -> ColdNeighbours | None:

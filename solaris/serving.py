@@ -190,6 +190,15 @@ class KnnTables:
     def version(self) -> str | None:
         return self._snap.version if self._snap else None
 
+    def peek(self) -> KnnSnapshot | None:
+        """The tables in use, without polling (an event loop reads these and runs a due
+        ``current`` on a thread)."""
+        return self._snap
+
+    def due(self) -> bool:
+        """Whether ``current`` would poll the published pointer now."""
+        return self._clock() >= self._next_poll
+
     def current(self) -> KnnSnapshot | None:
         """The tables to use now (None before the first publish); polls when due. A failed
         read keeps the tables in use (logged and counted), never raises."""

@@ -66,6 +66,24 @@ def test_knn_tables_poll_and_swap_without_restart():
     assert t.current().version == "k2" and loads == ["k1", "k2"]  # unchanged: no reload
 
 
+def test_knn_tables_peek_never_polls_and_due_says_when_current_would():
+    probes = []
+
+    def probe(uri: str) -> str:
+        probes.append(uri)
+        return "k1"
+
+    clock = FakeClock()
+    t = KnnTables(KnnConfig(table_uri="mem://x", poll_s=5.0),
+                  lambda uri: KnnSnapshot("k1", None, None), probe, clock)
+    assert t.due() and t.peek() is None and probes == []  # nothing read yet
+    assert t.current().version == "k1" and len(probes) == 1
+    clock.t = 4.0
+    assert not t.due() and t.peek().version == "k1"
+    clock.t = 5.0
+    assert t.due() and t.peek().version == "k1" and len(probes) == 1  # peeking reads nothing
+
+
 def test_knn_tables_keep_the_old_version_when_a_read_fails():
     clock = FakeClock()
     state = {"fail": False}
