@@ -115,17 +115,54 @@ async def _invalid(request: Request, exc: RequestValidationError) -> JSONRespons
     return JSONResponse({"detail": detail}, status_code=422)
 
 
-@api.middleware("http")
-async def _limit_body(request: Request, call_next):
-    """Refuse bodies past ``serve.max_body_bytes`` before parsing them (413)."""
-    limit = getattr(request.app.state, "max_body_bytes", 1_000_000)
-    length = request.headers.get("content-length")
-    if length is not None:
-        if not length.isdigit():
-            return _problem(400, "content-length", f"not a number: {length[:32]!r}")
-        if int(length) > limit:
-            return _problem(413, "body", f"{length} bytes; the limit is {limit}")
-    return await call_next(request)
+class BodyLimit:
+    """Refuse request bodies past ``serve.max_body_bytes`` before they are parsed (413): by
+    their Content-Length, or, sent chunked without one, by counting bytes as they arrive.
+
+    A plain ASGI middleware: Starlette's ``@app.middleware("http")`` runs every request
+    through a task group and memory streams, ~0.2 ms of CPU per request here."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = getattr(scope["app"].state, "max_body_bytes", 1_000_000)
+        length = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        if length is not None:
+            if not length.isdigit():
+                text = length.decode("latin-1")[:32]
+                await _problem(400, "content-length", f"not a number: {text!r}")(
+                    scope, receive, send)
+            elif int(length) > limit:
+                await _problem(413, "body", f"{int(length)} bytes; the limit is {limit}")(
+                    scope, receive, send)
+            else:
+                await self.app(scope, receive, send)
+            return
+        held, size = [], 0  # no length given: read the body here, up to the limit
+        while True:
+            msg = await receive()
+            held.append(msg)
+            if msg["type"] != "http.request":  # the client went away
+                break
+            size += len(msg.get("body", b""))
+            if size > limit:
+                await _problem(413, "body", f"over {limit} bytes (chunked); the limit is "
+                               f"{limit}")(scope, receive, send)
+                return
+            if not msg.get("more_body", False):
+                break
+
+        async def replay() -> dict:
+            return held.pop(0) if held else await receive()
+
+        await self.app(scope, replay, send)
+
+
+api.add_middleware(BodyLimit)
 
 
 def _knn_tables(cfg: SolarisConfig, app_id: str) -> KnnTables | None:

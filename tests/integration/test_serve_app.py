@@ -145,6 +145,25 @@ def test_nan_time_and_bad_json_and_oversized_body(app):
     assert _rank(app).status_code == 200  # still serving
 
 
+def test_a_chunked_body_meets_the_same_limit(app):
+    """Sent chunked (no Content-Length), a body is counted as it arrives: over the limit is a
+    413, under it parses as usual."""
+    def chunks(data: bytes, size: int = 64 * 1024):
+        for i in range(0, len(data), size):
+            yield data[i:i + size]
+
+    big = b'{"user_id": 1, "task": "click", "candidates": [' + b"1, " * 700_000 + b'1]}'
+    r = requests.post(app["base"] + "/rank", data=chunks(big), timeout=TIMEOUT_S,
+                      headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "body" in r.text
+    small = json.dumps({"user_id": 1, "task": "click", "candidates": [1, 2, 3],
+                        "now": T0 + 5}).encode()
+    r = requests.post(app["base"] + "/rank", data=chunks(small, 16), timeout=TIMEOUT_S,
+                      headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["scores"]) == 3
+
+
 def test_feedback_and_healthz_and_schema(app):
     r = requests.post(app["base"] + "/feedback", timeout=TIMEOUT_S,
                       json={"user_id": 3, "items": [1, 2], "labels": [[1, 0], [0, 0]],
