@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import ray
@@ -48,6 +48,18 @@ __all__ = ["CacheGroup", "CacheShard", "HistoryUnavailable", "collect", "shard_n
 
 REAP_EVERY = 64  # fire-and-forget writes between checks of the finished ones
 MAX_TRACKED = 4096  # outstanding writes tracked; past it the oldest are no longer checked
+
+
+class _Round(NamedTuple):
+    """A lookup round in flight: its plan, each shard's query and answer ref, the deadline
+    (a ``time.monotonic()`` instant) and the monotonic times it started, was planned and was
+    sent."""
+
+    plan: Any
+    queries: dict[int, ShardQuery]
+    refs: dict[int, Any]
+    deadline: float
+    times: tuple[float, float, float]
 
 
 class HistoryUnavailable(SolarisError):
@@ -148,30 +160,9 @@ class CacheGroup:
         ``phases``, if given, receives the seconds of each step of the round (plan, submit,
         wait, assemble) -- for benchmarks.
         """
-        t0 = time.monotonic()
-        budget = (self.cfg.deadline_ms if deadline_ms is None else deadline_ms) / 1000.0
-        p = enrich.plan(user, candidates, user_knn, item_knn, enrich_cfg)
-        queries = enrich.route(p, self.shard_of, version, now)
-        t1 = time.monotonic()
-        answers = self.answer_all(queries, t0 + budget, phases)
-        slots = enrich.assemble(p, answers, self.cfg.dim)
-        if phases is not None:  # answer_all filled submit and wait; the rest decodes + assembles
-            phases["plan"] = t1 - t0
-            phases["assemble"] = time.monotonic() - t1 - phases["submit"] - phases["wait"]
-        return slots
-
-    def answer_all(self, queries: dict[int, ShardQuery], deadline: float,
-                   phases: dict[str, float] | None = None) -> dict[int, ShardAnswer]:
-        """One parallel round: each shard's query at once, waiting until ``deadline``
-        (a ``time.monotonic()`` instant); late or failed shards answer empty."""
-        t0 = time.monotonic()
-        refs = {s: self.shards[s].answer.remote(wire.encode_query(q))
-                for s, q in queries.items()}  # the user's shard first: it has the most work
-        t1 = time.monotonic()
-        got, late, failed = collect(refs, deadline)
-        if phases is not None:
-            phases.update(submit=t1 - t0, wait=time.monotonic() - t1)
-        return self._answers(queries, got, late, failed)
+        rnd = self._start_round(user, candidates, now, version, user_knn, item_knn, enrich_cfg,
+                                deadline_ms)
+        return self._end_round(rnd, collect(rnd.refs, rnd.deadline), phases)
 
     async def lookup_async(self, user: int, candidates: np.ndarray, now: float, version: str,
                            user_knn: enrich.NeighbourTable | None,
@@ -181,18 +172,31 @@ class CacheGroup:
         """``lookup`` for an event loop (a Serve replica): the round is awaited, no thread
         blocks on it; the same slots, the same deadline and miss semantics, the same
         ``phases``."""
+        rnd = self._start_round(user, candidates, now, version, user_knn, item_knn, enrich_cfg,
+                                deadline_ms)
+        return self._end_round(rnd, await collect_async(rnd.refs, rnd.deadline), phases)
+
+    def _start_round(self, user: int, candidates: np.ndarray, now: float, version: str,
+                     user_knn: enrich.NeighbourTable | None,
+                     item_knn: enrich.NeighbourTable | None, enrich_cfg: EnrichConfig,
+                     deadline_ms: float | None) -> "_Round":
+        """Plan a lookup, route its keys by shard and send each shard its query."""
         t0 = time.monotonic()
         budget = (self.cfg.deadline_ms if deadline_ms is None else deadline_ms) / 1000.0
         p = enrich.plan(user, candidates, user_knn, item_knn, enrich_cfg)
         queries = enrich.route(p, self.shard_of, version, now)
         t1 = time.monotonic()
         refs = {s: self.shards[s].answer.remote(wire.encode_query(q))
-                for s, q in queries.items()}
-        t2 = time.monotonic()
-        got, late, failed = await collect_async(refs, t0 + budget)
+                for s, q in queries.items()}  # the user's shard first: it has the most work
+        return _Round(p, queries, refs, t0 + budget, (t0, t1, time.monotonic()))
+
+    def _end_round(self, rnd: "_Round", collected: tuple, phases: dict[str, float] | None
+                   ) -> Slots:
+        """Decode a round's answers (late or failed shards: misses) and assemble the slots."""
         t3 = time.monotonic()
-        slots = enrich.assemble(p, self._answers(queries, got, late, failed), self.cfg.dim)
+        slots = enrich.assemble(rnd.plan, self._answers(rnd.queries, *collected), self.cfg.dim)
         if phases is not None:
+            t0, t1, t2 = rnd.times
             phases.update(plan=t1 - t0, submit=t2 - t1, wait=t3 - t2,
                           assemble=time.monotonic() - t3)
         return slots
