@@ -391,11 +391,13 @@ async def _run(args: argparse.Namespace, art_dir: str) -> dict[str, Any]:
     # what the SOLARIS lookups found: candidates by tier over the timed trials
     out["tier_share"] = {}
     for k, rs in per.items():
+        if not k.startswith("solaris"):
+            continue
         counts: dict[str, int] = {}
         for r in rs:
             for t, n in r["tiers"].items():
                 counts[t] = counts.get(t, 0) + n
-        if k.startswith("solaris") and counts:
+        if counts:
             out["tier_share"][k] = {t: n / sum(counts.values()) for t, n in sorted(counts.items())}
     out["cpu_ms_per_request"] = {
         k: {role: float(np.median([r["cpu_ms_per_request"].get(role, 0.0) for r in rs]))
