@@ -3,6 +3,7 @@ quality is not under test), and a free loopback port for Serve's HTTP proxy."""
 
 from __future__ import annotations
 
+import os
 import socket
 from contextlib import contextmanager
 from pathlib import Path
@@ -10,12 +11,20 @@ from typing import Any, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# torch intra-op threads for every model the tests train (``train.threads``, and the suite-wide
+# default set in tests/conftest.py). Another count changes how reductions split, which perturbs
+# training floats the way another processor does: run the suite with SOLARIS_TEST_THREADS=2 to
+# check that no test leans on one run's last bits.
+THREADS = int(os.environ.get("SOLARIS_TEST_THREADS", "1"))
+if THREADS < 1:
+    raise ValueError(f"SOLARIS_TEST_THREADS={THREADS}: must be >= 1")
+
 TINY = {
     "data.synthetic.num_users": 300, "data.synthetic.num_items": 200,
     "data.synthetic.days": 10.0, "data.synthetic.target_interactions": 8000,
     "fm.emb_dim": 16, "fm.shared_dim": 64, "fm.head_hidden": 32,
     "features.history_len": 16, "encoder.width": 16, "encoder.epochs": 1,
-    "train.fm_epochs": 1, "train.vm_epochs": 1, "train.threads": 1,
+    "train.fm_epochs": 1, "train.vm_epochs": 1, "train.threads": THREADS,
 }
 
 # a larger tiny world: users whose histories outgrow the history ring, more requests per user

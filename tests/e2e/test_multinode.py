@@ -51,16 +51,10 @@ from solaris.data.load import load_dataset  # noqa: E402
 from solaris.scoring import Artifacts  # noqa: E402
 from solaris.serving import settings_from_args  # noqa: E402
 from solaris.train.artifacts import train_artifacts  # noqa: E402
+from tests.tiny import TINY  # noqa: E402  test_serve_app's sizes: quality is not under test
 
 log = logging.getLogger(__name__)
 
-TINY = {  # test_serve_app's sizes: the models' quality is not under test
-    "data.synthetic.num_users": 300, "data.synthetic.num_items": 200,
-    "data.synthetic.days": 10.0, "data.synthetic.target_interactions": 8000,
-    "fm.emb_dim": 16, "fm.shared_dim": 64, "fm.head_hidden": 32,
-    "features.history_len": 16, "encoder.width": 16, "encoder.epochs": 1,
-    "train.fm_epochs": 1, "train.vm_epochs": 1, "train.threads": 1,
-}
 APP = "mn"  # names the cache group, queue and ledger the router attaches to
 NUM_SHARDS = 4  # two per worker node
 # 5,760 distinct pairs: the first pass over the users (new pairs for the FM workers) lasts

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.tiny import THREADS
+
 SOLARIS = shutil.which("solaris") or ""
 SMALL = ["--set", "data.synthetic.num_users=300", "--set", "data.synthetic.num_items=200",
          "--set", "data.synthetic.days=8", "--set", "fm.emb_dim=16", "--set", "fm.shared_dim=64",
          "--set", "features.history_len=8", "--set", "train.fm_epochs=2",
-         "--set", "train.vm_epochs=2", "--set", "encoder.epochs=2", "--set", "train.threads=1",
+         "--set", "train.vm_epochs=2", "--set", "encoder.epochs=2", "--set", f"train.threads={THREADS}",
          "--set", "report.vm_lrs=[0.01]", "--set", "report.kd_alphas=[0.5]",
          "--set", "report.coverages=[1.0,0.5]", "--set", "report.bootstrap=100"]
 

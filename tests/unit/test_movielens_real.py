@@ -6,7 +6,6 @@ cache directory ($SOLARIS_CACHE or ~/.cache/solaris), never in the repository.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,15 +27,13 @@ def ml100k_dir() -> Path:
 
 
 def test_ml100k_counts_label_rates_and_order(ml100k_dir):
-    start = time.perf_counter()
     ds = load_movielens(ml100k_dir)
-    assert time.perf_counter() - start < 10.0  # ~0.3 s measured; generous for slow machines
     ds.validate()
     assert (ds.num_users, ds.num_items, ds.interactions.num_rows) == (943, 1682, 100_000)
     inter = ds.interactions
     like = inter.column("like").to_numpy().mean()
     love = inter.column("love").to_numpy().mean()
-    assert 0.50 < like < 0.60 and 0.18 < love < 0.25  # 55.4% and 21.2% in the release
+    assert 0.50 < like < 0.60 and 0.18 < love < 0.25  # 55.4% and 21.2% in the release (fixed data)
     ts = inter.column("ts").to_numpy()
     user_raw = ds.users.column("raw_id").to_numpy()[inter.column("user_id").to_numpy()]
     item_raw = ds.items.column("raw_id").to_numpy()[inter.column("item_id").to_numpy()]

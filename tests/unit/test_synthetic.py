@@ -270,6 +270,9 @@ def _gains(**kw) -> tuple[float, float]:
 
 
 def test_recent_behaviour_beats_static_ids():
+    # a statistic of generated data (numpy draws, exact on any machine) and a Newton fit;
+    # measured with 1 and 2 BLAS threads alike: recent 0.0462, profile -0.0010, far past the
+    # bounds below (bench-free: nothing here trains with torch)
     profile_gain, recent_gain = _gains()
     assert recent_gain > 0.003  # nats per row on later rows: ~1.5% of the log loss
     assert recent_gain > profile_gain + 0.002
@@ -277,7 +280,7 @@ def test_recent_behaviour_beats_static_ids():
 
 def test_signal_test_fails_without_the_signal():
     _, recent_gain = _gains(affinity=0.0, session_intent=0.0)
-    assert recent_gain < 0.002
+    assert recent_gain < 0.002  # measured 0.00017 with 1 and 2 BLAS threads
 
 
 def _early_late_profile_similarity(ds: Dataset) -> float:
