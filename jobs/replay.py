@@ -64,7 +64,6 @@ class ReplayOptions:
     budget_per_hour: float = 3000.0  # FM pair-evaluations per event hour (0: no limit)
     workers: int = 1  # FM worker actors
     knn_every_h: float = 72.0  # KNN rebuild period in event hours (0: only the initial build)
-    granularity_s: float = 300.0  # request granularity of logs without candidate lists
     num_candidates: int = 100  # candidates per request of logs without candidate lists
     max_requests: int | None = None  # replay only the first N requests (tests, quick looks)
     concurrency: int = 4  # client threads sending a tick's requests
@@ -160,7 +159,8 @@ class LiveReplay:
         for m in self.manifests:
             check_trained_before(m, self.start)
         self.log = build_request_log(ds, self.start, num_candidates=o.num_candidates,
-                                     granularity_s=o.granularity_s, seed=o.seed)
+                                     granularity_s=cfg.features.request_granularity_s,
+                                     seed=o.seed)
         if o.max_requests is not None:
             self.log = self.log.slice(np.arange(min(o.max_requests, self.log.num_requests)))
         self.data_dir = write_data_dir(ds, self.out / "data")
@@ -480,7 +480,7 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
         "ledger": ledger,
     })
     task = ds.tasks[0]
-    within = opts.granularity_s if ds.requests is None else 1.0
+    within = cfg.features.request_granularity_s if ds.requests is None else 1.0
     rows, row, _ = served_rows(lg, live, ds, within)
     v1 = lr.manifests[0]["version"]
     own = np.asarray([live["vm_version"][r] == v1 for r in rows.req.tolist()], bool)
@@ -544,9 +544,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="FM pair-evaluations per event hour (0: no limit)")
     p.add_argument("--workers", type=int, default=d.workers, help="FM worker actors")
     p.add_argument("--knn-every-h", type=float, default=d.knn_every_h)
-    p.add_argument("--granularity-s", type=float, default=d.granularity_s,
+    p.add_argument("--granularity-s", type=int,
                    help="logs without candidate lists (MovieLens): one request per user and "
-                   "time bucket of this many seconds")
+                   "time bucket of this many seconds, offline and in the replay alike "
+                   "(sets features.request_granularity_s; default 300)")
     p.add_argument("--max-requests", type=int)
     p.add_argument("--port", type=int, default=d.port)
     p.add_argument("--rollover-at", type=float,
@@ -562,7 +563,6 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
     return ReplayOptions(tick_s=args.tick_s, lag_s=args.lag_s, budget_per_hour=args.budget,
                          workers=args.workers, knn_every_h=args.knn_every_h,
                          max_requests=args.max_requests, port=args.port,
-                         granularity_s=args.granularity_s,
                          rollover_at=args.rollover_at, progress=not args.no_progress)
 
 
@@ -571,6 +571,8 @@ def run_from_args(args: argparse.Namespace) -> int:
     from solaris.replay.report import json_default, summary_table
 
     ov = parse_overrides(args.set or [])
+    if args.granularity_s is not None:
+        ov["features.request_granularity_s"] = args.granularity_s
     ov["data.dataset"] = args.dataset
     if args.data_dir:
         ov["data.data_dir"] = str(args.data_dir)

@@ -138,9 +138,16 @@ class FeatureConfig:
     # rows sharing a row's timestamp (e.g. the same request's other candidates, whose labels
     # arrive later) are not its history unless this is set (tie order then counts as time)
     history_ties: bool = False
+    # logs without request ids (MovieLens, generic): a user's rows of one bucket of this many
+    # seconds form one request at the bucket's first ts, offline (history, its ages, the
+    # aggregate and so z and the FM's probabilities are as of that time) and in the replay's
+    # request log alike; 0: each row is served at its own ts (the definition before 300 s)
+    request_granularity_s: int = 300
 
     def __post_init__(self) -> None:
         _check(self.history_len >= 1, "features.history_len", self.history_len, "must be >= 1")
+        _check(self.request_granularity_s >= 0, "features.request_granularity_s",
+               self.request_granularity_s, "must be >= 0")
         _check(self.agg_window_s > 0, "features.agg_window_s", self.agg_window_s, "must be > 0")
 
 

@@ -17,6 +17,7 @@ import pyarrow as pa
 import torch
 
 from solaris.config import FeatureConfig
+from solaris.data.requests import request_times
 from solaris.data.schema import ITEM, SURFACE, TS, USER, Dataset
 
 
@@ -45,28 +46,40 @@ def _multihot(table: pa.Table, cols: list[str]) -> np.ndarray:
     return out
 
 
-def _tie_start(keys: np.ndarray, ts: np.ndarray) -> np.ndarray:
-    """For rows grouped by ``keys`` (event order inside a group): first position of each
-    row's (group, ts) block."""
-    n = len(ts)
-    new = np.ones(n, dtype=bool)
-    new[1:] = (keys[1:] != keys[:-1]) | (ts[1:] != ts[:-1])
-    return np.maximum.accumulate(np.where(new, np.arange(n), 0))
+def _before(gid: np.ndarray, sts: np.ndarray, sreq: np.ndarray) -> np.ndarray:
+    """For rows grouped by ``gid`` (event order inside a group): first position in the row's
+    group whose ts is >= the row's request time ``sreq`` (its history ends just before)."""
+    lo = int(sts.min()) if len(sts) else 0
+    span = int(sts.max()) - lo + 1 if len(sts) else 1
+    key = gid.astype(np.int64) * span + (sts - lo)  # non-decreasing: groups, then time
+    return np.searchsorted(key, gid.astype(np.int64) * span + (sreq - lo), side="left")
+
+
+def _group_ids(keys: np.ndarray) -> np.ndarray:
+    new = np.ones(len(keys), dtype=bool)
+    new[1:] = keys[1:] != keys[:-1]
+    return np.cumsum(new) - 1
 
 
 def history_index(users: np.ndarray, ts: np.ndarray, length: int,
-                  include_ties: bool = False) -> np.ndarray:
+                  include_ties: bool = False, req_ts: np.ndarray | None = None) -> np.ndarray:
     """(N, L) int64 row index of each row's previous L rows of the same user, -1 = pad.
 
-    Rows must already be in event order (sorted by ts, seq). Most recent first. Rows that
-    share the row's timestamp (e.g. the other candidates of the same request, whose labels
-    are not known yet when it is served) are history only when ``include_ties``.
+    Rows must already be in event order (sorted by ts, seq). Most recent first. A row's
+    history ends before its request time ``req_ts`` (``request_times``; default its own ts):
+    rows of the same request, and rows sharing its timestamp (e.g. the other candidates of
+    the request, whose labels are not known yet when it is served), are not history.
+    ``include_ties``: every earlier row is history (tie order then counts as time).
     """
     n = len(users)
     order = np.argsort(users, kind="stable")  # per user, event order is kept
     su = users[order]
     starts = np.searchsorted(su, su, side="left")  # first position of each row's user
-    pos = np.arange(n) if include_ties else _tie_start(su, ts[order])
+    if include_ties:
+        pos = np.arange(n)
+    else:
+        req = np.asarray(ts if req_ts is None else req_ts, dtype=np.int64)
+        pos = _before(_group_ids(su), np.asarray(ts, np.int64)[order], req[order])
     idx = pos[:, None] - np.arange(1, length + 1)[None, :]  # (N, L) positions in `order`
     valid = idx >= starts[:, None]
     hist_sorted = np.where(valid, order[np.clip(idx, 0, None)], -1)
@@ -99,8 +112,13 @@ class FeatureTables:
         self.item_cat = _int_matrix(items, list(ds.spec.item_categorical))
         self.item_mh = _multihot(items, list(ds.spec.item_multihot))
         self.item_cont = _float_matrix(items, list(ds.spec.item_continuous))
+        # the time each row is served at: its request's (DESIGN.md, one request definition);
+        # a dataset with a request log has it on every row, any other is bucketed as the
+        # replay buckets it
+        self.req_ts = self.ts.copy() if ds.requests is not None else \
+            request_times(self.user, self.ts, cfg.request_granularity_s)  # (N,)
         self.hist = history_index(self.user, self.ts, cfg.history_len,
-                                  cfg.history_ties)  # (N, L)
+                                  cfg.history_ties, self.req_ts)  # (N, L)
 
     @property
     def num_rows(self) -> int:
@@ -116,7 +134,7 @@ class FeatureTables:
         hist_item = np.where(pad, 0, self.item[hc] + 1)
         hist_action = np.where(pad, 0, self.action[hc])
         hist_surface = np.where(pad, 0, self.surface[hc] + 1)
-        age_h = (self.ts[rows][:, None] - self.ts[hc]) / 3600.0
+        age_h = (self.req_ts[rows][:, None] - self.ts[hc]) / 3600.0  # as of the request
         hist_age = np.where(pad, 0.0, np.log1p(np.clip(age_h, 0.0, None))).astype(np.float32)
         hist_item_cat = np.where(pad[..., None], 0, self.item_cat[self.item[hc]] + 1)
         t = torch.from_numpy
@@ -138,17 +156,19 @@ class FeatureTables:
 
 
 def aggregate_embeddings(users: np.ndarray, items: np.ndarray, ts: np.ndarray, z: np.ndarray,
-                         window_s: int, include_ties: bool = False
-                         ) -> tuple[np.ndarray, np.ndarray]:
+                         window_s: int, include_ties: bool = False,
+                         req_ts: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Causal aggregated user embedding per row (DESIGN.md step 3, the user slot).
 
-    For row r of user u at time t: the mean of z over u's *earlier* rows (event order) with
-    ts >= t - window_s, excluding every earlier row of the same item as r. Rows must be in
-    event order. Earlier rows sharing r's timestamp count only when ``include_ties``.
+    For row r of user u at request time t (``req_ts``, default r's own ts): the mean of z over
+    u's rows with t - window_s <= ts < t, excluding every earlier row of the same item as r.
+    Rows must be in event order. ``include_ties``: every earlier row (event order) with
+    ts >= t - window_s counts, ties and the same request included.
     Returns (agg (N, D) float32, present (N,) bool). O(N log N), float64 sums.
     """
     n, d = z.shape
     pos = np.arange(n)
+    req = np.asarray(ts if req_ts is None else req_ts, dtype=np.int64)
 
     def window_sums(keys: tuple[np.ndarray, ...]) -> tuple[np.ndarray, np.ndarray]:
         # group rows by `keys`, keep event order inside a group; exclusive prefix sums
@@ -166,9 +186,10 @@ def aggregate_embeddings(users: np.ndarray, items: np.ndarray, ts: np.ndarray, z
         gid = np.cumsum(new) - 1
         band = gid.astype(np.float64) * (float(sts.max() - sts.min()) + 2.0 * window_s + 1.0)
         key_ts = band + (sts - sts.min())
-        lo[:] = np.searchsorted(key_ts, key_ts - window_s, side="left")
+        key_req = band + (req[order] - sts.min())  # each row's request time, same band
+        lo[:] = np.searchsorted(key_ts, key_req - window_s, side="left")
         lo = np.maximum(lo, gstart)
-        p = np.arange(n) if include_ties else _tie_start(gid, sts)
+        p = np.arange(n) if include_ties else np.searchsorted(key_ts, key_req, side="left")
         lo = np.minimum(lo, p)
         sums = csum[p] - csum[lo]  # rows lo..p-1: earlier rows of the group in the window
         counts = p - lo

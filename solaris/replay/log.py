@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from solaris.data.schema import ITEM, SURFACE, TS, USER, Dataset
 from solaris.errors import ConfigError, DataError
+from solaris.data.requests import request_times
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +135,8 @@ def build_request_log(ds: Dataset, start_ts: int, *, num_candidates: int = 100,
     the candidate was impressed.
 
     Otherwise requests are built from the interactions: a user's rows of one time bucket
-    (``floor(ts / granularity_s)``) form a request at the bucket's first ts, on that row's
+    (``floor(ts / granularity_s)``, ``solaris.data.requests``: the offline features
+    use the same requests) form a request at the bucket's first ts, on that row's
     surface; its labelled candidates are the items rated in the bucket (first occurrence
     kept, with its row's labels), split into several requests of ``num_candidates`` at the
     same ts where there are more. The remaining slots are filled by a causal retrieval that
@@ -159,8 +161,8 @@ def build_request_log(ds: Dataset, start_ts: int, *, num_candidates: int = 100,
     else:
         if num_candidates < 1:
             raise ConfigError(f"num_candidates={num_candidates!r}: must be >= 1")
-        if not granularity_s > 0:
-            raise ConfigError(f"granularity_s={granularity_s!r}: must be > 0")
+        if not granularity_s >= 1:
+            raise ConfigError(f"granularity_s={granularity_s!r}: must be >= 1 (seconds)")
         out = _from_interactions(ds, start_ts, end_ts, int(num_candidates), granularity_s, seed)
     out.validate()
     log.info("%s: request log of %d requests x %d candidates (%d labelled)", ds.name,
@@ -317,22 +319,23 @@ def _from_interactions(ds: Dataset, start_ts: int, end_ts: int | None, c: int,
     surf = inter.column(SURFACE).to_numpy().astype(np.int32)
     y = np.stack([inter.column(t).to_numpy(zero_copy_only=False) for t in ds.tasks],
                  1).astype(np.float32)
-    lo = int(np.searchsorted(ts, start_ts, side="left"))
     hi = len(ts) if end_ts is None else int(np.searchsorted(ts, end_ts, side="left"))
-    if lo >= hi:
+    # one request definition with the offline features (solaris/features.py): a user's rows
+    # of one bucket, at the bucket's first ts; a bucket that starts before the window is not
+    # part of it
+    req = request_times(users[:hi], ts[:hi], int(granularity_s))
+    rows = np.flatnonzero(req >= start_ts)
+    if len(rows) == 0:
         raise DataError(f"{ds.name}: no interactions with {start_ts} <= ts"
                         f"{'' if end_ts is None else f' < {end_ts}'}")
-    rows = np.arange(lo, hi)
-    bucket = np.floor(ts[rows] / granularity_s).astype(np.int64)
-    o = rows[np.lexsort((rows, bucket, users[rows]))]  # by user, bucket, then event order
-    ob = np.floor(ts[o] / granularity_s).astype(np.int64)
-    cut = np.flatnonzero((np.diff(users[o]) != 0) | (np.diff(ob) != 0)) + 1
+    o = rows[np.lexsort((rows, req[rows], users[rows]))]  # by user, request, event order
+    cut = np.flatnonzero((np.diff(users[o]) != 0) | (np.diff(req[o]) != 0)) + 1
     specs = []  # (ts, user, chunk, labelled rows, surface)
     for g in np.split(o, cut):
         _, first = np.unique(items[g], return_index=True)
         lab = g[np.sort(first)]
         for k in range(0, len(lab), c):
-            specs.append((int(ts[g[0]]), int(users[g[0]]), k, lab[k:k + c], int(surf[g[0]])))
+            specs.append((int(req[g[0]]), int(users[g[0]]), k, lab[k:k + c], int(surf[g[0]])))
     specs.sort(key=lambda s: (s[0], s[1], s[2]))
     same_time: dict[tuple[int, int], list[np.ndarray]] = {}
     for s in specs:

@@ -127,7 +127,8 @@ def vm_inputs(teacher: Teacher, tables: FeatureTables, features: FeatureConfig
     each row's own pair embedding and its causal aggregate (``aggregate_embeddings``)."""
     probs, z = teacher_outputs(teacher, tables, np.arange(tables.num_rows))
     agg, present = aggregate_embeddings(tables.user, tables.item, tables.ts, z,
-                                        features.agg_window_s, features.history_ties)
+                                        features.agg_window_s, features.history_ties,
+                                        tables.req_ts)
     return probs, VMInputs(tables, SlotArrays(z, agg, present))
 
 

@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 
+from solaris.data.requests import request_times
+from solaris.errors import ConfigError
 from solaris.features import aggregate_embeddings, history_index
 
 
@@ -66,3 +68,39 @@ def test_aggregate_ignores_the_rows_own_pair():
     assert present.tolist() == [False, True, True]
     assert agg[2, 0] == pytest.approx(1.0)
     assert agg[1, 0] == pytest.approx(100.0)
+
+
+def _bucketed(seed=5, n=500, users=6, items=20):
+    rng = np.random.default_rng(seed)
+    ts = np.sort(rng.integers(0, 2 * 86400, n))  # dense: users rate several times per bucket
+    return rng.integers(0, users, n), rng.integers(0, items, n), ts
+
+
+def test_request_times_are_the_first_ts_of_a_users_bucket():
+    users, _, ts = _bucketed()
+    req = request_times(users, ts, 300)
+    for r in range(len(ts)):
+        same = (users == users[r]) & (ts // 300 == ts[r] // 300)
+        assert req[r] == ts[same].min()
+    np.testing.assert_array_equal(request_times(users, ts, 0), ts)  # 0: each row its own
+    with pytest.raises(ConfigError, match="granularity_s=-1"):
+        request_times(users, ts, -1)
+
+
+def test_history_and_aggregate_as_of_the_request_match_loops():
+    users, items, ts = _bucketed()
+    req = request_times(users, ts, 300)
+    L, window = 5, 3600
+    h = history_index(users, ts, L, req_ts=req)
+    z = np.random.default_rng(6).normal(size=(len(users), 4)).astype(np.float32)
+    agg, present = aggregate_embeddings(users, items, ts, z, window, req_ts=req)
+    for r in range(len(users)):
+        prev = [j for j in range(r - 1, -1, -1) if users[j] == users[r] and ts[j] < req[r]][:L]
+        assert h[r].tolist() == prev + [-1] * (L - len(prev))
+        js = [j for j in range(r) if users[j] == users[r] and items[j] != items[r]
+              and req[r] - window <= ts[j] < req[r]]
+        assert present[r] == bool(js)
+        if js:
+            np.testing.assert_allclose(agg[r], z[js].mean(0), rtol=1e-5, atol=1e-5)
+    # a request time equal to the row's own ts is the old definition, exactly
+    np.testing.assert_array_equal(history_index(users, ts, L, req_ts=ts), history_index(users, ts, L))

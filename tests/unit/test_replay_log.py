@@ -276,3 +276,32 @@ def test_parquet_round_trip(tmp_path):
     assert log_from_table(bare).tasks == ("like", "love")
     with pytest.raises(DataError, match="lacks column 'candidates'"):
         log_from_table(log_to_table(lg).drop_columns(["candidates"]))
+
+
+def test_offline_rows_and_replayed_requests_share_one_request_time():
+    """The offline features and the replay map rows to requests the same way: every labelled
+    candidate's request ts is its interaction row's ``FeatureTables.req_ts``, and the row's
+    history holds only rows strictly before it (none of its own request)."""
+    from solaris.config import FeatureConfig
+    from solaris.features import FeatureTables
+
+    ds = _random_dataset(seed=4, n=3000, days=3)  # dense: many users rate twice in 300 s
+    g = 300
+    tables = FeatureTables(ds, FeatureConfig(history_len=6, request_granularity_s=g))
+    start = int(tables.ts[len(tables.ts) // 2])
+    lg = build_request_log(ds, start, num_candidates=12, granularity_s=g)
+    ts = tables.ts
+    seen = 0
+    for r in range(lg.num_requests):
+        for c in np.flatnonzero(lg.labelled[r]):
+            item, user = lg.candidates[r, c], lg.user[r]
+            rows = np.flatnonzero((tables.user == user) & (tables.item == item)
+                                  & (ts >= lg.ts[r]) & (ts < lg.ts[r] + g))
+            row = rows[0]
+            assert tables.req_ts[row] == lg.ts[r]
+            h = tables.hist[row]
+            assert (ts[h[h >= 0]] < lg.ts[r]).all()
+            seen += 1
+    assert seen > 100
+    # some requests gather several ratings at different seconds: the definition matters here
+    assert (tables.req_ts < tables.ts).sum() > 20
