@@ -18,6 +18,7 @@ missing VM replica is a 503 with Retry-After after one retry.
 
 import asyncio
 import functools
+import json
 import logging
 import pickle
 import threading
@@ -39,8 +40,9 @@ from ray.util import metrics as ray_metrics
 from solaris import verifier
 from solaris.cache.query import TIER_PAIR, Slots
 from solaris.config import SolarisConfig, config_to_dict, load_config
-from solaris.errors import SolarisError
+from solaris.errors import RequestError, SolarisError
 from solaris.rollout import RolloutPolicy
+from solaris.scales import ScaleTable
 from solaris.scoring import Artifacts, InlineFM, PackedSlots, ScoreRequest, VMScorer
 from solaris.serving import (TIER_NAMES, AfterAnswer, ColdNeighbours, KnnTables,
                              default_artifacts_dir, ensure_artifacts, is_cold,
@@ -95,6 +97,18 @@ class FeedbackRequest(BaseModel):
     items: list[int] = Field(min_length=1)
     labels: list[list[int]] = Field(min_length=1, description="(len(items), num_tasks) of 0/1")
     now: float | None = Field(None, ge=0, allow_inf_nan=False)
+
+
+class ScaleRequest(BaseModel):
+    """Change one scale of a residual VM at runtime (``solaris/scales.py``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    task: str
+    version: str | None = Field(None, description="default: the task's active version")
+    slot: Literal["pair", "aggregate"]
+    tier: Literal["pair", "user_neighbour", "item_neighbour"] | None = Field(
+        None, description="the pair slot's tier (required for slot pair)")
+    scale: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
 
 
 api = FastAPI(title="SOLARIS", version="0.1.0",
@@ -365,6 +379,9 @@ class LookupRouter:
         arts = [Artifacts.open(d) for d in settings["artifact_dirs"]]
         self.arts = {a.version: a for a in arts}
         self.tasks = sorted({t for a in arts for t in a.tasks})
+        # the VMs' scales, live: a tier at 0 in every VM of a version is not looked up
+        self.scales = ScaleTable({a.version: json.loads((a.root / "manifest.json").read_text())
+                                  for a in arts})
         self.policy = RolloutPolicy({t: [a.version for a in arts if t in a.tasks]
                                      for t in self.tasks}, cfg.serve.rollout_threshold,
                                     cfg.serve.rollout_min_lookups)
@@ -438,7 +455,9 @@ class LookupRouter:
             users = cold or users
         return await self.backend.group.lookup_async(user, items, now, version, users,
                                                      knn.items if knn else None,
-                                                     self.cfg.enrich, phases=phases)
+                                                     self.scales.enrich_for(version,
+                                                                            self.cfg.enrich),
+                                                     phases=phases)
 
     def _knn_now(self) -> Any:
         """The KNN tables in use (None: none published). A due poll of the published pointer
@@ -531,7 +550,8 @@ class LookupRouter:
                                                items, body.surface, now)
         t1 = time.perf_counter()
         req = ScoreRequest(body.user_id, items, body.surface,
-                           PackedSlots.pack(slots) if slots is not None else None)
+                           PackedSlots.pack(slots) if slots is not None else None,
+                           self.scales.array(version, body.task))
         try:
             probs = await self._score(body.task, version, req)
         except _Unavailable as e:
@@ -688,6 +708,28 @@ class LookupRouter:
         self.backend.record_labels(body.user_id, items, y, now)
         return {"ok": True, "labels": n}
 
+    @api.get("/scales")
+    async def get_scales(self) -> dict[str, Any]:
+        """Every VM's live scales (by version/task) and the validation curves behind them."""
+        return self.scales.state()
+
+    @api.post("/scales", responses={422: {"description": "a field is malformed (named)"}})
+    async def set_scales(self, body: ScaleRequest) -> Any:
+        """Set one scale of a residual VM: the next requests use it, no redeploy; a tier at 0
+        in every VM of a version is no longer looked up."""
+        if body.task not in self.vms:
+            return self._error(422, "task", f"{body.task!r} is not served (tasks: "
+                               f"{', '.join(self.tasks)})")
+        version = body.version or self.policy.active[body.task]
+        if body.slot == "pair" and body.tier is None:
+            return self._error(422, "tier", "required for slot 'pair'")
+        try:
+            row = self.scales.set(version, body.task, body.slot, body.tier, body.scale)
+        except RequestError as e:
+            return self._error(422, "version" if "version" in str(e) else "scale", str(e))
+        log.info("scales of %s/%s set: %s", version, body.task, row)
+        return {"version": version, "task": body.task, "scales": row}
+
     @api.get("/stats")
     async def stats(self) -> dict[str, Any]:
         """The router's rollout state and the precompute backend's last gauges."""
@@ -697,6 +739,7 @@ class LookupRouter:
                                "phases_p50": phases,
                                "cache_client": self.backend.group.client_counts(),
                                "serve": config_to_dict(self.cfg.serve),
+                               "scales": self.scales.state(),
                                "knn": {"version": self.knn.version, "swaps": self.knn.swaps,
                                        "errors": self.knn.errors,
                                        "cold_starts": self._cold_starts} if self.knn else None}

@@ -38,15 +38,28 @@ def _run(name: str, data_dir: str | None, seeds: int, out: str) -> dict:
 
 
 def checks(r: dict) -> list[tuple[str, bool]]:
-    tr = r["tr"]
+    """The residual VM's targets: no harm at any coverage, linear in coverage, transfer
+    beyond the no-z control, misses scored as the VM alone."""
+    tr, paired = r["tr"], r.get("tr_paired", {})
     second = next(iter((r.get("tasks") or {}).values()), None)
+    covs = sorted(int(k.split("_")[1]) for k in tr if k.startswith("pair_"))
     out = [
         ("gap_significant", bool(r["gap_significant"])),
         ("tr.pair_100 >= 0.70", tr["pair_100"] >= 0.70),
         ("tr.pair_100 >= 2 x tr.kd", tr["pair_100"] >= 2 * tr["kd"]),
-        ("pair_20 < pair_50 < pair_100", tr["pair_20"] < tr["pair_50"] < tr["pair_100"]),
+        ("tr_vs_control (calibrated) >= 0.70",
+         r.get("tr_vs_control", {}).get("cal", float("nan")) >= 0.70),
     ]
-    if second is not None:
+    for c in covs:
+        ci = paired.get(f"pair_{c}", {})
+        out.append((f"pair_{c}: TR >= 0 and CI low >= -0.02",
+                    tr[f"pair_{c}"] >= 0 and ci.get("ci_low", -1) >= -0.02))
+        if c < 100:
+            out.append((f"pair_{c} >= 0.8 x {c / 100:g} x pair_100",
+                        tr[f"pair_{c}"] >= 0.8 * c / 100 * tr["pair_100"]))
+    for k, m in r.get("miss_rows", {}).items():
+        out.append((f"miss rows of {k}: BCE = VM alone's (<= 1e-6)", m["max_abs_diff"] <= 1e-6))
+    if second is not None and second["tr"].get("pair_100") is not None:
         out.append(("second task tr.pair_100 >= 0.50", second["tr"]["pair_100"] >= 0.50))
     return out
 

@@ -44,7 +44,7 @@ class _Bar:
 
 
 def _steps(cfg, ablations_seeds: int = 0) -> int:
-    per_task = 3 + len(cfg.report.coverages)
+    per_task = 6  # vm, vm_kd, cross-fitted base logits, residual pair, control, aggregate
     per_seed = 1 + 2 * per_task
     ab = ablations_seeds * 7
     return cfg.report.seeds * per_seed + ab

@@ -214,6 +214,27 @@ class VMConfig:
 
 
 @dataclass(frozen=True)
+class ResidualConfig:
+    """The residual SOLARIS correction on top of the frozen VM alone (DESIGN.md step 3)."""
+
+    hidden: int = 32  # width of each slot's correction MLP delta(z, base logit)
+    folds: int = 3  # cross-fitted VM-alone models giving delta out-of-sample base logits
+    lr: float = 3e-3  # Adam learning rate of delta and the gates
+    epochs: int = 25  # max epochs (early stopping on validation, train.patience)
+    # scales tried per slot and tier on validation; 0 is the kill switch (tier not looked up)
+    scales: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+    def __post_init__(self) -> None:
+        _check(self.hidden >= 1, "residual.hidden", self.hidden, "must be >= 1")
+        _check(self.folds >= 2, "residual.folds", self.folds, "must be >= 2")
+        _check(self.lr > 0, "residual.lr", self.lr, "must be > 0")
+        _check(self.epochs >= 1, "residual.epochs", self.epochs, "must be >= 1")
+        _check(len(self.scales) >= 1 and all(0.0 <= x <= 1.0 for x in self.scales)
+               and 0.0 in self.scales, "residual.scales", self.scales,
+               "must be values in [0, 1] including 0")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """Optimisation shared by FM and VM training."""
 
@@ -502,6 +523,7 @@ class SolarisConfig:
     fm: FMConfig = field(default_factory=FMConfig)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     vm: VMConfig = field(default_factory=VMConfig)
+    residual: ResidualConfig = field(default_factory=ResidualConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)

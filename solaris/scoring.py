@@ -26,6 +26,7 @@ from solaris.cache.query import TIER_NONE, TIER_PAIR, Slots
 from solaris.config import config_from_dict
 from solaris.data.schema import FeatureSpec
 from solaris.errors import CheckpointError, RequestError
+from solaris.models.residual import ResidualVM
 from solaris.models.vm import VerticalModel
 from solaris.pqueue import Group
 from solaris.precompute import HistoryProvider, PrecomputeWorker, SideTables, load_models
@@ -122,6 +123,8 @@ class ScoreRequest:
     items: np.ndarray  # (C,) int64
     surface: int
     slots: Slots | PackedSlots | None  # None: no SOLARIS inputs (the VM alone)
+    # (2, 4) the router's live scales for this VM (``solaris/scales.py``); None: the VM's own
+    scales: np.ndarray | None = None
 
 
 class VMScorer:
@@ -134,11 +137,24 @@ class VMScorer:
         ck = load_checkpoint(artifacts.root / artifacts.vm_files[task], "vm")
         meta = ck["meta"]
         cfg = config_from_dict({"vm": ck["config"]}).vm
-        model = VerticalModel(cfg, FeatureSpec.from_dict(meta["spec"]), meta["num_users"],
-                              meta["num_items"], meta["slot_dim"])
-        model.load_state_dict(ck["state_dict"])
-        model.user_emb = _with_oov_row(model.user_emb)
-        model.item_emb = _with_oov_row(model.item_emb)
+        spec = FeatureSpec.from_dict(meta["spec"])
+        vm = VerticalModel(cfg, spec, meta["num_users"], meta["num_items"], meta["slot_dim"])
+        # a residual VM (solaris/models/residual.py) wraps its VM alone; older checkpoints are
+        # the jointly trained VM itself
+        self.residual = bool(meta.get("residual", False))
+        model: torch.nn.Module = vm
+        if self.residual:
+            model = ResidualVM(vm, int(meta["slot_dim"]), int(meta["hidden"]),
+                               use_pair=bool(meta["use_pair"]), use_agg=bool(meta["use_agg"]),
+                               use_z=bool(meta.get("use_z", True)))
+        try:
+            model.load_state_dict(ck["state_dict"])
+        except RuntimeError as e:
+            raise CheckpointError(f"{artifacts.root / artifacts.vm_files[task]}: weights do not "
+                                  f"fit the model its config describes ({e})") from e
+        vm.user_emb = _with_oov_row(vm.user_emb)
+        vm.item_emb = _with_oov_row(vm.item_emb)
+        self.scale_curves = meta.get("scale_curves", {})
         self.model = model.eval()
         self.task = task
         self.version = str(meta.get("version", ""))
@@ -147,11 +163,12 @@ class VMScorer:
         self.num_surfaces = FeatureSpec.from_dict(meta["spec"]).num_surfaces
         self.side = side
         self.read_ttl_s = float(read_ttl_s)
-        # a VM trained on offline teacher outputs only ever saw tier "pair" and age 0 with a
-        # present slot: it gets exactly that (its weights for the other tiers and for the
-        # age are untrained); a VM fine-tuned on features as served (``tier_aware``) reads
-        # the tier and the age
-        self.tier_aware = bool(meta.get("tier_aware", False))
+        # a jointly trained VM (older artifacts) only ever saw tier "pair" and age 0 with a
+        # present slot: it gets exactly that (its weights for the other tiers and for the age
+        # are untrained); a residual VM reads the real tier and age, and a tier it did not
+        # train on has scale 0 (its correction is off); a VM fine-tuned on features as served
+        # (``tier_aware``) reads them too
+        self.tier_aware = self.residual or bool(meta.get("tier_aware", False))
 
     def _inputs(self, r: ScoreRequest) -> dict[str, np.ndarray]:
         items = np.asarray(r.items, np.int64)
@@ -191,11 +208,40 @@ class VMScorer:
                        agg_emb=z.agg_emb, agg_present=z.agg_present.astype(np.float32))
         return out
 
+    def scales(self) -> np.ndarray:
+        """(2, 4) the scales this VM applies (a jointly trained VM: every tier on)."""
+        if self.residual:
+            return self.model.scale.numpy().copy()
+        from solaris.scales import scale_array
+        return scale_array(None)
+
     @torch.inference_mode()
     def score(self, requests: Sequence[ScoreRequest]) -> list[np.ndarray]:
-        """Probabilities (C_r,) float32 of each request's candidates, one forward for all."""
+        """Probabilities (C_r,) float32 of each request's candidates: one forward per set of
+        scales the requests carry (one, unless an operator just changed them)."""
         if not requests:
             return []
+        groups: dict[bytes | None, list[int]] = {}
+        for i, r in enumerate(requests):
+            key = None if r.scales is None or not self.residual else \
+                np.asarray(r.scales, np.float32).tobytes()
+            groups.setdefault(key, []).append(i)
+        out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(requests)
+        for key, idx in groups.items():
+            own = None
+            if key is not None:
+                own = self.model.scale.clone()
+                self.model.scale.copy_(torch.from_numpy(
+                    np.frombuffer(key, np.float32).reshape(own.shape).copy()))
+            try:
+                for i, p in zip(idx, self._forward([requests[i] for i in idx])):
+                    out[i] = p
+            finally:
+                if own is not None:
+                    self.model.scale.copy_(own)
+        return out
+
+    def _forward(self, requests: Sequence[ScoreRequest]) -> list[np.ndarray]:
         parts = [self._inputs(r) for r in requests]
         batch = {k: torch.from_numpy(np.ascontiguousarray(np.concatenate([p[k] for p in parts])))
                  for k in parts[0]}

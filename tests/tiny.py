@@ -25,6 +25,7 @@ TINY = {
     "fm.emb_dim": 16, "fm.shared_dim": 64, "fm.head_hidden": 32,
     "features.history_len": 16, "encoder.width": 16, "encoder.epochs": 1,
     "train.fm_epochs": 1, "train.vm_epochs": 1, "train.threads": THREADS,
+    "report.vm_lrs": [1e-2], "residual.epochs": 1, "residual.folds": 2,
 }
 
 # a larger tiny world: users whose histories outgrow the history ring, more requests per user

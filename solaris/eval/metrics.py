@@ -98,3 +98,22 @@ def paired_bootstrap(loss_a: np.ndarray, loss_b: np.ndarray, resamples: int, alp
     lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
     return {"mean_diff": float(d.mean()), "ci_low": float(lo), "ci_high": float(hi),
             "significant": bool(lo > 0)}
+
+
+def tr_bootstrap(loss_vm: np.ndarray, loss_x: np.ndarray, loss_fm: np.ndarray, resamples: int,
+                 alpha: float, seed: int = 0) -> dict[str, float]:
+    """Paired bootstrap of TR over seeds and rows: each resample draws seeds and rows with
+    replacement, the same draws for all three predictors, and computes TR from the seed-mean
+    BCEs. ``loss_*`` are per-row losses, (S, N) (one row per seed) or (N,)."""
+    a, x, f = (np.atleast_2d(np.asarray(v, np.float64)) for v in (loss_vm, loss_x, loss_fm))
+    s, n = a.shape
+    rng = np.random.default_rng(seed)
+    trs = np.empty(resamples)
+    for k in range(resamples):
+        si = rng.integers(0, s, s)
+        ri = rng.integers(0, n, n)
+        trs[k] = transfer_ratio(a[si][:, ri].mean(), x[si][:, ri].mean(), f[si][:, ri].mean())
+    ok = trs[np.isfinite(trs)]
+    lo, hi = np.quantile(ok, [alpha / 2, 1 - alpha / 2]) if len(ok) else (np.nan, np.nan)
+    return {"tr": transfer_ratio(a.mean(), x.mean(), f.mean()), "ci_low": float(lo),
+            "ci_high": float(hi), "finite_share": float(len(ok) / resamples)}

@@ -15,12 +15,15 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+import torch
 
 from solaris.config import SolarisConfig
 from solaris.data.schema import Dataset
 from solaris.data.split import Periods, time_split, warm_mask
 from solaris.eval import metrics as M
 from solaris.features import FeatureTables
+from solaris.models.vm import VerticalModel
+from solaris.train.residual import crossfit_base_logits, train_residual
 from solaris.train.teacher import Teacher, build_teacher, vm_inputs
 from solaris.train.vertical import VMInputs, VMSpec, coverage_mask, predict_vm, train_vm
 
@@ -30,7 +33,8 @@ Progress = Callable[[str], None]
 
 
 def variant_specs(coverages: tuple[float, ...], kd_alphas: tuple[float, ...]) -> list[list[VMSpec]]:
-    """Each entry is a grid of specs for one reported variant (best on validation wins)."""
+    """Grids of jointly trained VM variants (the ablations' arms; the report's own SOLARIS
+    arms are residual, ``TransferExperiment.residual_arms``)."""
     out = [[VMSpec("vm")], [VMSpec("vm_kd", kd_alpha=a) for a in kd_alphas],
            [VMSpec("vm_agg", use_agg=True)]]
     for c in coverages:
@@ -44,6 +48,7 @@ class SeedRun:
 
     raw: dict[str, np.ndarray] = field(default_factory=dict)
     cal: dict[str, np.ndarray] = field(default_factory=dict)
+    masks: dict[str, np.ndarray] = field(default_factory=dict)  # test rows with the slot on
     chosen: dict[str, dict] = field(default_factory=dict)  # grid point chosen per variant
 
 
@@ -72,9 +77,10 @@ class TransferExperiment:
         return vm_inputs(teacher, self.tables, self.cfg.features)
 
     # ---- VMs -----------------------------------------------------------------------------
-    def run_variant(self, grid: list[VMSpec], inputs: VMInputs, probs: np.ndarray, task: int,
-                    seed: int, teacher_rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
-        """Best-on-validation model of ``grid`` x lr grid: (test probs, calibrated, chosen)."""
+    def best_of_grid(self, grid: list[VMSpec], inputs: VMInputs, probs: np.ndarray, task: int,
+                     seed: int, teacher_rows: np.ndarray | None = None
+                     ) -> tuple[VMSpec, float, VerticalModel]:
+        """Best-on-validation model of ``grid`` x lr grid: (spec, lr, model)."""
         p = self.periods
         teacher_rows = p.vm if teacher_rows is None else teacher_rows
         best = None
@@ -88,18 +94,60 @@ class TransferExperiment:
                 if best is None or v < best[0]:
                     best = (v, spec, lr, model)
         assert best is not None
-        _, spec, lr, model = best
-        cov = spec.coverage if spec.use_pair else 0.0
-        # coverage masks are seeded per (seed, variant) and identical across grid points
-        val_mask = coverage_mask(len(p.val), cov, seed + 1)
-        test_mask = coverage_mask(len(p.test), cov, seed + 2)
-        agg_val = np.full(len(p.val), spec.use_agg)
-        agg_test = np.full(len(p.test), spec.use_agg)
-        pv = predict_vm(model, inputs, p.val, val_mask, agg_val)
-        pt = predict_vm(model, inputs, p.test, test_mask, agg_test)
+        return best[1], best[2], best[3]
+
+    def predict(self, model: torch.nn.Module, inputs: VMInputs, task: int, seed: int,
+                coverage: float, use_agg: bool) -> tuple[np.ndarray, np.ndarray]:
+        """(test probs, calibrated) of ``model``: the pair slot present on the seeded
+        ``coverage`` masks (nested across coverages, shared by every arm of a seed), the user
+        slot on where ``use_agg``; Platt fitted on validation with the same gates."""
+        p = self.periods
+        val_mask = coverage_mask(len(p.val), coverage, seed + 1)
+        test_mask = coverage_mask(len(p.test), coverage, seed + 2)
+        pv = predict_vm(model, inputs, p.val, val_mask, np.full(len(p.val), use_agg))
+        pt = predict_vm(model, inputs, p.test, test_mask, np.full(len(p.test), use_agg))
         ab = M.fit_platt(self.tables.labels[p.val, task], pv)
+        return pt, M.apply_platt(pt, ab)
+
+    def run_variant(self, grid: list[VMSpec], inputs: VMInputs, probs: np.ndarray, task: int,
+                    seed: int, teacher_rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, dict]:
+        """Best-on-validation model of ``grid`` x lr grid: (test probs, calibrated, chosen)."""
+        spec, lr, model = self.best_of_grid(grid, inputs, probs, task, seed, teacher_rows)
+        cov = spec.coverage if spec.use_pair else 0.0
+        pt, pc = self.predict(model, inputs, task, seed, cov, spec.use_agg)
         chosen = {"lr": lr, "kd_alpha": spec.kd_alpha, "coverage": cov}
-        return pt, M.apply_platt(pt, ab), chosen
+        return pt, pc, chosen
+
+    def residual_arms(self, run: "SeedRun", base: VerticalModel, lr: float, inputs: VMInputs,
+                      task: int, seed: int) -> None:
+        """The residual arms on the frozen base: the pair correction at every coverage, its
+        no-z control, and the user-slot correction; each trained once on every VM-period row
+        where its slot is present, on cross-fitted base logits."""
+        p, cfg = self.periods, self.cfg
+        self.progress(f"seed {seed}: {self.ds.tasks[task]} cross-fitted base logits")
+        b_oos = crossfit_base_logits(inputs, cfg.vm, cfg.train, cfg.residual, task=task,
+                                     rows=p.vm, absent_rows=self.absent_rows, val_rows=p.val,
+                                     lr=lr, seed=seed, num_users=self.ds.num_users,
+                                     num_items=self.ds.num_items)
+        fits = {}
+        for name, slot, use_z in (("pair", "pair", True), ("control", "pair", False),
+                                  ("agg", "agg", True)):
+            self.progress(f"seed {seed}: {self.ds.tasks[task]} residual {name}")
+            fits[name] = train_residual(base, inputs, cfg.residual, cfg.train, task=task,
+                                        rows=p.vm, base_logits=b_oos, val_rows=p.val, slot=slot,
+                                        use_z=use_z, seed=seed)
+            run.chosen[f"residual_{name}"] = {"val_bce": fits[name].val_bce,
+                                              "scale_curve": fits[name].scale_curves[slot]}
+        for c in cfg.report.coverages:
+            name = f"vm_pair_{int(round(c * 100))}"
+            run.raw[name], run.cal[name] = self.predict(fits["pair"].model, inputs, task, seed,
+                                                        c, False)
+            run.masks[name] = coverage_mask(len(p.test), c, seed + 2)
+        run.raw["vm_control_100"], run.cal["vm_control_100"] = self.predict(
+            fits["control"].model, inputs, task, seed, 1.0, False)
+        run.raw["vm_agg"], run.cal["vm_agg"] = self.predict(fits["agg"].model, inputs, task,
+                                                            seed, 0.0, True)
+        run.masks["vm_agg"] = inputs.agg_present.numpy()[p.test] > 0
 
     def fm_predictions(self, probs: np.ndarray, task: int) -> tuple[np.ndarray, np.ndarray]:
         p = self.periods
@@ -117,11 +165,15 @@ class TransferExperiment:
             run.chosen["fm"] = {"best_epoch": teacher.fm_fit.best_epoch,
                                 "epochs_run": teacher.fm_fit.epochs_run}
             run.raw["fm"], run.cal["fm"] = self.fm_predictions(probs, task)
-            for grid in variant_specs(self.cfg.report.coverages, self.cfg.report.kd_alphas):
-                name = grid[0].name
-                self.progress(f"seed {seed}: {self.ds.tasks[task]} {name}")
-                run.raw[name], run.cal[name], run.chosen[name] = self.run_variant(
-                    grid, inputs, probs, task, seed)
+            self.progress(f"seed {seed}: {self.ds.tasks[task]} vm")
+            spec, lr, base = self.best_of_grid([VMSpec("vm")], inputs, probs, task, seed)
+            run.raw["vm"], run.cal["vm"] = self.predict(base, inputs, task, seed, 0.0, False)
+            run.chosen["vm"] = {"lr": lr, "kd_alpha": 0.0, "coverage": 0.0}
+            self.progress(f"seed {seed}: {self.ds.tasks[task]} vm_kd")
+            kd = [VMSpec("vm_kd", kd_alpha=a) for a in self.cfg.report.kd_alphas]
+            run.raw["vm_kd"], run.cal["vm_kd"], run.chosen["vm_kd"] = self.run_variant(
+                kd, inputs, probs, task, seed)
+            self.residual_arms(run, base, lr, inputs, task, seed)
             runs[task] = run
         return runs
 
@@ -144,6 +196,46 @@ def _nanstd(values: list[float]) -> float:
     v = np.asarray(values, dtype=np.float64)
     v = v[np.isfinite(v)]
     return float(v.std()) if len(v) else float("nan")
+
+
+def _paired_block(runs: list[SeedRun], y: np.ndarray, tr_names: list[str], cfg: SolarisConfig,
+                  seed: int) -> dict:
+    """Paired figures over seeds and rows: TR intervals (raw, against the VM alone), TR of
+    the pair embedding against its no-z control, and the rows where a slot is missing."""
+    def losses(arm: str, preds: str = "raw") -> np.ndarray:  # (S, N)
+        return np.stack([M.bce_rows(y, getattr(r, preds)[arm]) for r in runs])
+
+    vm, fm = losses("vm"), losses("fm")
+    b = cfg.report.bootstrap
+    intervals = {n.removeprefix("vm_"): M.tr_bootstrap(vm, losses(n), fm, b, cfg.report.alpha,
+                                                       seed) for n in tr_names}
+    out: dict = {"tr_paired": intervals}
+    if "vm_control_100" in runs[0].raw and "vm_pair_100" in runs[0].raw:
+        # TR against the control: what z adds beyond recalibrating the base on covered rows,
+        # as a share of the FM-VM gap: (BCE(control) - BCE(pair 100%)) / (BCE(VM) - BCE(FM))
+        vs = {}
+        for preds in ("raw", "cal"):
+            c, x = losses("vm_control_100", preds), losses("vm_pair_100", preds)
+            v, f = losses("vm", preds), losses("fm", preds)
+            gap = v.mean() - f.mean()
+            vs[preds] = float((c.mean() - x.mean()) / gap) if gap > 0 else float("nan")
+        out["tr_vs_control"] = vs
+    miss = {}
+    for n in tr_names:
+        if n not in runs[0].masks:
+            continue
+        off = [~r.masks[n] for r in runs]
+        if not any(o.any() for o in off):
+            continue
+        a = [M.bce(y[o], r.raw[n][o]) for r, o in zip(runs, off) if o.any()]
+        v = [M.bce(y[o], r.raw["vm"][o]) for r, o in zip(runs, off) if o.any()]
+        exact = all(np.array_equal(r.raw[n][o], r.raw["vm"][o]) for r, o in zip(runs, off))
+        miss[n.removeprefix("vm_")] = {"rows": int(np.mean([o.sum() for o in off])),
+                                       "bce": float(np.mean(a)), "bce_vm": float(np.mean(v)),
+                                       "max_abs_diff": float(abs(np.mean(a) - np.mean(v))),
+                                       "scores_equal_vm": bool(exact)}
+    out["miss_rows"] = miss
+    return out
 
 
 def summarize(runs: list[SeedRun], y: np.ndarray, warm: np.ndarray, cfg: SolarisConfig,
@@ -186,7 +278,9 @@ def summarize(runs: list[SeedRun], y: np.ndarray, warm: np.ndarray, cfg: Solaris
         split[label] = {"rows": int(mask.sum()), "bce": b, "gap_significant": g["significant"],
                         "tr": _gated(_tr_block(b, tr_names), g["significant"])}
     tr = _tr_block(bce, tr_names)
+    paired = _paired_block(runs, y, tr_names, cfg, seed)
     return {
+        **paired,
         "bce": bce, "auc": auc, "bce_cal": bce_cal, "auc_cal": auc_cal,
         "tr": _gated(tr, gap["significant"]), "tr_cal": _gated(_tr_block(bce_cal, tr_names),
                                                              gap_cal["significant"]),
@@ -215,9 +309,10 @@ def run_transfer(cfg: SolarisConfig, ds: Dataset, progress: Progress | None = No
         "task": ds.tasks[0],
         **{k: main[k] for k in ("bce", "auc", "bce_cal", "auc_cal", "tr", "tr_cal", "tr_std",
                                 "tr_ungated", "gap_significant", "gap", "gap_cal", "warm",
-                                "cold")},
+                                "cold", "tr_paired", "tr_vs_control", "miss_rows")},
         "tr_per_seed": main["tr_per_seed"],
         "chosen": main["chosen"],
+        "request_granularity_s": cfg.features.request_granularity_s,
         "periods": p.as_dict(),
         "test_rows": int(len(p.test)),
         "warm_share": float(exp.warm.mean()),

@@ -143,7 +143,8 @@ def tier_worth(scorer: VMScorer, rows: ServedRows, real_pair: np.ndarray) -> dic
 # what fine-tuning trains: the layers that read the slots (the MLP above them too would
 # re-fit the whole head on a small recent sample; on both datasets that over-fitted the
 # first half and lost on the second)
-SLOT_LAYERS = ("pair_proj", "pair_direct", "agg_proj", "agg_direct")
+SLOT_LAYERS = ("pair_proj", "pair_direct", "agg_proj", "agg_direct",
+               "pair", "agg")  # the last two: a residual VM's corrections (its base stays)
 
 
 def _inputs(scorer: VMScorer, rows: ServedRows, idx: np.ndarray) -> dict[str, torch.Tensor]:

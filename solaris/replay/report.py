@@ -77,9 +77,24 @@ def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_t
         "rows": int(len(rows)), "positives": float(y.mean()),
         "rescored_max_abs_diff": float(np.abs(p_again - p_served).max()) if len(rows) else None,
         "fm_vm_gap": gap}
+    # the served VM with every slot off must be the VM alone (a residual VM: exactly)
+    p_off = score(vm, rows, tiers=set(), agg=False)
+    out["all_slots_off"] = {"max_abs_diff_vs_alone": float(np.abs(p_off - p_alone).max())
+                            if len(rows) else None,
+                            "equal": bool(np.array_equal(p_off, p_alone))}
+    # calibration of the served scores: slope of the label on logit(score), where a SOLARIS
+    # input was present and where none was
+    present = (rows.tier != 0) | rows.agg_present
+    out["calibration_slope"] = {
+        name: {"rows": int(m.sum()),
+               "slope": M.fit_platt(y[m], p_served[m])[0] if m.sum() >= 50 else None}
+        for name, m in (("present", present), ("missing", ~present))}
     online = transfer(y, p_alone, p_served, p_fm, first, second)
     out["tr_online"] = online["tr_cal"]
     out["tr_online_raw"] = online["tr_raw"]
+    ci = M.tr_bootstrap(M.bce_rows(y, p_alone), M.bce_rows(y, p_served), M.bce_rows(y, p_fm),
+                        resamples, 0.05)
+    out["tr_online_raw_ci"] = [ci["ci_low"], ci["ci_high"]]  # paired bootstrap over rows
     out["bce"] = {"raw": online["bce_raw"], "calibrated_second_half": online["bce_cal"]}
     out["tr_online_by_tier"] = {}
     for name, tiers, agg in TIER_STEPS:
@@ -124,8 +139,8 @@ def transfer_from_log(path: Path, art_dir: Path, task: str, read_ttl_s: float
     row = data.pop("row")
     out: dict[str, Any] = {"transfer": transfer_report(Path(art_dir), task, ServedRows(**data),
                                                        row, read_ttl_s)}
-    for k in ("tr_online", "tr_online_raw", "tr_online_by_tier", "tr_offline_pair_100",
-              "consistency", "tier_worth"):
+    for k in ("tr_online", "tr_online_raw", "tr_online_raw_ci", "tr_online_by_tier", "tr_offline_pair_100",
+              "consistency", "tier_worth", "all_slots_off", "calibration_slope"):
         out[k] = out["transfer"].pop(k)
     return out
 

@@ -8,8 +8,11 @@ Layout of the artifact directory::
     side.npz             side-feature tables by user / item id (what serving and workers read)
     vm_<task>.pt         VM state dict + VMConfig (+ slot width)   kind "vm"
 
-Serving VMs read both SOLARIS slots and are trained with feature dropout at
-``coverage`` (the pair coverage they expect online).
+A serving VM is residual (``solaris/models/residual.py``): its VM alone (``vm_<task>_alone.pt``,
+the very weights inside it) plus a pair-slot correction trained on every VM-period row on
+cross-fitted base logits, with its scales per tier. Tiers and the aggregate it never trained
+on are at scale 0 (not looked up) until it trains on simulated serving. ``coverage`` is the
+pair coverage its test figure in the manifest is measured at.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from solaris.features import FeatureTables
 from solaris.precompute import SideTables
 from solaris.train.checkpoint import save_checkpoint
 from solaris.train.teacher import build_teacher, vm_inputs
-from solaris.train.vertical import VMSpec, coverage_mask, predict_vm, train_vm
+from solaris.train.residual import (crossfit_base_logits, residual_meta, train_base,
+                                    train_residual)
+from solaris.train.vertical import coverage_mask, predict_vm
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +46,8 @@ def train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: 
                     evaluation: bool = False) -> dict:
     """Train FM + encoder (FM period) and a two-slot VM per task; write them to ``out_dir``.
 
-    ``evaluation`` (the replay) also writes what measuring transfer online needs, trained on
-    the same periods: a VM alone per task (no SOLARIS inputs, ``vm_<task>_alone.pt``) and the
-    snapshot's outputs over every interaction row (``teacher.npz``: probabilities, pair
-    embeddings, causal aggregates)."""
+    ``evaluation`` (the replay) also writes the snapshot's outputs over every interaction row
+    (``teacher.npz``: probabilities, pair embeddings, causal aggregates)."""
     say = progress or (lambda _m: None)
     t0 = time.perf_counter()
     out = Path(out_dir)
@@ -60,36 +63,37 @@ def train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: 
                     **sizes)
     save_checkpoint(out / "encoder.pt", teacher.encoder, "encoder", config_to_dict(cfg.encoder),
                     version=teacher.version, in_dim=cfg.fm.shared_dim)
-    vms = {}
+    vms, baselines = {}, {}
     for t, task in enumerate(ds.tasks):
-        say(f"training VM for {task}")
-        spec = VMSpec(f"vm_{task}", use_pair=True, use_agg=True, coverage=coverage)
-        model, v = train_vm(inputs, spec, cfg.vm, cfg.train, task=t, teacher_rows=periods.vm,
-                            absent_rows=periods.fm_vertical, val_rows=periods.val,
-                            lr=cfg.report.vm_lrs[0], seed=seed, num_users=ds.num_users,
-                            num_items=ds.num_items)
+        common = dict(task=t, rows=periods.vm, absent_rows=periods.fm_vertical,
+                      val_rows=periods.val, seed=seed, num_users=ds.num_users,
+                      num_items=ds.num_items)
+        say(f"training the VM alone for {task}")
+        base, lr, v_base = train_base(inputs, cfg.vm, cfg.train, cfg.report.vm_lrs,
+                                      name=f"vm_{task}_alone", **common)
+        vm_cfg = {**config_to_dict(cfg.vm), "use_pair": False, "use_agg": False}
+        save_checkpoint(out / f"vm_{task}_alone.pt", base, "vm", vm_cfg,
+                        version=teacher.version, task=task, slot_dim=inputs.dim,
+                        coverage=0.0, **sizes)
+        baselines[task] = {"file": f"vm_{task}_alone.pt", "val_bce": v_base, "lr": lr}
+        say(f"cross-fitting base logits for {task}")
+        b_oos = crossfit_base_logits(inputs, cfg.vm, cfg.train, cfg.residual, lr=lr, **common)
+        say(f"training the residual VM for {task}")
+        fit = train_residual(base, inputs, cfg.residual, cfg.train, task=t, rows=periods.vm,
+                             base_logits=b_oos, val_rows=periods.val, slot="pair",
+                             use_z=True, seed=seed)
         mask = coverage_mask(len(periods.test), coverage, seed)
-        pt = predict_vm(model, inputs, periods.test, mask, np.ones(len(periods.test), bool))
+        off = np.zeros(len(periods.test), bool)
+        pt = predict_vm(fit.model, inputs, periods.test, mask, off)
         y = tables.labels[periods.test, t]
-        vm_cfg = {**config_to_dict(cfg.vm), "use_pair": True, "use_agg": True}
-        save_checkpoint(out / f"vm_{task}.pt", model, "vm", vm_cfg, version=teacher.version,
-                        task=task, slot_dim=inputs.dim, coverage=coverage, **sizes)
-        vms[task] = {"file": f"vm_{task}.pt", "val_bce": v, "test_bce": M.bce(y, pt),
-                     "test_auc": M.auc(y, pt), "fm_test_bce": M.bce(y, probs[periods.test, t])}
-    baselines = {}
+        meta = residual_meta(fit)
+        save_checkpoint(out / f"vm_{task}.pt", fit.model, "vm", vm_cfg, version=teacher.version,
+                        task=task, slot_dim=inputs.dim, coverage=coverage, **meta, **sizes)
+        vms[task] = {"file": f"vm_{task}.pt", "val_bce": fit.val_bce, "test_bce": M.bce(y, pt),
+                     "test_auc": M.auc(y, pt), "test_coverage": coverage,
+                     "fm_test_bce": M.bce(y, probs[periods.test, t]),
+                     "scales": meta["scales"], "scale_curves": meta["scale_curves"]}
     if evaluation:
-        for t, task in enumerate(ds.tasks):
-            say(f"training the VM alone for {task}")
-            spec = VMSpec(f"vm_{task}_alone", use_pair=False, use_agg=False, coverage=0.0)
-            model, v = train_vm(inputs, spec, cfg.vm, cfg.train, task=t,
-                                teacher_rows=periods.vm, absent_rows=periods.fm_vertical,
-                                val_rows=periods.val, lr=cfg.report.vm_lrs[0], seed=seed,
-                                num_users=ds.num_users, num_items=ds.num_items)
-            vm_cfg = {**config_to_dict(cfg.vm), "use_pair": False, "use_agg": False}
-            save_checkpoint(out / f"vm_{task}_alone.pt", model, "vm", vm_cfg,
-                            version=teacher.version, task=task, slot_dim=inputs.dim,
-                            coverage=0.0, **sizes)
-            baselines[task] = {"file": f"vm_{task}_alone.pt", "val_bce": v}
         np.savez(out / "teacher.npz", probs=probs.astype(np.float32),
                  z=inputs.pair.numpy(), agg=inputs.agg.numpy(),
                  agg_present=inputs.agg_present.numpy().astype(bool))

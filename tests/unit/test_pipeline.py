@@ -50,7 +50,7 @@ def report(cfg, ds):
     return run_transfer(cfg, ds)
 
 
-ARMS = ("kd", "agg", "pair_100", "pair_20")
+ARMS = ("kd", "agg", "pair_100", "pair_20", "control_100")
 
 
 def test_transfer_report_computes_tr_for_every_arm_from_its_bces(report):
@@ -104,7 +104,7 @@ def test_report_is_deterministic_and_complete(cfg, ds, report):
     assert again["bce"] == report["bce"]
     assert report["teacher_protocol"] == "temporal"
     assert set(report["tasks"]) == {"conversion"}
-    for key in ("fm", "vm", "vm_kd", "vm_agg", "vm_pair_100", "vm_pair_20"):
+    for key in ("fm", "vm", "vm_kd", "vm_agg", "vm_pair_100", "vm_pair_20", "vm_control_100"):
         assert key in report["bce_cal"] and 0.0 < report["auc"][key] <= 1.0
 
 

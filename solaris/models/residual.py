@@ -1,0 +1,116 @@
+"""The residual SOLARIS VM: the VM alone, frozen, plus a masked correction per slot.
+
+    logit = base(x) + sum_slot where(present, s[slot, tier] * g_slot(tier, age) * delta_slot(e, b), 0)
+
+``base`` is the VM alone of the same seed (the very weights the ``vm`` arm scores with), frozen.
+``delta_slot`` reads the slot's embedding ``e`` (pair slot: z or its imputation; user slot: the
+aggregate) and the base logit ``b``; ``g_slot`` is a gate in (0, 2) on the tier and the age
+(1 at initialisation); ``s`` is a scale in [0, 1] per slot and tier chosen on validation and
+changeable at runtime (0: the tier is switched off and need not be looked up). A missing slot's
+term is masked with ``where`` (an absent slot may hold anything, NaN included), so a candidate
+with no SOLARIS input scores exactly as the VM alone in the same batch.
+
+``use_z`` False is the control arm: the same correction without the embedding, so what it
+gains is recalibration of the base on covered rows, not transfer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from solaris.models.vm import NUM_TIERS, VerticalModel
+
+Tensor = torch.Tensor
+
+SLOTS = ("pair", "agg")
+AGG_TIER = 1  # the user slot has one tier: present (scale index 1, as the pair tier)
+
+
+class SlotCorrection(nn.Module):
+    """delta(e, b) * g(tier, age) for one slot: (B,) before scale and mask."""
+
+    def __init__(self, slot_dim: int, hidden: int, use_z: bool, tiered: bool):
+        super().__init__()
+        self.use_z = use_z
+        self.tiered = tiered
+        in_dim = (slot_dim if use_z else 0) + 1  # (e, base logit)
+        self.delta = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+        if tiered:
+            self.gate = nn.Linear(NUM_TIERS + 1, 1)  # (one-hot tier, age share of the TTL)
+            nn.init.zeros_(self.gate.weight)
+            nn.init.zeros_(self.gate.bias)
+
+    def forward(self, e: Tensor, b: Tensor, tier: Tensor, age: Tensor) -> Tensor:
+        x = torch.cat([e, b[:, None]], dim=-1) if self.use_z else b[:, None]  # (B, D+1) | (B, 1)
+        d = self.delta(x).squeeze(-1)  # (B,)
+        if not self.tiered:
+            return d
+        t = F.one_hot(tier, NUM_TIERS).to(d.dtype)  # (B, 4)
+        g = 2.0 * torch.sigmoid(self.gate(torch.cat([t, age[:, None]], dim=-1)).squeeze(-1))
+        return g * d  # (B,)
+
+
+class ResidualVM(nn.Module):
+    """The frozen VM alone plus the masked pair-slot and user-slot corrections."""
+
+    def __init__(self, base: VerticalModel, slot_dim: int, hidden: int,
+                 use_pair: bool = True, use_agg: bool = True, use_z: bool = True):
+        super().__init__()
+        if base.cfg.use_pair or base.cfg.use_agg:
+            raise ValueError("base: must be the VM alone (use_pair=False, use_agg=False)")
+        self.base = base
+        for p in self.base.parameters():
+            p.requires_grad_(False)
+        self.slot_dim = slot_dim
+        self.use_z = use_z
+        self.pair = SlotCorrection(slot_dim, hidden, use_z, tiered=True) if use_pair else None
+        self.agg = SlotCorrection(slot_dim, hidden, use_z, tiered=False) if use_agg else None
+        # scale per slot (0 pair, 1 agg) and tier; the "none" tier never counts. A tier the
+        # correction never trained on starts switched off: only the own pair (tier 1) and the
+        # aggregate are on until training on simulated serving sets the others
+        scale = torch.zeros(len(SLOTS), NUM_TIERS)
+        scale[0, 1] = 1.0 if use_pair else 0.0
+        scale[1, AGG_TIER] = 1.0 if use_agg else 0.0
+        self.register_buffer("scale", scale)
+
+    def train(self, mode: bool = True) -> "ResidualVM":
+        super().train(mode)
+        self.base.eval()  # frozen: no dropout, whatever the mode of the rest
+        return self
+
+    def set_scale(self, slot: str, tier: int, value: float) -> None:
+        if slot not in SLOTS:
+            raise ValueError(f"slot={slot!r}: one of {SLOTS}")
+        if not 0 < tier < NUM_TIERS:
+            raise ValueError(f"tier={tier!r}: must be in 1..{NUM_TIERS - 1}")
+        if not 0.0 <= value <= 1.0:
+            raise ValueError(f"scale={value!r}: must be in [0, 1]")
+        self.scale[SLOTS.index(slot), tier] = float(value)
+
+    def terms(self, batch: dict[str, Tensor], b: Tensor) -> tuple[Tensor, Tensor]:
+        """(pair term, user term), each (B,), already masked and scaled, given base logits."""
+        zero = torch.zeros_like(b)
+        pair_t, agg_t = zero, zero
+        if self.pair is not None:
+            tier = batch["pair_tier"].clamp(0, NUM_TIERS - 1)  # (B,)
+            s = self.scale[0][tier]  # (B,)
+            on = (batch["pair_present"] > 0) & (tier > 0) & (s > 0)  # (B,)
+            e = torch.where(on[:, None], batch["pair_emb"], 0.0)  # (B, D)
+            age = torch.where(on, batch["pair_age"], 0.0)  # (B,)
+            pair_t = torch.where(on, s * self.pair(e, b, tier, age), zero)
+        if self.agg is not None:
+            s = self.scale[1, AGG_TIER]
+            on = (batch["agg_present"] > 0) & (s > 0)  # (B,)
+            e = torch.where(on[:, None], batch["agg_emb"], 0.0)  # (B, D)
+            agg_t = torch.where(on, s * self.agg(e, b, zero.long(), zero), zero)
+        return pair_t, agg_t
+
+    def forward(self, batch: dict[str, Tensor], base_logit: Tensor | None = None) -> Tensor:
+        """Logits (B,). ``base_logit`` replaces base(x) (training on out-of-sample logits)."""
+        if base_logit is None:
+            with torch.no_grad():
+                base_logit = self.base(batch)  # (B,)
+        pair_t, agg_t = self.terms(batch, base_logit.detach())
+        return base_logit + pair_t + agg_t  # absent slots add an exact 0.0

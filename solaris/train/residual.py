@@ -1,0 +1,156 @@
+"""Train the residual SOLARIS VM: cross-fitted base logits, the slot corrections, the scales.
+
+The base is the VM alone, trained first with the ``vm`` arm's code and grid and then frozen.
+The corrections learn from base logits that are *out of sample*: on the base's own training
+rows its logits are overconfident (it has seen their labels), and a correction trained on them
+learns to trust the base and transfers nothing. So the training rows' base logits come from
+``folds`` VM-alone models, each trained on the other folds (same code, lr and seed family)
+and scoring its own; validation and test rows are out of sample for the base itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from solaris.config import ResidualConfig, TrainConfig, VMConfig
+from solaris.models.residual import SLOTS, ResidualVM
+from solaris.models.vm import VerticalModel
+from solaris.train.loop import fit, predict_in_batches, seed_everything
+from solaris.train.vertical import TIER_PAIR, VMInputs, VMSpec, train_vm
+
+AGG_TIER = 1
+
+
+@torch.no_grad()
+def vm_logits(model: torch.nn.Module, inputs: VMInputs, rows: np.ndarray,
+              present: np.ndarray | None = None, agg_on: np.ndarray | None = None
+              ) -> np.ndarray:
+    """Logits (float32) of ``model`` on ``rows`` with the given slot gates (default: none)."""
+    model.eval()
+    rows = np.asarray(rows)
+    off = np.zeros(len(rows), bool)
+    present = off if present is None else present
+    agg_on = off if agg_on is None else agg_on
+    return predict_in_batches(lambda p: model(inputs.batch(rows[p], present[p], agg_on[p])),
+                              len(rows))
+
+
+def crossfit_base_logits(inputs: VMInputs, cfg: VMConfig, train: TrainConfig, res: ResidualConfig,
+                         *, task: int, rows: np.ndarray, absent_rows: np.ndarray,
+                         val_rows: np.ndarray, lr: float, seed: int, num_users: int,
+                         num_items: int) -> np.ndarray:
+    """Out-of-sample VM-alone logits (len(rows),) for ``rows``: fold k's logits come from a VM
+    alone trained on the other folds (plus ``absent_rows``, as the base), never on fold k."""
+    rows = np.asarray(rows)
+    fold = np.random.default_rng(seed + 7919).permutation(len(rows)) % res.folds
+    out = np.empty(len(rows), np.float32)
+    for k in range(res.folds):
+        model, _ = train_vm(inputs, VMSpec(f"vm_fold{k}"), cfg, train, task=task,
+                            teacher_rows=rows[fold != k], absent_rows=absent_rows,
+                            val_rows=val_rows, lr=lr, seed=seed + 1000 * (k + 1),
+                            num_users=num_users, num_items=num_items)
+        out[fold == k] = vm_logits(model, inputs, rows[fold == k])
+    return out
+
+
+@dataclass
+class ResidualFit:
+    model: ResidualVM
+    val_bce: float  # validation BCE on rows with the slot on, at the chosen scales
+    scale_curves: dict[str, dict[str, float]]  # slot -> {scale: validation BCE on its rows}
+
+
+def _bce(logits: torch.Tensor, y: torch.Tensor) -> float:
+    return float(F.binary_cross_entropy_with_logits(logits, y))
+
+
+def train_residual(base: VerticalModel, inputs: VMInputs, res: ResidualConfig,
+                   train: TrainConfig, *, task: int, rows: np.ndarray, base_logits: np.ndarray,
+                   val_rows: np.ndarray, slot: str, use_z: bool, seed: int) -> ResidualFit:
+    """Fit one slot's correction on every row of ``rows`` where the slot is present, on the
+    out-of-sample ``base_logits`` (len(rows),); choose its scale on ``val_rows``.
+
+    Offline every VM-period row has its own pair embedding (tier pair, age 0) and an
+    aggregate where the user had earlier pairs in the window."""
+    if slot not in SLOTS:
+        raise ValueError(f"slot={slot!r}: one of {SLOTS}")
+    seed_everything(seed)
+    torch.set_num_threads(train.threads)
+    model = ResidualVM(base, inputs.dim, res.hidden, use_pair=slot == "pair",
+                       use_agg=slot == "agg", use_z=use_z)
+    rows = np.asarray(rows)
+    agg_ok = inputs.agg_present.numpy() > 0
+    keep = agg_ok[rows] if slot == "agg" else np.ones(len(rows), bool)
+    tr_rows, tr_b = rows[keep], torch.from_numpy(np.asarray(base_logits, np.float32)[keep])
+    val_rows = np.asarray(val_rows)
+    val_rows = val_rows[agg_ok[val_rows]] if slot == "agg" else val_rows
+    val_b = torch.from_numpy(vm_logits(base, inputs, val_rows))
+    y_all = inputs.labels[:, task]
+
+    def batch(r: np.ndarray) -> dict[str, torch.Tensor]:
+        on = np.ones(len(r), bool)
+        return inputs.batch(r, on if slot == "pair" else ~on, on if slot == "agg" else ~on)
+
+    def step(idx: np.ndarray, rng: np.random.Generator) -> torch.Tensor:
+        r = tr_rows[idx]
+        logits = model(batch(r), base_logit=tr_b[idx])
+        return F.binary_cross_entropy_with_logits(logits, y_all[torch.from_numpy(r)])
+
+    vb = batch(val_rows)
+    yv = y_all[torch.from_numpy(val_rows)]
+
+    def val() -> float:
+        return _bce(model(vb, base_logit=val_b), yv)
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    assert params and all(not p.requires_grad for p in model.base.parameters())
+    fit(model, step, val, len(tr_rows), lr=res.lr, epochs=res.epochs, patience=train.patience,
+        batch_size=max(train.batch_size, 2048), seed=seed, weight_decay=train.weight_decay,
+        name=f"residual_{slot}{'' if use_z else '_control'}")
+    model.eval()
+    tier = TIER_PAIR if slot == "pair" else AGG_TIER
+    curve: dict[str, float] = {}
+    with torch.no_grad():
+        for s in res.scales:
+            model.set_scale(slot, tier, s)
+            curve[f"{s:g}"] = _bce(model(vb, base_logit=val_b), yv)
+    best = min(res.scales, key=lambda s: (curve[f"{s:g}"], -s))  # ties: the larger scale
+    model.set_scale(slot, tier, best)
+    return ResidualFit(model, curve[f"{best:g}"], {slot: curve})
+
+
+def train_base(inputs: VMInputs, cfg: VMConfig, train: TrainConfig, lrs: tuple[float, ...], *,
+               task: int, rows: np.ndarray, absent_rows: np.ndarray, val_rows: np.ndarray,
+               seed: int, num_users: int, num_items: int, name: str = "vm"
+               ) -> tuple[VerticalModel, float, float]:
+    """The VM alone with the ``vm`` arm's code and lr grid, best on validation:
+    (model, lr, validation BCE)."""
+    best = None
+    for lr in lrs:
+        model, v = train_vm(inputs, VMSpec(name), cfg, train, task=task, teacher_rows=rows,
+                            absent_rows=absent_rows, val_rows=val_rows, lr=lr, seed=seed,
+                            num_users=num_users, num_items=num_items)
+        if best is None or v < best[2]:
+            best = (model, lr, v)
+    assert best is not None
+    return best
+
+
+def residual_meta(fit: ResidualFit) -> dict:
+    """What a residual VM checkpoint records beside its weights: the scales by slot and tier
+    name and the validation curves behind them."""
+    from solaris.models.vm import NUM_TIERS
+
+    names = ("none", "pair", "user_neighbour", "item_neighbour")
+    m = fit.model
+    scales = {"pair": {names[t]: float(m.scale[0, t]) for t in range(1, NUM_TIERS)},
+              "aggregate": float(m.scale[1, AGG_TIER]) if m.agg is not None else 0.0}
+    return {"residual": True, "use_pair": m.pair is not None, "use_agg": m.agg is not None,
+            "use_z": m.use_z, "hidden": m.pair.delta[0].out_features if m.pair is not None
+            else m.agg.delta[0].out_features, "scales": scales,
+            "scale_curves": fit.scale_curves, "val_bce": fit.val_bce}

@@ -1,0 +1,117 @@
+"""The residual VM: no harm by construction (misses score as the VM alone, bit for bit),
+a frozen base, scales as kill switches; its training on cross-fitted base logits."""
+
+import numpy as np
+import pytest
+import torch
+
+from solaris.config import load_config
+from solaris.data.load import load_dataset
+from solaris.eval.transfer import TransferExperiment
+from solaris.models.residual import ResidualVM
+from solaris.train.residual import crossfit_base_logits, train_residual, vm_logits
+from solaris.train.vertical import VMSpec, train_vm
+from tests.unit.test_models import TINY_SPEC, make_batch, make_vm
+
+
+def _residual(**kw) -> ResidualVM:
+    torch.manual_seed(1)
+    return ResidualVM(make_vm(False, False), slot_dim=4, hidden=8, **kw).eval()
+
+
+def _perturb(rvm: ResidualVM) -> None:
+    with torch.no_grad():  # non-trivial corrections (a fresh gate is exactly 1)
+        for p in [p for m in (rvm.pair, rvm.agg) if m is not None for p in m.parameters()]:
+            p.add_(torch.randn_like(p))
+
+
+def test_rows_with_every_slot_missing_score_as_the_vm_alone_bit_for_bit():
+    rvm = _residual()
+    _perturb(rvm)
+    rvm.set_scale("pair", 2, 1.0)
+    rvm.set_scale("pair", 3, 1.0)
+    batch = make_batch(TINY_SPEC, B=64, seed=3)
+    present = batch["pair_present"] > 0
+    batch["pair_tier"] = torch.where(present, batch["pair_tier"].clamp(min=1), 0)
+    none = (batch["pair_present"] == 0) & (batch["agg_present"] == 0)
+    assert none.any() and (~none).any()
+    batch["pair_emb"][batch["pair_present"] == 0] = float("nan")  # absent: anything, even NaN
+    batch["agg_emb"][batch["agg_present"] == 0] = float("nan")
+    with torch.no_grad():
+        got, base = rvm(batch), rvm.base(batch)
+    assert torch.isfinite(got).all()
+    assert torch.equal(got[none], base[none])
+    assert (got[~none] != base[~none]).all()  # a present slot moves the score
+
+
+def test_a_tier_at_scale_zero_is_switched_off():
+    rvm = _residual(use_agg=False)
+    _perturb(rvm)
+    batch = make_batch(TINY_SPEC, B=64, seed=4)
+    batch["pair_present"][:] = 1.0
+    batch["pair_tier"] = torch.arange(64) % 3 + 1  # pair, user neighbour, item neighbour
+    with torch.no_grad():
+        base = rvm.base(batch)
+        got = rvm(batch)
+    # untrained imputed tiers start switched off; the own pair is on
+    own = batch["pair_tier"] == 1
+    assert torch.equal(got[~own], base[~own]) and (got[own] != base[own]).all()
+    rvm.set_scale("pair", 1, 0.0)
+    with torch.no_grad():
+        assert torch.equal(rvm(batch), base)
+    with pytest.raises(ValueError, match="scale=1.5"):
+        rvm.set_scale("pair", 1, 1.5)
+    with pytest.raises(ValueError, match="tier=0"):
+        rvm.set_scale("pair", 0, 1.0)
+
+
+def test_the_base_must_be_the_vm_alone():
+    with pytest.raises(ValueError, match="VM alone"):
+        ResidualVM(make_vm(True, False), slot_dim=4, hidden=8)
+
+
+TINY = {
+    "data.synthetic.num_users": 300, "data.synthetic.num_items": 200,
+    "data.synthetic.days": 10.0, "data.synthetic.target_interactions": 8000,
+    "fm.emb_dim": 16, "fm.shared_dim": 64, "fm.head_hidden": 32,
+    "features.history_len": 16, "encoder.width": 16, "encoder.epochs": 1,
+    "train.fm_epochs": 1, "train.vm_epochs": 2, "residual.epochs": 2, "report.vm_lrs": [1e-2],
+}
+
+
+@pytest.fixture(scope="module")
+def world():
+    from tests.tiny import THREADS
+
+    cfg = load_config(None, {**TINY, "train.threads": THREADS})
+    exp = TransferExperiment(cfg, load_dataset(cfg.data))
+    probs, inputs = exp.inputs(exp.teacher(0))
+    return cfg, exp, inputs
+
+
+def test_training_leaves_the_base_untouched_and_cross_fitted_logits_are_out_of_sample(world):
+    cfg, exp, inputs = world
+    p = exp.periods
+    base, _ = train_vm(inputs, VMSpec("vm"), cfg.vm, cfg.train, task=0, teacher_rows=p.vm,
+                       absent_rows=exp.absent_rows, val_rows=p.val, lr=1e-2, seed=0,
+                       num_users=exp.ds.num_users, num_items=exp.ds.num_items)
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    b = crossfit_base_logits(inputs, cfg.vm, cfg.train, cfg.residual, task=0, rows=p.vm,
+                             absent_rows=exp.absent_rows, val_rows=p.val, lr=1e-2, seed=0,
+                             num_users=exp.ds.num_users, num_items=exp.ds.num_items)
+    assert b.shape == (len(p.vm),) and np.isfinite(b).all()
+    # not the base's own (in-sample) logits: each fold's model never saw its rows
+    assert not np.array_equal(b, vm_logits(base, inputs, p.vm))
+    fit = train_residual(base, inputs, cfg.residual, cfg.train, task=0, rows=p.vm,
+                         base_logits=b, val_rows=p.val, slot="pair", use_z=True, seed=0)
+    for k, v in base.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert fit.model.base is base
+    curve = fit.scale_curves["pair"]
+    assert set(curve) == {f"{s:g}" for s in cfg.residual.scales}
+    chosen = float(fit.model.scale[0, 1])
+    assert fit.val_bce == curve[f"{chosen:g}"] == min(curve.values())
+    # scale 0 on validation is the base itself
+    from solaris.eval import metrics as M
+    pv = 1 / (1 + np.exp(-vm_logits(base, inputs, p.val).astype(np.float64)))
+    assert curve["0"] == pytest.approx(M.bce(inputs.labels[p.val, 0].numpy(), pv), abs=1e-5)
