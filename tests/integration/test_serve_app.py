@@ -93,6 +93,47 @@ def test_precompute_fills_the_cache_for_repeated_requests(app):
     assert tiers.count("pair") >= int(0.2 * len(cands))
 
 
+def test_scales_switch_a_correction_off_at_runtime_and_misses_score_as_the_vm_alone(app):
+    """Runs after the precompute test: user 7's candidates are cached (tier pair)."""
+    cands = list(range(100, 160))
+    state = requests.get(app["base"] + "/scales", timeout=TIMEOUT_S).json()
+    (key, vm), = [(k, v) for k, v in state.items() if k.endswith("/click")]
+    assert vm["residual"] and set(vm["validation"]["pair"]) >= {"0", "1"}
+    # tiers the VM never trained on are off, so the router does not look them up
+    assert vm["scales"]["pair"]["user_neighbour"] == vm["scales"]["pair"]["item_neighbour"] == 0
+    assert vm["scales"]["aggregate"] == 0
+    out = _rank(app, user_id=7, candidates=cands, now=T0 + 20).json()
+    assert set(out["tiers"]) <= {"none", "pair"} and not any(out["aggregate"])
+    alone = np.array(_rank(app, user_id=7, candidates=cands, now=T0 + 20, mode="vm"
+                           ).json()["scores"])
+    on = np.array(out["scores"])
+    miss = np.array(out["tiers"]) == "none"
+    assert np.array_equal(on[miss], alone[miss])  # no SOLARIS input: the VM alone, exactly
+    pair_on = vm["scales"]["pair"]["pair"] > 0
+    if pair_on:
+        assert not np.array_equal(on[~miss], alone[~miss])
+    r = requests.post(app["base"] + "/scales", json={"task": "click", "slot": "pair",
+                                                     "tier": "pair", "scale": 0.0},
+                      timeout=TIMEOUT_S)
+    assert r.status_code == 200, r.text
+    assert r.json()["scales"]["pair"]["pair"] == 0.0
+    off = _rank(app, user_id=7, candidates=cands, now=T0 + 20).json()
+    assert "pair" in off["tiers"]  # still looked up, but its correction is off
+    assert np.array_equal(np.array(off["scores"]), alone)
+    stats = requests.get(app["base"] + "/stats", timeout=TIMEOUT_S).json()
+    assert stats["scales"][key]["scales"]["pair"]["pair"] == 0.0
+    for body, field in (({"task": "click", "slot": "pair", "tier": "pair", "scale": 1.5},
+                         "scale"),
+                        ({"task": "nope", "slot": "aggregate", "scale": 0.5}, "task"),
+                        ({"task": "click", "slot": "pair", "scale": 0.5}, "tier")):
+        r = requests.post(app["base"] + "/scales", json=body, timeout=TIMEOUT_S)
+        assert r.status_code == 422 and field in r.text, (body, r.text)
+    back = requests.post(app["base"] + "/scales", json={
+        "task": "click", "slot": "pair", "tier": "pair",
+        "scale": vm["scales"]["pair"]["pair"]}, timeout=TIMEOUT_S)
+    assert back.status_code == 200
+
+
 def test_stats_split_the_router_time_and_count_the_lookup_rounds(app):
     before = requests.get(app["base"] + "/stats", timeout=TIMEOUT_S).json()["cache_client"]
     for k in range(3):
