@@ -255,13 +255,15 @@ class VerticalModel:
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.002)
     async def score(self, payloads: list[bytes]) -> list[np.ndarray]:
-        """Probabilities per request; each payload is one pickled (version, ScoreRequest):
-        one buffer per call instead of a dozen arrays Ray would serialise one by one."""
+        """(2, C) per request: the served probabilities and the VM alone's inside the
+        residual VM (the verifier's ranking); each payload is one pickled (version,
+        ScoreRequest): one buffer per call instead of a dozen arrays Ray would serialise."""
         reqs = [pickle.loads(p) for p in payloads]
         out: list[np.ndarray | None] = [None] * len(reqs)
         for version in {v for v, _ in reqs}:
             idx = [i for i, (v, _) in enumerate(reqs) if v == version]
-            for i, p in zip(idx, self.scorers[version].score([reqs[i][1] for i in idx])):
+            for i, p in zip(idx, self.scorers[version].score([reqs[i][1] for i in idx],
+                                                             with_base=True)):
                 out[i] = p
         return out  # type: ignore[return-value]
 
@@ -553,7 +555,7 @@ class LookupRouter:
                            PackedSlots.pack(slots) if slots is not None else None,
                            self.scales.array(version, body.task))
         try:
-            probs = await self._score(body.task, version, req)
+            probs, base = await self._score(body.task, version, req)
         except _Unavailable as e:
             return self._error(503, "task", str(e),
                                headers={"Retry-After": str(RETRY_AFTER_S)})
@@ -587,20 +589,23 @@ class LookupRouter:
         if mode == "solaris" and slots is not None:
             # a background task runs once the answer's bytes are sent
             self._after_pending += 1
-            resp.background = BackgroundTask(self._after_answer, body, items, now, probs, slots)
+            resp.background = BackgroundTask(self._after_answer, body, items, now, probs, base,
+                                             slots)
         return resp
 
     async def _after_answer(self, body: RankRequest, items: np.ndarray, now: float,
-                            probs: np.ndarray, slots: Slots) -> None:
+                            probs: np.ndarray, base: np.ndarray, slots: Slots) -> None:
         """Coverage counts, the verifier's picks and the impressions, buffered (``AfterAnswer``)
-        and sent every ``serve.flush_ms``; runs after the answer is on its way, never raises."""
+        and sent every ``serve.flush_ms``; runs after the answer is on its way, never raises.
+        The verifier ranks by ``base``, the VM alone inside the residual VM, so what is
+        precomputed does not depend on the corrections (nor does a simulation of it)."""
         try:
             self._tier_counts += np.bincount(slots.pair_tier, minlength=len(TIER_NAMES))
             self._agg_count += int(np.count_nonzero(slots.agg_present))
             found = slots.pair_tier == TIER_PAIR
             version = self.policy.active[body.task]
             self.policy.observe(version, int(found.sum()), len(items))
-            picks = verifier.choose(probs, items, found, slots.pair_age_s,
+            picks = verifier.choose(base, items, found, slots.pair_age_s,
                                     np.zeros(len(items), bool), self.cfg.verifier,
                                     self.cfg.cache.read_ttl_s, self._budget.fraction)
             self._requests += 1
@@ -618,7 +623,7 @@ class LookupRouter:
             k = min(self.cfg.serve.impressions_top_k, len(items))
             shown = items[np.argsort(-probs, kind="stable")[:k]]
             full = self.buffer.add(body.user_id, shown, body.surface, now,
-                                   {v: (items[picks], probs[picks]) for v in versions})
+                                   {v: (items[picks], base[picks]) for v in versions})
             self._budget.record(len(picks))
             if full:
                 self._flush()

@@ -444,6 +444,7 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
     prep = lr.prepare()
     live = lr.run()
     lg, acfg = lr.log, lr.app_cfg
+    live["base_scores"] = base_scores(lg, live, lr.art_dirs, ds.tasks[0])
     client = live["client"]
     rep: dict[str, Any] = {"dataset": ds.name, "requests": int(lg.num_requests),
                            "candidates_per_request": int(lg.num_candidates),
@@ -549,6 +550,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "time bucket of this many seconds, offline and in the replay alike "
                    "(sets features.request_granularity_s; default 300)")
     p.add_argument("--max-requests", type=int)
+    p.add_argument("--seed", type=int, default=d.seed,
+                   help="training seed of the artifacts (and the request log's draws)")
     p.add_argument("--port", type=int, default=d.port)
     p.add_argument("--rollover-at", type=float,
                    help="roll out FM v2 at this share of the window (e.g. 0.5)")
@@ -562,7 +565,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def options_from_args(args: argparse.Namespace) -> ReplayOptions:
     return ReplayOptions(tick_s=args.tick_s, lag_s=args.lag_s, budget_per_hour=args.budget,
                          workers=args.workers, knn_every_h=args.knn_every_h,
-                         max_requests=args.max_requests, port=args.port,
+                         max_requests=args.max_requests, port=args.port, seed=args.seed,
                          rollover_at=args.rollover_at, progress=not args.no_progress)
 
 
@@ -589,6 +592,29 @@ def run_from_args(args: argparse.Namespace) -> int:
                                                                default=json_default))
     print(f"wrote {Path(args.out) / 'replay.json'} and {', '.join(rep['plots'])}")
     return 0
+
+
+def base_scores(lg: Any, live: dict, art_dirs: list[Path], task: str) -> np.ndarray:
+    """(R, C) the scores the verifier ranked by: the VM alone inside each request's served
+    VM (the same weights, ``vm_<task>_alone.pt``), re-scored in process; NaN where the
+    request was not served."""
+    import dataclasses
+
+    from solaris.scoring import Artifacts, ScoreRequest, VMScorer
+
+    out = np.full(lg.candidates.shape, np.nan, np.float32)
+    for d in art_dirs:
+        art = Artifacts.open(d)
+        alone = VMScorer(dataclasses.replace(art, vm_files={task: f"vm_{task}_alone.pt"}),
+                         task, art.side_tables())
+        rows = [r for r in range(lg.num_requests) if live["vm_version"][r] == art.version]
+        for lo in range(0, len(rows), 256):
+            part = rows[lo:lo + 256]
+            reqs = [ScoreRequest(int(lg.user[r]), lg.candidates[r], int(lg.surface[r]), None)
+                    for r in part]
+            for r, p in zip(part, alone.score(reqs)):
+                out[r] = p
+    return out
 
 
 def evaluate_only(out: Path) -> int:

@@ -216,9 +216,12 @@ class VMScorer:
         return scale_array(None)
 
     @torch.inference_mode()
-    def score(self, requests: Sequence[ScoreRequest]) -> list[np.ndarray]:
+    def score(self, requests: Sequence[ScoreRequest], with_base: bool = False
+              ) -> list[np.ndarray]:
         """Probabilities (C_r,) float32 of each request's candidates: one forward per set of
-        scales the requests carry (one, unless an operator just changed them)."""
+        scales the requests carry (one, unless an operator just changed them). ``with_base``:
+        (2, C_r) per request, the served probabilities and the VM alone's inside it (what the
+        verifier ranks by; a jointly trained VM has no base: both rows are its own)."""
         if not requests:
             return []
         groups: dict[bytes | None, list[int]] = {}
@@ -234,20 +237,29 @@ class VMScorer:
                 self.model.scale.copy_(torch.from_numpy(
                     np.frombuffer(key, np.float32).reshape(own.shape).copy()))
             try:
-                for i, p in zip(idx, self._forward([requests[i] for i in idx])):
+                for i, p in zip(idx, self._forward([requests[i] for i in idx], with_base)):
                     out[i] = p
             finally:
                 if own is not None:
                     self.model.scale.copy_(own)
         return out
 
-    def _forward(self, requests: Sequence[ScoreRequest]) -> list[np.ndarray]:
+    def _forward(self, requests: Sequence[ScoreRequest], with_base: bool = False
+                 ) -> list[np.ndarray]:
         parts = [self._inputs(r) for r in requests]
         batch = {k: torch.from_numpy(np.ascontiguousarray(np.concatenate([p[k] for p in parts])))
                  for k in parts[0]}
-        probs = torch.sigmoid(self.model(batch)).numpy()  # (sum C,)
         cuts = np.cumsum([len(r.items) for r in requests])[:-1]
-        return np.split(probs, cuts)
+        if not with_base:
+            return np.split(torch.sigmoid(self.model(batch)).numpy(), cuts)  # (sum C,)
+        if self.residual:
+            logit, base = self.model.forward_both(batch)
+        else:
+            logit = base = self.model(batch)
+        # one sigmoid per row, each over (sum C,) as a plain score does: an op over another
+        # shape may round differently, and a miss must equal the VM alone bit for bit
+        both = np.stack([torch.sigmoid(logit).numpy(), torch.sigmoid(base).numpy()])
+        return np.split(both, cuts, axis=1)  # (2, C) each
 
 
 class InlineFM:

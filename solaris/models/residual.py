@@ -107,6 +107,12 @@ class ResidualVM(nn.Module):
             agg_t = torch.where(on, s * self.agg(e, b, zero.long(), zero), zero)
         return pair_t, agg_t
 
+    def forward_both(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """(logits, base logits), each (B,): the verifier ranks by the base's."""
+        with torch.no_grad():
+            b = self.base(batch)  # (B,)
+        return self.forward(batch, base_logit=b), b
+
     def forward(self, batch: dict[str, Tensor], base_logit: Tensor | None = None) -> Tensor:
         """Logits (B,). ``base_logit`` replaces base(x) (training on out-of-sample logits)."""
         if base_logit is None:

@@ -153,8 +153,10 @@ def take_rows(rows: Any, idx: np.ndarray) -> Any:
 
 
 def served_scores(live: dict) -> np.ndarray:
-    """The served VM scores of every candidate (float64; NaN -- never served -- as 0)."""
-    return np.nan_to_num(live["scores"].astype(np.float64), nan=0.0)
+    """The scores the verifier ranked every candidate by (float64; NaN -- never served --
+    as 0): the VM alone inside the served VM where the replay has them, else as served."""
+    s = live["base_scores"] if live.get("base_scores") is not None else live["scores"]
+    return np.nan_to_num(s.astype(np.float64), nan=0.0)
 
 
 def coverage_report(lg: Any, live: dict, cfg: SolarisConfig, *, lag_s: float, tick_s: float,

@@ -112,3 +112,36 @@ def test_packed_slots_round_trip_exactly():
                                    np.zeros(3, np.int64), np.zeros(3), np.zeros((3, d), np.float32),
                                    np.zeros(3, bool), np.ones(3, bool)))
     assert not empty.unpack().agg_emb.any()
+
+
+def test_the_served_vm_is_residual_on_its_vm_alone_with_live_scales(art):
+    """The artifact's VM wraps ``vm_<task>_alone.pt``: with no slot present (or every scale at
+    0) it scores as the VM alone, exactly; ``with_base`` gives the verifier that base; scales
+    carried by a request apply to it alone."""
+    import dataclasses
+
+    vm = VMScorer(art, "click", art.side_tables())
+    alone = VMScorer(dataclasses.replace(art, vm_files={"click": "vm_click_alone.pt"}),
+                     "click", art.side_tables())
+    assert vm.residual and not alone.residual
+    items = np.arange(40)
+    c, d = len(items), vm.dim
+    rng = np.random.default_rng(1)
+    slots = Slots(pair_emb=rng.normal(size=(c, d)).astype(np.float32),
+                  pair_present=np.arange(c) % 2 == 0, pair_tier=np.where(np.arange(c) % 2 == 0, 1, 0),
+                  pair_age_s=np.zeros(c), agg_emb=np.zeros((c, d), np.float32),
+                  agg_present=np.zeros(c, bool), missing=np.arange(c) % 2 == 1)
+    req = ScoreRequest(5, items, 0, slots)
+    base_only = alone.score([ScoreRequest(5, items, 0, None)])[0]
+    both = vm.score([req], with_base=True)[0]
+    assert both.shape == (2, c)
+    np.testing.assert_array_equal(both[1], base_only)  # the base is the VM alone's weights
+    np.testing.assert_array_equal(both[0], vm.score([req])[0])
+    miss = ~slots.pair_present
+    np.testing.assert_array_equal(both[0][miss], base_only[miss])
+    off = vm.scales()
+    off[:] = 0.0
+    zero = vm.score([dataclasses.replace(req, scales=off), req])
+    np.testing.assert_array_equal(zero[0], base_only)
+    np.testing.assert_array_equal(zero[1], both[0])  # the other request keeps its scales
+    np.testing.assert_array_equal(vm.scales(), vm.model.scale.numpy())  # restored
