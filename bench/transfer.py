@@ -42,7 +42,8 @@ def checks(r: dict) -> list[tuple[str, bool]]:
     beyond the no-z control, misses scored as the VM alone."""
     tr, paired = r["tr"], r.get("tr_paired", {})
     second = next(iter((r.get("tasks") or {}).values()), None)
-    covs = sorted(int(k.split("_")[1]) for k in tr if k.startswith("pair_"))
+    covs = sorted(int(k.split("_")[1]) for k in tr
+                  if k.startswith("pair_") and k.split("_")[1].isdigit())
     out = [
         ("gap_significant", bool(r["gap_significant"])),
         ("tr.pair_100 >= 0.70", tr["pair_100"] >= 0.70),
@@ -57,6 +58,12 @@ def checks(r: dict) -> list[tuple[str, bool]]:
         if c < 100:
             out.append((f"pair_{c} >= 0.8 x {c / 100:g} x pair_100",
                         tr[f"pair_{c}"] >= 0.8 * c / 100 * tr["pair_100"]))
+    sim = r.get("schedule") or {}
+    if "c_sim" in sim:
+        c = sim["c_sim"]
+        out.append((f"pair_sim (c_sim {c:.3f}) >= 0.8 x c_sim x pair_100",
+                    tr["pair_sim"] >= 0.8 * c * tr["pair_100"]))
+        out.append(("pair_sim: CI low >= -0.02", paired["pair_sim"]["ci_low"] >= -0.02))
     for k, m in r.get("miss_rows", {}).items():
         out.append((f"miss rows of {k}: BCE = VM alone's (<= 1e-6)", m["max_abs_diff"] <= 1e-6))
     if second is not None and second.get("gap_significant"):  # TR only where the gap is

@@ -50,8 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python jobs/replay.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
-from solaris.config import (SolarisConfig, config_to_dict, load_config,  # noqa: E402
-                            parse_overrides, with_overrides)
+from solaris.config import (ScheduleConfig, SolarisConfig, config_to_dict,  # noqa: E402
+                            load_config, parse_overrides, with_overrides)
 from solaris.errors import SolarisError  # noqa: E402
 
 log = logging.getLogger("jobs.replay")
@@ -59,9 +59,10 @@ log = logging.getLogger("jobs.replay")
 
 @dataclass
 class ReplayOptions:
-    tick_s: float = 60.0  # event seconds per tick
-    lag_s: float = 300.0  # work enqueued at t is written no earlier than t + lag
-    budget_per_hour: float = 3000.0  # FM pair-evaluations per event hour (0: no limit)
+    # the schedule's defaults are the config's (the transfer report simulates the same one)
+    tick_s: float = ScheduleConfig.tick_s  # event seconds per tick
+    lag_s: float = ScheduleConfig.lag_s  # work enqueued at t is written no earlier than t + lag
+    budget_per_hour: float = ScheduleConfig.budget_per_hour  # FM evaluations per event hour
     workers: int = 1  # FM worker actors
     knn_every_h: float = 72.0  # KNN rebuild period in event hours (0: only the initial build)
     num_candidates: int = 100  # candidates per request of logs without candidate lists

@@ -44,7 +44,8 @@ class _Bar:
 
 
 def _steps(cfg, ablations_seeds: int = 0) -> int:
-    per_task = 6  # vm, vm_kd, cross-fitted base logits, residual pair, control, aggregate
+    per_task = 7  # vm, vm_kd, cross-fitted base logits, residual pair, control, aggregate,
+    # schedule simulation
     per_seed = 1 + 2 * per_task
     ab = ablations_seeds * 7
     return cfg.report.seeds * per_seed + ab

@@ -235,6 +235,22 @@ class ResidualConfig:
 
 
 @dataclass(frozen=True)
+class ScheduleConfig:
+    """The speculation schedule as the replay runs it (event time) and the transfer report
+    simulates it on the test period (``c_sim``)."""
+
+    tick_s: float = 60.0  # event seconds per tick
+    lag_s: float = 300.0  # work enqueued at t is written no earlier than t + lag
+    budget_per_hour: float = 3000.0  # FM pair-evaluations per event hour (0: no limit)
+
+    def __post_init__(self) -> None:
+        _check(self.tick_s > 0, "schedule.tick_s", self.tick_s, "must be > 0")
+        _check(self.lag_s >= 0, "schedule.lag_s", self.lag_s, "must be >= 0")
+        _check(self.budget_per_hour >= 0, "schedule.budget_per_hour", self.budget_per_hour,
+               "must be >= 0")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """Optimisation shared by FM and VM training."""
 
@@ -524,6 +540,7 @@ class SolarisConfig:
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
     vm: VMConfig = field(default_factory=VMConfig)
     residual: ResidualConfig = field(default_factory=ResidualConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     report: ReportConfig = field(default_factory=ReportConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)

@@ -6,7 +6,8 @@ import json
 import math
 from pathlib import Path
 
-MODELS = ("fm", "vm", "vm_kd", "vm_agg", "vm_pair_100", "vm_pair_60", "vm_pair_50", "vm_pair_20")
+MODELS = ("fm", "vm", "vm_kd", "vm_agg", "vm_pair_100", "vm_pair_60", "vm_pair_50", "vm_pair_20",
+          "vm_pair_sim", "vm_control_100")
 
 
 def clean_nan(obj):
@@ -84,7 +85,8 @@ def coverage_plot(report: dict, path: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     bce = report["bce"]
-    covs = sorted(int(k.rsplit("_", 1)[1]) for k in bce if k.startswith("vm_pair_"))
+    covs = sorted(int(k.rsplit("_", 1)[1]) for k in bce
+                  if k.startswith("vm_pair_") and k.rsplit("_", 1)[1].isdigit())
     xs = [0] + covs
     gain = [0.0] + [100.0 * (bce["vm"] - bce[f"vm_pair_{c}"]) / bce["vm"] for c in covs]
     fm_gain = 100.0 * (bce["vm"] - bce["fm"]) / bce["vm"]
@@ -96,6 +98,10 @@ def coverage_plot(report: dict, path: str | Path) -> Path:
         b2 = block["bce"]
         g2 = [0.0] + [100.0 * (b2["vm"] - b2[f"vm_pair_{c}"]) / b2["vm"] for c in covs]
         ax.plot(xs, g2, "s--", color="tab:purple", label=f"VM + pair embedding ({task})")
+    sim = report.get("schedule")
+    if sim and "vm_pair_sim" in bce:
+        ax.plot([100.0 * sim["c_sim"]], [100.0 * (bce["vm"] - bce["vm_pair_sim"]) / bce["vm"]],
+                "D", color="tab:green", label="presence as the schedule simulation gives it")
     ax.axhline(fm_gain, color="k", ls=":", label="FM (the whole gap)")
     ax.axhline(100.0 * (bce["vm"] - bce["vm_kd"]) / bce["vm"], color="tab:red", ls="--",
                label="VM + soft-label KD")

@@ -23,6 +23,7 @@ from solaris.data.split import Periods, time_split, warm_mask
 from solaris.eval import metrics as M
 from solaris.features import FeatureTables
 from solaris.models.vm import VerticalModel
+from solaris.eval.schedule import simulated_presence, test_log
 from solaris.train.residual import crossfit_base_logits, train_residual
 from solaris.train.teacher import Teacher, build_teacher, vm_inputs
 from solaris.train.vertical import VMInputs, VMSpec, coverage_mask, predict_vm, train_vm
@@ -64,6 +65,7 @@ class TransferExperiment:
         self.warm = warm_mask(ds, self.periods)
         self.absent_rows = self.periods.fm_vertical if cfg.split.vm_trains_on_fm_period else \
             np.zeros(0, dtype=np.int64)
+        self._log = None  # the test period as a request log, built once (schedule simulation)
 
     # ---- teacher -------------------------------------------------------------------------
     def teacher(self, seed: int, fm_rows: np.ndarray | None = None,
@@ -147,6 +149,20 @@ class TransferExperiment:
             fits["control"].model, inputs, task, seed, 1.0, False)
         run.raw["vm_agg"], run.cal["vm_agg"] = self.predict(fits["agg"].model, inputs, task,
                                                             seed, 0.0, True)
+        # the presence pattern the speculation schedule gives on the test period (c_sim)
+        self.progress(f"seed {seed}: {self.ds.tasks[task]} schedule simulation")
+        if self._log is None:
+            self._log = test_log(cfg, self.ds, p)
+        sim = simulated_presence(cfg, self.ds, self.tables, p, base, self._log, seed)
+        off = np.zeros(len(p.test), bool)
+        pt = predict_vm(fits["pair"].model, inputs, p.test, sim["mask"], off)
+        val_mask = coverage_mask(len(p.val), sim["c_sim"], seed + 1)
+        pv = predict_vm(fits["pair"].model, inputs, p.val, val_mask,
+                        np.zeros(len(p.val), bool))
+        ab = M.fit_platt(self.tables.labels[p.val, task], pv)
+        run.raw["vm_pair_sim"], run.cal["vm_pair_sim"] = pt, M.apply_platt(pt, ab)
+        run.masks["vm_pair_sim"] = sim["mask"]
+        run.chosen["schedule"] = {k: v for k, v in sim.items() if k != "mask"}
         run.masks["vm_agg"] = inputs.agg_present.numpy()[p.test] > 0
 
     def fm_predictions(self, probs: np.ndarray, task: int) -> tuple[np.ndarray, np.ndarray]:
@@ -238,6 +254,17 @@ def _paired_block(runs: list[SeedRun], y: np.ndarray, tr_names: list[str], cfg: 
     return out
 
 
+def _schedule_summary(chosen: list[dict]) -> dict | None:
+    """Seed means of the schedule simulation behind ``pair_sim`` (and each seed's)."""
+    per = [c["schedule"] for c in chosen if "schedule" in c]
+    if not per:
+        return None
+    out = {k: float(np.mean([p[k] for p in per])) for k in ("c_sim", "pair_simulated",
+                                                           "fm_evals", "precision")}
+    out["c_sim_per_seed"] = [p["c_sim"] for p in per]
+    return out
+
+
 def summarize(runs: list[SeedRun], y: np.ndarray, warm: np.ndarray, cfg: SolarisConfig,
               seed: int = 0) -> dict:
     """Seed-mean metrics, TRs, their spread, the bootstrap gap test, warm and cold splits."""
@@ -313,6 +340,7 @@ def run_transfer(cfg: SolarisConfig, ds: Dataset, progress: Progress | None = No
         "tr_per_seed": main["tr_per_seed"],
         "chosen": main["chosen"],
         "request_granularity_s": cfg.features.request_granularity_s,
+        "schedule": _schedule_summary(main["chosen"]),
         "periods": p.as_dict(),
         "test_rows": int(len(p.test)),
         "warm_share": float(exp.warm.mean()),

@@ -50,7 +50,7 @@ def report(cfg, ds):
     return run_transfer(cfg, ds)
 
 
-ARMS = ("kd", "agg", "pair_100", "pair_20", "control_100")
+ARMS = ("kd", "agg", "pair_100", "pair_20", "control_100", "pair_sim")
 
 
 def test_transfer_report_computes_tr_for_every_arm_from_its_bces(report):

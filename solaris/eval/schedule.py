@@ -1,0 +1,78 @@
+"""The pair-slot presence the speculation schedule gives on the test period (``c_sim``).
+
+Random presence at coverage c tells how TR scales with c; the schedule decides *which* rows
+are covered. Here the test period becomes the replay's request log (the same requests and
+candidate lists: ``solaris.replay.log``), the verifier ranks every candidate by the VM alone
+(as it does in serving, so the pattern does not depend on the model under test), and the
+key-level schedule simulation (``solaris.replay.coverage``, which reproduces the live
+replay's pair coverage) says which labelled pairs would have been found fresh in the cache.
+Those rows get their pair slot; the rest are misses.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from solaris.config import SolarisConfig
+from solaris.data.schema import Dataset
+from solaris.data.split import Periods
+from solaris.features import FeatureTables
+from solaris.models.vm import VerticalModel
+from solaris.replay.coverage import simulate_pair_coverage
+from solaris.replay.log import RequestLog, build_request_log
+from solaris.replay.prepare import row_index
+
+
+@torch.no_grad()
+def candidate_scores(model: VerticalModel, tables: FeatureTables, users: np.ndarray,
+                     items: np.ndarray, surfaces: np.ndarray, batch: int = 8192) -> np.ndarray:
+    """Probabilities (N,) of a VM alone for arbitrary (user, item, surface) triples (ids the
+    model knows), from the side-feature tables."""
+    model.eval()
+    out = np.empty(len(users), np.float64)
+    for lo in range(0, len(users), batch):
+        u = torch.from_numpy(np.asarray(users[lo:lo + batch], np.int64))
+        i = torch.from_numpy(np.asarray(items[lo:lo + batch], np.int64))
+        b = {"user": u, "item": i,
+             "surface": torch.from_numpy(np.asarray(surfaces[lo:lo + batch], np.int64)),
+             "user_cat": torch.from_numpy(tables.user_cat[u.numpy()]),
+             "item_cat": torch.from_numpy(tables.item_cat[i.numpy()]),
+             "item_cont": torch.from_numpy(tables.item_cont[i.numpy()])}
+        out[lo:lo + batch] = torch.sigmoid(model(b)).numpy()
+    return out
+
+
+def test_log(cfg: SolarisConfig, ds: Dataset, periods: Periods) -> RequestLog:
+    """The test period as the replay's request log (its window starts at the test cut)."""
+    return build_request_log(ds, int(periods.cuts[2]), num_candidates=100,
+                             granularity_s=max(1, cfg.features.request_granularity_s), seed=0)
+
+
+def simulated_presence(cfg: SolarisConfig, ds: Dataset, tables: FeatureTables,
+                       periods: Periods, base: VerticalModel, lg: RequestLog,
+                       seed: int = 0) -> dict:
+    """Which test rows the schedule covers, the verifier ranking ``lg``'s candidates by
+    ``base``: ``mask`` (len(periods.test),) bool, its share ``c_sim``, and the simulation's
+    pair coverage of labelled pairs, FM evaluations and precision."""
+    r, c = lg.candidates.shape
+    scores = candidate_scores(base, tables, np.repeat(lg.user, c), lg.candidates.ravel(),
+                              np.repeat(lg.surface, c)).reshape(r, c)
+    s = cfg.schedule
+    sim = simulate_pair_coverage(lg, scores, fraction=cfg.verifier.fraction,
+                                 horizon_s=cfg.verifier.horizon_s,
+                                 read_ttl_s=float(cfg.cache.read_ttl_s), lag_s=s.lag_s,
+                                 tick_s=s.tick_s, budget_per_hour=s.budget_per_hour, seed=seed)
+    lab = lg.labelled
+    ri, ci = np.nonzero(lab)
+    within = cfg.features.request_granularity_s if ds.requests is None else 1
+    rows = row_index(ds, lg.user[ri], lg.candidates[ri, ci], lg.ts[ri], max(1, within))
+    pos = np.full(tables.num_rows, -1, np.int64)
+    pos[periods.test] = np.arange(len(periods.test))
+    mask = np.zeros(len(periods.test), bool)
+    ok = rows >= 0
+    at = pos[rows[ok]]
+    mask[at[at >= 0]] = sim["found"][ri[ok], ci[ok]][at >= 0]
+    return {"mask": mask, "c_sim": float(mask.mean()), "pair_simulated": sim["pair"],
+            "fm_evals": int(sim["fm_evals"]), "precision": sim["precision"],
+            "labelled_mapped": float(np.mean(at >= 0)) if len(at) else float("nan")}
