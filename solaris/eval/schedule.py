@@ -43,7 +43,7 @@ def candidate_scores(model: VerticalModel, tables: FeatureTables, users: np.ndar
     return out
 
 
-def test_log(cfg: SolarisConfig, ds: Dataset, periods: Periods) -> RequestLog:
+def window_log(cfg: SolarisConfig, ds: Dataset, periods: Periods) -> RequestLog:
     """The test period as the replay's request log (its window starts at the test cut)."""
     return build_request_log(ds, int(periods.cuts[2]), num_candidates=100,
                              granularity_s=max(1, cfg.features.request_granularity_s), seed=0)

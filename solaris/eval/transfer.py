@@ -23,7 +23,7 @@ from solaris.data.split import Periods, time_split, warm_mask
 from solaris.eval import metrics as M
 from solaris.features import FeatureTables
 from solaris.models.vm import VerticalModel
-from solaris.eval.schedule import simulated_presence, test_log
+from solaris.eval.schedule import simulated_presence, window_log
 from solaris.train.residual import crossfit_base_logits, train_residual
 from solaris.train.teacher import Teacher, build_teacher, vm_inputs
 from solaris.train.vertical import VMInputs, VMSpec, coverage_mask, predict_vm, train_vm
@@ -152,7 +152,7 @@ class TransferExperiment:
         # the presence pattern the speculation schedule gives on the test period (c_sim)
         self.progress(f"seed {seed}: {self.ds.tasks[task]} schedule simulation")
         if self._log is None:
-            self._log = test_log(cfg, self.ds, p)
+            self._log = window_log(cfg, self.ds, p)
         sim = simulated_presence(cfg, self.ds, self.tables, p, base, self._log, seed)
         off = np.zeros(len(p.test), bool)
         pt = predict_vm(fits["pair"].model, inputs, p.test, sim["mask"], off)
