@@ -92,6 +92,14 @@ def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_t
     online = transfer(y, p_alone, p_served, p_fm, first, second)
     out["tr_online"] = online["tr_cal"]
     out["tr_online_raw"] = online["tr_raw"]
+    # calibrated as the system would be: one Platt fit of the VM alone (first half) applied to
+    # the VM alone and to the served scores alike, so rows without SOLARIS input stay equal to
+    # the VM alone's after calibration too (a separate fit of the served VM moves them all)
+    ab = M.fit_platt(y[first], p_alone[first])
+    fab = M.fit_platt(y[first], p_fm[first])
+    b = {k: M.bce(y[second], M.apply_platt(p[second], a))
+         for k, p, a in (("vm", p_alone, ab), ("x", p_served, ab), ("fm", p_fm, fab))}
+    out["tr_online_base_calibrated"] = M.transfer_ratio(b["vm"], b["x"], b["fm"])
     ci = M.tr_bootstrap(M.bce_rows(y, p_alone), M.bce_rows(y, p_served), M.bce_rows(y, p_fm),
                         resamples, 0.05)
     out["tr_online_raw_ci"] = [ci["ci_low"], ci["ci_high"]]  # paired bootstrap over rows
@@ -139,7 +147,8 @@ def transfer_from_log(path: Path, art_dir: Path, task: str, read_ttl_s: float
     row = data.pop("row")
     out: dict[str, Any] = {"transfer": transfer_report(Path(art_dir), task, ServedRows(**data),
                                                        row, read_ttl_s)}
-    for k in ("tr_online", "tr_online_raw", "tr_online_raw_ci", "tr_online_by_tier", "tr_offline_pair_100",
+    for k in ("tr_online", "tr_online_raw", "tr_online_raw_ci", "tr_online_base_calibrated",
+              "tr_online_by_tier", "tr_offline_pair_100",
               "consistency", "tier_worth", "all_slots_off", "calibration_slope"):
         out[k] = out["transfer"].pop(k)
     return out
