@@ -154,7 +154,9 @@ class LiveReplay:
                 c = cfg if i == 0 else with_overrides(cfg, {"fm.version": "fm-v2"})
                 self.say(f"training artifacts{' (v2, for the rollover)' if i else ''} "
                          f"on the periods before the window")
-                train_artifacts(c, ds, d, seed=o.seed + i, evaluation=True)
+                # a rollover keeps the VMs alone and retrains what reads the FM
+                train_artifacts(c, ds, d, seed=o.seed + i, evaluation=True,
+                                base_dir=self.art_dirs[0] if i else None)
         self.artifacts_seconds = round(time.perf_counter() - t0, 1)
         self.manifests = [json.loads((d / "manifest.json").read_text()) for d in self.art_dirs]
         for m in self.manifests:

@@ -87,10 +87,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     ds = _load(cfg, args.fetch)
-    bar = _Bar(1 + len(ds.tasks), f"train {ds.name}")
+    bar = _Bar(1 + 3 * len(ds.tasks), f"train {ds.name}")
     try:
         manifest = train_artifacts(cfg, ds, args.out, seed=args.seed, coverage=args.coverage,
-                                   progress=bar)
+                                   progress=bar, base_dir=args.keep_vm_alone)
     finally:
         bar.close()
     for task, v in manifest["vms"].items():
@@ -182,7 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--out", required=True, type=Path)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--coverage", type=float, default=0.5,
-                   help="pair coverage the serving VMs are trained for (feature dropout)")
+                   help="pair coverage the manifest's test figure is measured at")
+    t.add_argument("--keep-vm-alone", type=Path, metavar="ARTIFACTS",
+                   help="a new FM version: keep the VMs alone of these artifacts and retrain "
+                   "only what reads the FM (FM, encoder, corrections)")
     t.set_defaults(fn=cmd_train)
 
     d = sub.add_parser("data", help="generate synthetic data to Parquet (streams in chunks)")

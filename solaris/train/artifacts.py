@@ -32,7 +32,8 @@ from solaris.eval import metrics as M
 from solaris.errors import CheckpointError
 from solaris.features import FeatureTables
 from solaris.precompute import SideTables
-from solaris.train.checkpoint import save_checkpoint
+from solaris.models.vm import VerticalModel
+from solaris.train.checkpoint import load_checkpoint, save_checkpoint
 from solaris.train.teacher import build_teacher, vm_inputs
 from solaris.train.residual import (crossfit_base_logits, residual_meta, train_base,
                                     train_residual)
@@ -43,11 +44,13 @@ log = logging.getLogger(__name__)
 
 def train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: int = 0,
                     coverage: float = 0.5, progress: Callable[[str], None] | None = None,
-                    evaluation: bool = False) -> dict:
+                    evaluation: bool = False, base_dir: str | Path | None = None) -> dict:
     """Train FM + encoder (FM period) and a two-slot VM per task; write them to ``out_dir``.
 
     ``evaluation`` (the replay) also writes the snapshot's outputs over every interaction row
-    (``teacher.npz``: probabilities, pair embeddings, causal aggregates)."""
+    (``teacher.npz``: probabilities, pair embeddings, causal aggregates). ``base_dir``: the
+    artifacts of an earlier FM version whose VMs alone (which read no FM output) are kept as
+    they are -- a version rollover retrains the FM, the encoder and the corrections only."""
     say = progress or (lambda _m: None)
     t0 = time.perf_counter()
     out = Path(out_dir)
@@ -68,9 +71,13 @@ def train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: 
         common = dict(task=t, rows=periods.vm, absent_rows=periods.fm_vertical,
                       val_rows=periods.val, seed=seed, num_users=ds.num_users,
                       num_items=ds.num_items)
-        say(f"training the VM alone for {task}")
-        base, lr, v_base = train_base(inputs, cfg.vm, cfg.train, cfg.report.vm_lrs,
-                                      name=f"vm_{task}_alone", **common)
+        if base_dir is not None:
+            say(f"keeping the VM alone for {task} from {Path(base_dir).name}")
+            base, lr, v_base = load_base(Path(base_dir), task)
+        else:
+            say(f"training the VM alone for {task}")
+            base, lr, v_base = train_base(inputs, cfg.vm, cfg.train, cfg.report.vm_lrs,
+                                          name=f"vm_{task}_alone", **common)
         vm_cfg = {**config_to_dict(cfg.vm), "use_pair": False, "use_agg": False}
         save_checkpoint(out / f"vm_{task}_alone.pt", base, "vm", vm_cfg,
                         version=teacher.version, task=task, slot_dim=inputs.dim,
@@ -108,6 +115,24 @@ def train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: 
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest
+
+
+def load_base(base_dir: Path, task: str) -> tuple[VerticalModel, float, float]:
+    """(VM alone, its lr, its validation BCE) of ``task`` from an artifact directory."""
+    from solaris.config import config_from_dict
+    from solaris.data.schema import FeatureSpec
+
+    m = json.loads((base_dir / "manifest.json").read_text())
+    entry = m.get("baselines", {}).get(task)
+    if entry is None:
+        raise CheckpointError(f"{base_dir}: no VM alone for task {task!r} to keep")
+    ck = load_checkpoint(base_dir / entry["file"], "vm")
+    meta = ck["meta"]
+    vm = VerticalModel(config_from_dict({"vm": ck["config"]}).vm,
+                       FeatureSpec.from_dict(meta["spec"]), meta["num_users"],
+                       meta["num_items"], meta["slot_dim"])
+    vm.load_state_dict(ck["state_dict"])
+    return vm.eval(), float(entry["lr"]), float(entry["val_bce"])
 
 
 def save_side_tables(path: str | Path, side: SideTables) -> Path:

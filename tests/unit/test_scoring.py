@@ -145,3 +145,20 @@ def test_the_served_vm_is_residual_on_its_vm_alone_with_live_scales(art):
     np.testing.assert_array_equal(zero[0], base_only)
     np.testing.assert_array_equal(zero[1], both[0])  # the other request keeps its scales
     np.testing.assert_array_equal(vm.scales(), vm.model.scale.numpy())  # restored
+
+
+def test_a_new_fm_version_keeps_the_vm_alone_and_retrains_the_corrections(art, tmp_path):
+    import torch
+
+    from solaris.train.checkpoint import load_checkpoint
+
+    cfg = load_config(None, {**TINY, "fm.version": "fm-v2"})
+    m = train_artifacts(cfg, load_dataset(cfg.data), tmp_path, seed=1, base_dir=art.root)
+    assert m["version"] != art.version
+    for name in ("vm_click_alone.pt", "vm_conversion_alone.pt"):
+        old = load_checkpoint(art.root / name, "vm")["state_dict"]
+        new = load_checkpoint(tmp_path / name, "vm")["state_dict"]
+        assert old.keys() == new.keys() and all(torch.equal(old[k], new[k]) for k in old)
+    served = load_checkpoint(tmp_path / "vm_click.pt", "vm")["state_dict"]
+    alone = load_checkpoint(art.root / "vm_click_alone.pt", "vm")["state_dict"]
+    assert all(torch.equal(served[f"base.{k}"], v) for k, v in alone.items())
