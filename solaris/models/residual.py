@@ -1,6 +1,7 @@
 """The residual SOLARIS VM: the VM alone, frozen, plus a masked correction per slot.
 
-    logit = base(x) + sum_slot where(present, s[slot, tier] * g_slot(tier, age) * delta_slot(e, b), 0)
+    logit = base(x)
+            + sum_slot where(present, s[slot, tier] * g_slot(tier, age) * delta_slot(e, b), 0)
 
 ``base`` is the VM alone of the same seed (the very weights the ``vm`` arm scores with), frozen.
 ``delta_slot`` reads the slot's embedding ``e`` (pair slot: z or its imputation; user slot: the

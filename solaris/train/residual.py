@@ -10,7 +10,6 @@ and scoring its own; validation and test rows are out of sample for the base its
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,12 +17,11 @@ import torch
 import torch.nn.functional as F
 
 from solaris.config import ResidualConfig, TrainConfig, VMConfig
-from solaris.models.residual import SLOTS, ResidualVM
+from solaris.models.residual import AGG_TIER, SLOTS, ResidualVM
 from solaris.models.vm import VerticalModel
 from solaris.train.loop import fit, predict_in_batches, seed_everything
 from solaris.train.vertical import TIER_PAIR, VMInputs, VMSpec, train_vm
 
-AGG_TIER = 1
 
 
 @torch.no_grad()

@@ -128,7 +128,8 @@ def test_the_served_vm_is_residual_on_its_vm_alone_with_live_scales(art):
     c, d = len(items), vm.dim
     rng = np.random.default_rng(1)
     slots = Slots(pair_emb=rng.normal(size=(c, d)).astype(np.float32),
-                  pair_present=np.arange(c) % 2 == 0, pair_tier=np.where(np.arange(c) % 2 == 0, 1, 0),
+                  pair_present=np.arange(c) % 2 == 0,
+                  pair_tier=np.where(np.arange(c) % 2 == 0, 1, 0),
                   pair_age_s=np.zeros(c), agg_emb=np.zeros((c, d), np.float32),
                   agg_present=np.zeros(c, bool), missing=np.arange(c) % 2 == 1)
     req = ScoreRequest(5, items, 0, slots)
