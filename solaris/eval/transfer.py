@@ -24,7 +24,7 @@ from solaris.eval import metrics as M
 from solaris.features import FeatureTables
 from solaris.models.vm import VerticalModel
 from solaris.eval.schedule import simulated_presence, window_log
-from solaris.train.residual import crossfit_base_logits, train_residual
+from solaris.train.residual import crossfit_base_logits, train_base, train_residual
 from solaris.train.teacher import Teacher, build_teacher, vm_inputs
 from solaris.train.vertical import VMInputs, VMSpec, coverage_mask, predict_vm, train_vm
 
@@ -182,7 +182,12 @@ class TransferExperiment:
                                 "epochs_run": teacher.fm_fit.epochs_run}
             run.raw["fm"], run.cal["fm"] = self.fm_predictions(probs, task)
             self.progress(f"seed {seed}: {self.ds.tasks[task]} vm")
-            spec, lr, base = self.best_of_grid([VMSpec("vm")], inputs, probs, task, seed)
+            # the base of every residual arm: the very code that trains a serving VM's base
+            base, lr, _ = train_base(inputs, self.cfg.vm, self.cfg.train, self.cfg.report.vm_lrs,
+                                     task=task, rows=self.periods.vm,
+                                     absent_rows=self.absent_rows, val_rows=self.periods.val,
+                                     seed=seed, num_users=self.ds.num_users,
+                                     num_items=self.ds.num_items)
             run.raw["vm"], run.cal["vm"] = self.predict(base, inputs, task, seed, 0.0, False)
             run.chosen["vm"] = {"lr": lr, "kd_alpha": 0.0, "coverage": 0.0}
             self.progress(f"seed {seed}: {self.ds.tasks[task]} vm_kd")
