@@ -23,14 +23,12 @@ import torch
 import torch.nn as nn
 
 from solaris.cache.query import TIER_NONE, TIER_PAIR, Slots
-from solaris.config import config_from_dict
 from solaris.data.schema import FeatureSpec
 from solaris.errors import CheckpointError, RequestError
 from solaris.models.residual import ResidualVM
-from solaris.models.vm import VerticalModel
 from solaris.pqueue import Group
 from solaris.precompute import HistoryProvider, PrecomputeWorker, SideTables, load_models
-from solaris.train.artifacts import load_side_tables
+from solaris.train.artifacts import load_side_tables, vm_alone_from_checkpoint
 from solaris.train.checkpoint import load_checkpoint
 
 Tensor = torch.Tensor
@@ -136,9 +134,7 @@ class VMScorer:
             raise RequestError(f"task={task!r}: no VM for it (tasks: {', '.join(artifacts.tasks)})")
         ck = load_checkpoint(artifacts.root / artifacts.vm_files[task], "vm")
         meta = ck["meta"]
-        cfg = config_from_dict({"vm": ck["config"]}).vm
-        spec = FeatureSpec.from_dict(meta["spec"])
-        vm = VerticalModel(cfg, spec, meta["num_users"], meta["num_items"], meta["slot_dim"])
+        vm = vm_alone_from_checkpoint(ck)
         # a residual VM (solaris/models/residual.py) wraps its VM alone; older checkpoints are
         # the jointly trained VM itself
         self.residual = bool(meta.get("residual", False))
@@ -154,7 +150,6 @@ class VMScorer:
                                   f"fit the model its config describes ({e})") from e
         vm.user_emb = _with_oov_row(vm.user_emb)
         vm.item_emb = _with_oov_row(vm.item_emb)
-        self.scale_curves = meta.get("scale_curves", {})
         self.model = model.eval()
         self.task = task
         self.version = str(meta.get("version", ""))

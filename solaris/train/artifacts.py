@@ -119,20 +119,26 @@ def train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: 
 
 def load_base(base_dir: Path, task: str) -> tuple[VerticalModel, float, float]:
     """(VM alone, its lr, its validation BCE) of ``task`` from an artifact directory."""
-    from solaris.config import config_from_dict
-    from solaris.data.schema import FeatureSpec
-
     m = json.loads((base_dir / "manifest.json").read_text())
     entry = m.get("baselines", {}).get(task)
     if entry is None:
         raise CheckpointError(f"{base_dir}: no VM alone for task {task!r} to keep")
     ck = load_checkpoint(base_dir / entry["file"], "vm")
-    meta = ck["meta"]
-    vm = VerticalModel(config_from_dict({"vm": ck["config"]}).vm,
-                       FeatureSpec.from_dict(meta["spec"]), meta["num_users"],
-                       meta["num_items"], meta["slot_dim"])
+    vm = vm_alone_from_checkpoint(ck)
     vm.load_state_dict(ck["state_dict"])
     return vm.eval(), float(entry["lr"]), float(entry["val_bce"])
+
+
+def vm_alone_from_checkpoint(ck: dict) -> VerticalModel:
+    """The ``VerticalModel`` a VM checkpoint's config describes (weights not loaded): the
+    model itself, or the base inside a residual VM's checkpoint."""
+    from solaris.config import config_from_dict
+    from solaris.data.schema import FeatureSpec
+
+    meta = ck["meta"]
+    return VerticalModel(config_from_dict({"vm": ck["config"]}).vm,
+                         FeatureSpec.from_dict(meta["spec"]), meta["num_users"],
+                         meta["num_items"], meta["slot_dim"])
 
 
 def save_side_tables(path: str | Path, side: SideTables) -> Path:
