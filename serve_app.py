@@ -38,15 +38,16 @@ from ray import serve
 from ray.util import metrics as ray_metrics
 
 from solaris import verifier
-from solaris.cache.query import TIER_PAIR, Slots
+from solaris.cache.query import Slots
 from solaris.config import SolarisConfig, config_to_dict, load_config
 from solaris.errors import RequestError, SolarisError
 from solaris.rollout import RolloutPolicy
-from solaris.scales import ScaleTable
+from solaris.scales import PAIR_TIERS, ScaleTable
 from solaris.scoring import Artifacts, InlineFM, PackedSlots, ScoreRequest, VMScorer
-from solaris.serving import (TIER_NAMES, AfterAnswer, ColdNeighbours, KnnTables,
-                             default_artifacts_dir, ensure_artifacts, is_cold,
-                             settings_from_args)
+from solaris.serving import (AfterAnswer, ColdNeighbours, KnnTables, default_artifacts_dir,
+                             ensure_artifacts, is_cold, settings_from_args)
+from solaris.tiers import LABELS as TIER_LABELS
+from solaris.tiers import NUM_TIERS, Tier
 
 log = logging.getLogger("solaris.serve")
 
@@ -106,7 +107,7 @@ class ScaleRequest(BaseModel):
     task: str
     version: str | None = Field(None, description="default: the task's active version")
     slot: Literal["pair", "aggregate"]
-    tier: Literal["pair", "user_neighbour", "item_neighbour"] | None = Field(
+    tier: Literal[PAIR_TIERS] | None = Field(  # "pair", "user_neighbour", "item_neighbour"
         None, description="the pair slot's tier (required for slot pair)")
     scale: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
 
@@ -402,7 +403,7 @@ class LookupRouter:
         self._after_pending = 0  # answered requests whose after-answer work has not run yet
         self.buffer = AfterAnswer(cfg.serve.flush_requests)
         self._flusher: asyncio.Task | None = None
-        self._tier_counts = np.zeros(len(TIER_NAMES), np.int64)
+        self._tier_counts = np.zeros(NUM_TIERS, np.int64)
         self._agg_count = 0
         # seconds of the last requests per mode by phase (enrich, VM call, answer; the lookup
         # round's own steps) -- where the time goes
@@ -575,7 +576,7 @@ class LookupRouter:
         resp = JSONResponse({
             "request_id": rid, "task": body.task, "mode": mode,
             "scores": probs.astype(float).tolist(),
-            "tiers": [TIER_NAMES[t] for t in tiers.tolist()],
+            "tiers": [TIER_LABELS[t] for t in tiers.tolist()],
             "ages_s": slots.pair_age_s.tolist() if slots is not None else [0.0] * len(items),
             "aggregate": slots.agg_present.tolist() if slots is not None else [False] * len(items),
             "versions": {"fm": version if mode != "vm" else "", "vm": version,
@@ -600,9 +601,9 @@ class LookupRouter:
         The verifier ranks by ``base``, the VM alone inside the residual VM, so what is
         precomputed does not depend on the corrections (nor does a simulation of it)."""
         try:
-            self._tier_counts += np.bincount(slots.pair_tier, minlength=len(TIER_NAMES))
+            self._tier_counts += np.bincount(slots.pair_tier, minlength=NUM_TIERS)
             self._agg_count += int(np.count_nonzero(slots.agg_present))
-            found = slots.pair_tier == TIER_PAIR
+            found = slots.pair_tier == Tier.PAIR
             version = self.policy.active[body.task]
             self.policy.observe(version, int(found.sum()), len(items))
             picks = verifier.choose(base, items, found, slots.pair_age_s,
@@ -658,7 +659,7 @@ class LookupRouter:
                 self._m_enqueued.inc(float(len(users)))
             for t, n in enumerate(self._tier_counts.tolist()):
                 if n:  # Ray counters take only positive increments
-                    self._m_tier.inc(float(n), tags={"tier": TIER_NAMES[t]})
+                    self._m_tier.inc(float(n), tags={"tier": TIER_LABELS[t]})
             if self._agg_count:
                 self._m_agg.inc(float(self._agg_count))
             self._tier_counts[:] = 0
@@ -693,7 +694,7 @@ class LookupRouter:
         """Look up the pending version (never sent to a VM) to measure its coverage."""
         try:
             shadow = await self._lookup(body.user_id, items, now, pending, body.surface)
-            self.policy.observe(pending, int((shadow.pair_tier == TIER_PAIR).sum()), len(items))
+            self.policy.observe(pending, int((shadow.pair_tier == Tier.PAIR).sum()), len(items))
             self.policy.maybe_switch(body.task)
         except Exception:
             log.exception("shadow lookup of %s failed", pending)

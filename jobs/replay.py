@@ -53,6 +53,7 @@ if str(ROOT) not in sys.path:  # `python jobs/replay.py` from anywhere
 from solaris.config import (ScheduleConfig, SolarisConfig, config_to_dict,  # noqa: E402
                             load_config, parse_overrides, with_overrides)
 from solaris.errors import SolarisError  # noqa: E402
+from solaris.tiers import Tier  # noqa: E402
 
 log = logging.getLogger("jobs.replay")
 
@@ -310,7 +311,7 @@ class LiveReplay:
             got = client.post("/rank", body)
             if got is not None:
                 scores[r] = got["scores"]
-                tiers[r] = [TIER_CODES[t] for t in got["tiers"]]
+                tiers[r] = [Tier.from_label(t) for t in got["tiers"]]
                 ages[r] = got["ages_s"]
                 agg[r] = got["aggregate"]
                 vm_version[r] = got["versions"]["vm"]
@@ -366,7 +367,7 @@ class LiveReplay:
                         curve += [(float(lg.ts[r]), *[
                             float(np.mean(group.lookup(int(lg.user[r]), lg.candidates[r],
                                                        float(lg.ts[r]), v, None, None,
-                                                       probe).pair_tier == 1))
+                                                       probe).pair_tier == Tier.PAIR))
                             for v in versions]) for r in range(a, b)]
                 allowance = tick_allowance(o.budget_per_hour, tick, k)
                 got = pre.step_until.remote(T_end - o.lag_s, allowance).result()
@@ -402,9 +403,6 @@ class LiveReplay:
                 "evaluated": evaluated, "knn_runs": knn_runs, "summary": summary,
                 "shards": shards, "ledger": ledger, "seconds": time.perf_counter() - t_start,
                 "curve": curve}
-
-
-TIER_CODES = {"none": 0, "pair": 1, "user_neighbour": 2, "item_neighbour": 3}
 
 
 def _ledger_report(app_id: str) -> dict | None:

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from solaris.cache.inputs import check_ids, check_time, check_version
-from solaris.cache.query import (TIER_ITEM_NBR, TIER_NONE, TIER_PAIR, TIER_USER_NBR,
-                                 ShardAnswer, ShardQuery, Slots)
+from solaris.cache.query import ShardAnswer, ShardQuery, Slots
 from solaris.config import EnrichConfig
 from solaris.errors import DataError, RequestError
+from solaris.tiers import Tier
 
 if TYPE_CHECKING:
     from solaris.cache.store import PairStore
@@ -197,7 +197,7 @@ def assemble(plan: RequestPlan, answers: dict[int, ShardAnswer | None], dim: int
     """The VM's slots per candidate from the shards' answers (None = that shard missed)."""
     C = len(plan.items)
     emb = np.zeros((C, dim), dtype=np.float32)
-    tier = np.zeros(C, dtype=np.int64)  # TIER_NONE
+    tier = np.zeros(C, dtype=np.int64)  # Tier.NONE
     age = np.zeros(C)
     agg_emb = np.zeros((C, dim), dtype=np.float32)
     agg_present = np.zeros(C, dtype=bool)
@@ -206,11 +206,11 @@ def assemble(plan: RequestPlan, answers: dict[int, ShardAnswer | None], dim: int
         f = own.own_fresh
         rows = own.own_idx[f]
         emb[rows], age[rows] = own.own_vectors[f], own.own_age_s[f]
-        tier[rows] = TIER_PAIR
+        tier[rows] = Tier.PAIR
         if plan.aggregate and own.agg_count > 0:
             agg_emb, agg_present = excluded_means(own.agg_sum, own.agg_count, C, own.own_idx,
                                                   own.own_vectors)
-    missing = tier == TIER_NONE
+    missing = tier == Tier.NONE
 
     # user-neighbour tier: hits of every neighbour shard, as (item, neighbour rank)
     parts = [(a, plan.nbr_ranks[s]) for s, a in answers.items()
@@ -233,22 +233,22 @@ def assemble(plan: RequestPlan, answers: dict[int, ShardAnswer | None], dim: int
                 got = wsum > 0
                 emb[got] = (acc[got] / wsum[got, None]).astype(np.float32)
                 age[got] = np.bincount(item, w * vage, minlength=C)[got] / wsum[got]
-                tier[got] = TIER_USER_NBR
+                tier[got] = Tier.USER_NEIGHBOUR
             else:  # per item, the nearest neighbour first (one shard sends only that one)
                 if len(parts) > 1:
                     first = np.flatnonzero(np.concatenate(([True], item[1:] != item[:-1])))
                     item, vec, vage = item[first], vec[first], vage[first]
                 emb[item], age[item] = vec, vage
-                tier[item] = TIER_USER_NBR
+                tier[item] = Tier.USER_NEIGHBOUR
 
     # item-neighbour tier: the user's own fresh pair of the nearest item neighbour holding one
     if own is not None and len(own.inbr_idx):
-        use = tier[own.inbr_idx] == TIER_NONE
+        use = tier[own.inbr_idx] == Tier.NONE
         rows = own.inbr_idx[use]
         emb[rows], age[rows] = own.inbr_vectors[use], own.inbr_age_s[use]
-        tier[rows] = TIER_ITEM_NBR
+        tier[rows] = Tier.ITEM_NEIGHBOUR
 
-    return Slots(pair_emb=emb, pair_present=tier != TIER_NONE, pair_tier=tier, pair_age_s=age,
+    return Slots(pair_emb=emb, pair_present=tier != Tier.NONE, pair_tier=tier, pair_age_s=age,
                  agg_emb=agg_emb, agg_present=agg_present, missing=missing)
 
 

@@ -14,31 +14,31 @@ from typing import Any
 
 import numpy as np
 
-from solaris.cache.query import TIER_NAMES
 from solaris.config import EnrichConfig
 from solaris.errors import RequestError
+from solaris.tiers import LABELS, NUM_TIERS, Tier
 
 PAIR, AGG = 0, 1  # rows of a scale array (2, 4): pair slot by tier; user slot at column 1
 AGG_COL = 1
-PAIR_TIERS = TIER_NAMES[1:]  # pair, user_neighbour, item_neighbour
+PAIR_TIERS = LABELS[Tier.PAIR:]  # the tiers with a scale: pair, user_neighbour, item_neighbour
 
 
 def scale_array(scales: dict[str, Any] | None) -> np.ndarray:
     """(2, 4) float32 from a manifest's ``scales`` ({"pair": {tier: s}, "aggregate": s});
     None (a jointly trained VM of older artifacts): every tier on, as it was served."""
-    out = np.zeros((2, len(TIER_NAMES)), np.float32)
+    out = np.zeros((2, NUM_TIERS), np.float32)
     if scales is None:
-        out[PAIR, 1:] = 1.0
+        out[PAIR, Tier.PAIR:] = 1.0
         out[AGG, AGG_COL] = 1.0
         return out
     for name, s in scales.get("pair", {}).items():
-        out[PAIR, TIER_NAMES.index(name)] = float(s)
+        out[PAIR, Tier.from_label(name)] = float(s)
     out[AGG, AGG_COL] = float(scales.get("aggregate", 0.0))
     return out
 
 
 def scale_dict(a: np.ndarray) -> dict[str, Any]:
-    return {"pair": {t: float(a[PAIR, TIER_NAMES.index(t)]) for t in PAIR_TIERS},
+    return {"pair": {t: float(a[PAIR, Tier.from_label(t)]) for t in PAIR_TIERS},
             "aggregate": float(a[AGG, AGG_COL])}
 
 
@@ -74,7 +74,7 @@ class ScaleTable:
         elif slot == "pair":
             if tier not in PAIR_TIERS:
                 raise RequestError(f"tier={tier!r}: one of {', '.join(PAIR_TIERS)}")
-            a[PAIR, TIER_NAMES.index(tier)] = value
+            a[PAIR, Tier.from_label(tier)] = value
         else:
             raise RequestError(f"slot={slot!r}: one of pair, aggregate")
         return scale_dict(a)
@@ -87,8 +87,8 @@ class ScaleTable:
         top = np.max(np.stack(rows), axis=0)  # (2, 4)
         return dataclasses.replace(
             base,
-            user_knn_probe=base.user_knn_probe if top[PAIR, 2] > 0 else 0,
-            item_tier=base.item_tier and bool(top[PAIR, 3] > 0),
+            user_knn_probe=base.user_knn_probe if top[PAIR, Tier.USER_NEIGHBOUR] > 0 else 0,
+            item_tier=base.item_tier and bool(top[PAIR, Tier.ITEM_NEIGHBOUR] > 0),
             aggregate=base.aggregate and bool(top[AGG, AGG_COL] > 0))
 
     def state(self) -> dict[str, Any]:

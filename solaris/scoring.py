@@ -22,12 +22,14 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from solaris.cache.query import TIER_NONE, TIER_PAIR, Slots
+from solaris.cache.query import Slots
 from solaris.data.schema import FeatureSpec
 from solaris.errors import CheckpointError, RequestError
+from solaris.models.batch import vm_batch
 from solaris.models.residual import ResidualVM
 from solaris.pqueue import Group
 from solaris.precompute import HistoryProvider, PrecomputeWorker, SideTables, load_models
+from solaris.tiers import Tier
 from solaris.train.artifacts import load_side_tables, vm_alone_from_checkpoint
 from solaris.train.checkpoint import load_checkpoint
 
@@ -165,43 +167,37 @@ class VMScorer:
         # (``tier_aware``) reads them too
         self.tier_aware = self.residual or bool(meta.get("tier_aware", False))
 
-    def _inputs(self, r: ScoreRequest) -> dict[str, np.ndarray]:
-        items = np.asarray(r.items, np.int64)
-        c = len(items)
-        known_i = items < self.num_items
-        it = np.where(known_i, items, self.num_items)  # OOV row
-        known_u = 0 <= r.user < self.num_users
-        u = r.user if known_u else self.num_users
+    def batch_rows(self, user: np.ndarray, item: np.ndarray, surface: np.ndarray,
+                   slots: Slots | PackedSlots | None = None) -> dict[str, Tensor]:
+        """The VM's input batch for rows (user, item, surface), each (B,), as served: an id
+        the VM never saw reads the out-of-vocabulary row and zero side features, a surface
+        outside the vocabulary the nearest one; ``slots`` (B rows) as the router looked
+        them up, read as this VM reads them (``tier_aware``); None: no SOLARIS inputs."""
+        user, item = np.asarray(user, np.int64), np.asarray(item, np.int64)
+        known_u = (0 <= user) & (user < self.num_users)
+        known_i = item < self.num_items
         s = self.side
-        item_cat = np.zeros((c, s.item_cat.shape[1]), np.int64)
-        item_cat[known_i] = s.item_cat[items[known_i]]
-        item_cont = np.zeros((c, s.item_cont.shape[1]), np.float32)
-        item_cont[known_i] = s.item_cont[items[known_i]]
-        user_cat = s.user_cat[r.user] if known_u else np.zeros(s.user_cat.shape[1], np.int64)
-        out = {
-            "user": np.full(c, u, np.int64), "item": it,
-            "surface": np.full(c, min(max(r.surface, 0), self.num_surfaces - 1), np.int64),
-            "user_cat": np.broadcast_to(np.asarray(user_cat, np.int64), (c, len(user_cat))),
-            "item_cat": item_cat, "item_cont": item_cont,
-        }
-        z = r.slots.unpack() if isinstance(r.slots, PackedSlots) else r.slots
-        if z is None:
-            zero = np.zeros((c, self.dim), np.float32)
-            out.update(pair_emb=zero, pair_present=np.zeros(c, np.float32),
-                       pair_tier=np.zeros(c, np.int64), pair_age=np.zeros(c, np.float32),
-                       agg_emb=zero, agg_present=np.zeros(c, np.float32))
-        else:
-            # the age enters as a share of the read TTL (the VM saw 0 = fresh in training)
-            if self.tier_aware:
-                tier = z.pair_tier.astype(np.int64)
-                age = (z.pair_age_s / self.read_ttl_s).astype(np.float32)
-            else:
-                tier = np.where(z.pair_present, TIER_PAIR, TIER_NONE).astype(np.int64)
-                age = np.zeros(c, np.float32)
-            out.update(pair_emb=z.pair_emb, pair_present=z.pair_present.astype(np.float32),
-                       pair_tier=tier, pair_age=age,
-                       agg_emb=z.agg_emb, agg_present=z.agg_present.astype(np.float32))
-        return out
+        user_cat = np.zeros((len(user), s.user_cat.shape[1]), np.int64)
+        user_cat[known_u] = s.user_cat[user[known_u]]
+        item_cat = np.zeros((len(item), s.item_cat.shape[1]), np.int64)
+        item_cat[known_i] = s.item_cat[item[known_i]]
+        item_cont = np.zeros((len(item), s.item_cont.shape[1]), np.float32)
+        item_cont[known_i] = s.item_cont[item[known_i]]
+        z = slots.unpack() if isinstance(slots, PackedSlots) else slots
+        # a VM trained offline reads tier "pair" and age 0 wherever the slot is present
+        return vm_batch(np.where(known_u, user, self.num_users),
+                        np.where(known_i, item, self.num_items),
+                        np.clip(np.asarray(surface, np.int64), 0, self.num_surfaces - 1),
+                        user_cat, item_cat, item_cont, z, dim=self.dim,
+                        read_ttl_s=self.read_ttl_s if self.tier_aware else None)
+
+    def batch(self, requests: Sequence[ScoreRequest]) -> dict[str, Tensor]:
+        """The VM's input batch for whole requests, their candidates one after another (what
+        ``score`` runs the VM on)."""
+        parts = [self.batch_rows(np.full(len(r.items), r.user, np.int64), r.items,
+                                 np.full(len(r.items), r.surface, np.int64), r.slots)
+                 for r in requests]
+        return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
     def scales(self) -> np.ndarray:
         """(2, 4) the scales this VM applies (a jointly trained VM: every tier on)."""
@@ -241,9 +237,7 @@ class VMScorer:
 
     def _forward(self, requests: Sequence[ScoreRequest], with_base: bool = False
                  ) -> list[np.ndarray]:
-        parts = [self._inputs(r) for r in requests]
-        batch = {k: torch.from_numpy(np.ascontiguousarray(np.concatenate([p[k] for p in parts])))
-                 for k in parts[0]}
+        batch = self.batch(requests)
         cuts = np.cumsum([len(r.items) for r in requests])[:-1]
         if not with_base:
             return np.split(torch.sigmoid(self.model(batch)).numpy(), cuts)  # (sum C,)
@@ -292,6 +286,6 @@ class InlineFM:
         z, known = self.embed(user, items, surface, now)
         c = len(z)
         return Slots(pair_emb=z, pair_present=known,
-                     pair_tier=np.where(known, TIER_PAIR, TIER_NONE).astype(np.int64),
+                     pair_tier=np.where(known, Tier.PAIR, Tier.NONE).astype(np.int64),
                      pair_age_s=np.zeros(c), agg_emb=np.zeros_like(z),
                      agg_present=np.zeros(c, bool), missing=np.zeros(c, bool))

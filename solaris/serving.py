@@ -1,4 +1,4 @@
-"""What the Serve app needs that is not Ray: settings, default artifacts, KNN tables, names.
+"""What the Serve app needs that is not Ray: settings, default artifacts, KNN tables.
 
 ``ensure_artifacts`` builds the embedded default (synthetic data, ``solaris train``) once per
 config under a file lock, so the first ``serve run serve_app:app`` on a fresh checkout works
@@ -22,14 +22,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from solaris.cache.query import TIER_ITEM_NBR, TIER_NONE, TIER_PAIR, TIER_USER_NBR
 from solaris.config import KnnConfig, SolarisConfig, config_to_dict, load_config
 from solaris.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-TIER_NAMES = {TIER_NONE: "none", TIER_PAIR: "pair", TIER_USER_NBR: "user_neighbour",
-              TIER_ITEM_NBR: "item_neighbour"}
 ARTIFACTS_ENV = "SOLARIS_ARTIFACTS"  # overrides where the default artifacts live
 _SETTING_KEYS = ("config", "artifacts", "mode", "app_id", "precompute")
 

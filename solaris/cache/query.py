@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-TIER_NONE, TIER_PAIR, TIER_USER_NBR, TIER_ITEM_NBR = 0, 1, 2, 3
-TIER_NAMES = ("none", "pair", "user_neighbour", "item_neighbour")
+from solaris.tiers import LABELS
+
+TIER_NAMES = LABELS  # the tier labels by code; an alias for bench/cache.py (use solaris.tiers)
 
 
 def _i64(n: int = 0) -> np.ndarray:
@@ -104,7 +105,7 @@ class Slots:
 
     pair_emb: np.ndarray  # (C, d) float32
     pair_present: np.ndarray  # (C,) bool
-    pair_tier: np.ndarray  # (C,) int64: TIER_NONE / TIER_PAIR / TIER_USER_NBR / TIER_ITEM_NBR
+    pair_tier: np.ndarray  # (C,) int64 ``Tier`` codes (solaris/tiers.py)
     pair_age_s: np.ndarray  # (C,) float64 age of the embedding used (0 where none)
     agg_emb: np.ndarray  # (C, d) float32 the user's aggregate excluding each candidate
     agg_present: np.ndarray  # (C,) bool

@@ -18,6 +18,7 @@ from solaris.config import SolarisConfig
 from solaris.data.schema import Dataset
 from solaris.data.split import Periods
 from solaris.features import FeatureTables
+from solaris.models.batch import vm_batch
 from solaris.models.vm import VerticalModel
 from solaris.replay.coverage import simulate_pair_coverage
 from solaris.replay.log import RequestLog, build_request_log
@@ -32,13 +33,10 @@ def candidate_scores(model: VerticalModel, tables: FeatureTables, users: np.ndar
     model.eval()
     out = np.empty(len(users), np.float64)
     for lo in range(0, len(users), batch):
-        u = torch.from_numpy(np.asarray(users[lo:lo + batch], np.int64))
-        i = torch.from_numpy(np.asarray(items[lo:lo + batch], np.int64))
-        b = {"user": u, "item": i,
-             "surface": torch.from_numpy(np.asarray(surfaces[lo:lo + batch], np.int64)),
-             "user_cat": torch.from_numpy(tables.user_cat[u.numpy()]),
-             "item_cat": torch.from_numpy(tables.item_cat[i.numpy()]),
-             "item_cont": torch.from_numpy(tables.item_cont[i.numpy()])}
+        u = np.asarray(users[lo:lo + batch], np.int64)
+        i = np.asarray(items[lo:lo + batch], np.int64)
+        b = vm_batch(u, i, surfaces[lo:lo + batch], tables.user_cat[u], tables.item_cat[i],
+                     tables.item_cont[i], dim=model.slot_dim)  # both slots absent
         out[lo:lo + batch] = torch.sigmoid(model(b)).numpy()
     return out
 

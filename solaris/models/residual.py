@@ -21,12 +21,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from solaris.models.vm import NUM_TIERS, VerticalModel
+from solaris.models.vm import VerticalModel
+from solaris.tiers import NUM_TIERS, Tier
 
 Tensor = torch.Tensor
 
 SLOTS = ("pair", "agg")
-AGG_TIER = 1  # the user slot has one tier: present (scale index 1, as the pair tier)
+AGG_TIER = int(Tier.PAIR)  # the user slot has one tier: present (scale column of the pair tier)
 
 
 class SlotCorrection(nn.Module):
@@ -69,10 +70,10 @@ class ResidualVM(nn.Module):
         self.pair = SlotCorrection(slot_dim, hidden, use_z, tiered=True) if use_pair else None
         self.agg = SlotCorrection(slot_dim, hidden, use_z, tiered=False) if use_agg else None
         # scale per slot (0 pair, 1 agg) and tier; the "none" tier never counts. A tier the
-        # correction never trained on starts switched off: only the own pair (tier 1) and the
+        # correction never trained on starts switched off: only the own pair (Tier.PAIR) and the
         # aggregate are on until training on simulated serving sets the others
         scale = torch.zeros(len(SLOTS), NUM_TIERS)
-        scale[0, 1] = 1.0 if use_pair else 0.0
+        scale[0, Tier.PAIR] = 1.0 if use_pair else 0.0
         scale[1, AGG_TIER] = 1.0 if use_agg else 0.0
         self.register_buffer("scale", scale)
 
@@ -84,8 +85,8 @@ class ResidualVM(nn.Module):
     def set_scale(self, slot: str, tier: int, value: float) -> None:
         if slot not in SLOTS:
             raise ValueError(f"slot={slot!r}: one of {SLOTS}")
-        if not 0 < tier < NUM_TIERS:
-            raise ValueError(f"tier={tier!r}: must be in 1..{NUM_TIERS - 1}")
+        if not Tier.NONE < tier < NUM_TIERS:
+            raise ValueError(f"tier={tier!r}: must be in {int(Tier.PAIR)}..{NUM_TIERS - 1}")
         if not 0.0 <= value <= 1.0:
             raise ValueError(f"scale={value!r}: must be in [0, 1]")
         self.scale[SLOTS.index(slot), tier] = float(value)
@@ -97,7 +98,7 @@ class ResidualVM(nn.Module):
         if self.pair is not None:
             tier = batch["pair_tier"].clamp(0, NUM_TIERS - 1)  # (B,)
             s = self.scale[0][tier]  # (B,)
-            on = (batch["pair_present"] > 0) & (tier > 0) & (s > 0)  # (B,)
+            on = (batch["pair_present"] > 0) & (tier > Tier.NONE) & (s > 0)  # (B,)
             e = torch.where(on[:, None], batch["pair_emb"], 0.0)  # (B, D)
             age = torch.where(on, batch["pair_age"], 0.0)  # (B,)
             pair_t = torch.where(on, s * self.pair(e, b, tier, age), zero)

@@ -15,11 +15,11 @@ import torch.nn.functional as F
 
 from solaris.config import VMConfig
 from solaris.data.schema import FeatureSpec
+from solaris.tiers import NUM_TIERS
 
 Tensor = torch.Tensor
 
 MAX_CAT = 3  # categorical columns read per side (the first ones, in spec order)
-NUM_TIERS = 4  # pair tier: 0 none, 1 pair, 2 user-neighbour, 3 item-neighbour
 
 
 class VerticalModel(nn.Module):

@@ -19,25 +19,23 @@ import math
 
 import numpy as np
 
-from solaris.cache.query import TIER_ITEM_NBR, TIER_PAIR, TIER_USER_NBR
 from solaris.errors import ConfigError, DataError
 from solaris.replay.log import RequestLog
+from solaris.tiers import LABELS, Tier
 from solaris.verifier import top_count
 
-LEVELS = ("pair", "user_neighbour", "item_neighbour")  # cumulative tier order
+LEVELS = LABELS[Tier.PAIR:]  # cumulative tier order: pair, user_neighbour, item_neighbour
 SHARES = (*LEVELS, "aggregate", "effective")
-_MAX_TIER = {"pair": TIER_PAIR, "user_neighbour": TIER_USER_NBR,
-             "item_neighbour": TIER_ITEM_NBR}
 
 
 def _shares(tiers: np.ndarray, aggregate: np.ndarray) -> dict[str, float]:
     n = len(tiers)
     if n == 0:
         return {**dict.fromkeys(SHARES, float("nan")), "count": 0}
-    out = {name: float(np.count_nonzero((tiers >= TIER_PAIR) & (tiers <= top))) / n
-           for name, top in _MAX_TIER.items()}
+    out = {top.label: float(np.count_nonzero((tiers >= Tier.PAIR) & (tiers <= top))) / n
+           for top in Tier if top > Tier.NONE}  # the LEVELS, in order
     out["aggregate"] = float(np.count_nonzero(aggregate)) / n
-    out["effective"] = float(np.count_nonzero((tiers > 0) | aggregate)) / n
+    out["effective"] = float(np.count_nonzero((tiers > Tier.NONE) | aggregate)) / n
     out["count"] = n
     return out
 
@@ -47,8 +45,8 @@ def _check_tiers(tiers: np.ndarray, aggregate: np.ndarray) -> tuple[np.ndarray, 
     a = np.asarray(aggregate)
     if t.ndim != 1 or a.shape != t.shape:
         raise DataError(f"tiers / aggregate: shapes {t.shape} / {a.shape}, expected (N,) both")
-    if len(t) and (t.min() < 0 or t.max() > TIER_ITEM_NBR):
-        raise DataError(f"tiers: values must be tier codes 0..{TIER_ITEM_NBR}")
+    if len(t) and (t.min() < Tier.NONE or t.max() > Tier.ITEM_NEIGHBOUR):
+        raise DataError(f"tiers: values must be tier codes 0..{int(Tier.ITEM_NEIGHBOUR)}")
     return t.astype(np.int64), a.astype(bool)
 
 

@@ -28,14 +28,17 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from solaris.cache.query import TIER_ITEM_NBR, TIER_NONE, TIER_PAIR, TIER_USER_NBR, Slots
+from solaris.cache.query import Slots
 from solaris.eval import metrics as M
 from solaris.scoring import ScoreRequest, VMScorer
+from solaris.tiers import NUM_TIERS, Tier
 
-TIER_STEPS = (("pair", {TIER_PAIR}, False),
-              ("user_neighbour", {TIER_PAIR, TIER_USER_NBR}, False),
-              ("item_neighbour", {TIER_PAIR, TIER_USER_NBR, TIER_ITEM_NBR}, False),
-              ("aggregate", {TIER_PAIR, TIER_USER_NBR, TIER_ITEM_NBR}, True))
+_P, _U, _I = Tier.PAIR, Tier.USER_NEIGHBOUR, Tier.ITEM_NEIGHBOUR
+# (name, tiers kept, aggregate on): the tiers switched on cumulatively, then the aggregate
+TIER_STEPS = ((_P.label, {_P}, False),
+              (_U.label, {_P, _U}, False),
+              (_I.label, {_P, _U, _I}, False),
+              ("aggregate", {_P, _U, _I}, True))
 
 
 @dataclass
@@ -66,11 +69,11 @@ class ServedRows:
         emb = self.pair_emb[idx].copy()
         age = self.age_s[idx].copy()
         if pair is not None:
-            emb, tier, age = pair.astype(np.float32), np.full(len(idx), TIER_PAIR), np.zeros(len(idx))
+            emb, tier, age = pair.astype(np.float32), np.full(len(idx), Tier.PAIR), np.zeros(len(idx))
         elif tiers is not None:
             off = ~np.isin(tier, sorted(tiers))
-            tier[off], emb[off], age[off] = TIER_NONE, 0.0, 0.0
-        present = tier != TIER_NONE
+            tier[off], emb[off], age[off] = Tier.NONE, 0.0, 0.0
+        present = tier != Tier.NONE
         ap = self.agg_present[idx] & agg
         return Slots(pair_emb=emb, pair_present=present, pair_tier=tier.astype(np.int64),
                      pair_age_s=age, agg_emb=np.where(ap[:, None], self.agg_emb[idx], 0
@@ -129,7 +132,8 @@ def tier_worth(scorer: VMScorer, rows: ServedRows, real_pair: np.ndarray) -> dic
     served = score(scorer, rows)
     real = score(scorer, rows, pair=real_pair)
     out = {}
-    for name, t in (("user_neighbour", TIER_USER_NBR), ("item_neighbour", TIER_ITEM_NBR)):
+    for t in (Tier.USER_NEIGHBOUR, Tier.ITEM_NEIGHBOUR):
+        name = t.label
         m = rows.tier == t
         if m.sum() < 50:
             out[name] = {"rows": int(m.sum()), "worth": None}
@@ -147,23 +151,6 @@ SLOT_LAYERS = ("pair_proj", "pair_direct", "agg_proj", "agg_direct",
                "pair", "agg")  # the last two: a residual VM's corrections (its base stays)
 
 
-def _inputs(scorer: VMScorer, rows: ServedRows, idx: np.ndarray) -> dict[str, torch.Tensor]:
-    """The VM's input batch for rows ``idx`` with their features as logged (tier and age
-    included), built as ``VMScorer._inputs`` builds a request's."""
-    inputs = scorer._inputs(ScoreRequest(0, rows.item[idx], 0, None))  # the item side
-    known = rows.user[idx] < scorer.num_users
-    ucat = scorer.side.user_cat[np.where(known, rows.user[idx], 0)]
-    z = rows.slots(idx)
-    inputs.update(
-        user=np.where(known, rows.user[idx], scorer.num_users),
-        surface=np.clip(rows.surface[idx], 0, scorer.num_surfaces - 1),
-        user_cat=np.where(known[:, None], ucat, 0).astype(np.int64),
-        pair_emb=z.pair_emb, pair_present=z.pair_present.astype(np.float32),
-        pair_tier=z.pair_tier, pair_age=(z.pair_age_s / scorer.read_ttl_s).astype(np.float32),
-        agg_emb=z.agg_emb, agg_present=z.agg_present.astype(np.float32))
-    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in inputs.items()}
-
-
 @torch.no_grad()
 def _tiers_start_as_pair(model: torch.nn.Module) -> None:
     """Make a VM trained offline read an imputed tier as it read "pair" and ignore the age
@@ -172,11 +159,11 @@ def _tiers_start_as_pair(model: torch.nn.Module) -> None:
     proj = getattr(model, "pair_proj", None)
     if proj is None:
         return
-    d = proj.in_features - 6  # [z (d), present, one-hot tier (4), age]
+    d = proj.in_features - NUM_TIERS - 2  # [z (d), present, one-hot tier (4), age]
     w = proj.weight
-    for t in (TIER_USER_NBR, TIER_ITEM_NBR):
-        w[:, d + 1 + t] = w[:, d + 1 + TIER_PAIR]
-    w[:, d + 5] = 0.0
+    for t in (Tier.USER_NEIGHBOUR, Tier.ITEM_NEIGHBOUR):
+        w[:, d + 1 + t] = w[:, d + 1 + Tier.PAIR]
+    w[:, d + 1 + NUM_TIERS] = 0.0
 
 
 def fine_tune(scorer: VMScorer, rows: ServedRows, idx: np.ndarray, max_epochs: int = 20,
@@ -202,7 +189,13 @@ def fine_tune(scorer: VMScorer, rows: ServedRows, idx: np.ndarray, max_epochs: i
     cut = int(len(idx) * (1 - holdout))
     tr, ho = idx[:cut], idx[cut:]
     y = torch.from_numpy(rows.y.astype(np.float32))
-    ho_batch = _inputs(tuned, rows, ho)
+
+    def batch(part: np.ndarray) -> dict[str, torch.Tensor]:
+        # the rows' features as logged, tier and age included (``tuned`` is tier-aware)
+        return tuned.batch_rows(rows.user[part], rows.item[part], rows.surface[part],
+                                rows.slots(part))
+
+    ho_batch = batch(ho)
 
     def ho_loss() -> float:
         model.eval()
@@ -215,8 +208,7 @@ def fine_tune(scorer: VMScorer, rows: ServedRows, idx: np.ndarray, max_epochs: i
     for _ in range(max_epochs):
         model.train()
         for part in np.array_split(rng.permutation(tr), max(1, len(tr) // 256)):
-            loss = F.binary_cross_entropy_with_logits(model(_inputs(tuned, rows, part)),
-                                                      y[part])
+            loss = F.binary_cross_entropy_with_logits(model(batch(part)), y[part])
             opt.zero_grad()
             loss.backward()
             opt.step()

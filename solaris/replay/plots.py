@@ -8,11 +8,12 @@ from pathlib import Path
 import numpy as np
 
 from solaris.errors import DataError
+from solaris.tiers import Tier
 
 DAY_S = 86_400.0
-_TIER_LINES = (("pair", "pair", "tab:blue"),
-               ("user_neighbour", "+ user neighbour", "tab:orange"),
-               ("item_neighbour", "+ item neighbour", "tab:green"),
+_TIER_LINES = ((Tier.PAIR.label, "pair", "tab:blue"),
+               (Tier.USER_NEIGHBOUR.label, "+ user neighbour", "tab:orange"),
+               (Tier.ITEM_NEIGHBOUR.label, "+ item neighbour", "tab:green"),
                ("effective", "effective (any input)", "k"), ("aggregate", "aggregate", "tab:purple"))
 
 

@@ -19,8 +19,9 @@ import torch.nn.functional as F
 from solaris.config import ResidualConfig, TrainConfig, VMConfig
 from solaris.models.residual import AGG_TIER, SLOTS, ResidualVM
 from solaris.models.vm import VerticalModel
+from solaris.tiers import Tier
 from solaris.train.loop import fit, predict_in_batches, seed_everything
-from solaris.train.vertical import TIER_PAIR, VMInputs, VMSpec, train_vm
+from solaris.train.vertical import VMInputs, VMSpec, train_vm
 
 
 
@@ -111,7 +112,7 @@ def train_residual(base: VerticalModel, inputs: VMInputs, res: ResidualConfig,
         batch_size=max(train.batch_size, 2048), seed=seed, weight_decay=train.weight_decay,
         name=f"residual_{slot}{'' if use_z else '_control'}")
     model.eval()
-    tier = TIER_PAIR if slot == "pair" else AGG_TIER
+    tier = Tier.PAIR if slot == "pair" else AGG_TIER
     curve: dict[str, float] = {}
     with torch.no_grad():
         for s in res.scales:
@@ -142,11 +143,8 @@ def train_base(inputs: VMInputs, cfg: VMConfig, train: TrainConfig, lrs: tuple[f
 def residual_meta(fit: ResidualFit) -> dict:
     """What a residual VM checkpoint records beside its weights: the scales by slot and tier
     name and the validation curves behind them."""
-    from solaris.models.vm import NUM_TIERS
-
-    names = ("none", "pair", "user_neighbour", "item_neighbour")
     m = fit.model
-    scales = {"pair": {names[t]: float(m.scale[0, t]) for t in range(1, NUM_TIERS)},
+    scales = {"pair": {t.label: float(m.scale[0, t]) for t in Tier if t > Tier.NONE},
               "aggregate": float(m.scale[1, AGG_TIER]) if m.agg is not None else 0.0}
     return {"residual": True, "use_pair": m.pair is not None, "use_agg": m.agg is not None,
             "use_z": m.use_z, "hidden": m.pair.delta[0].out_features if m.pair is not None

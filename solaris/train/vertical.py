@@ -15,12 +15,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from solaris.cache.query import Slots
 from solaris.config import TrainConfig, VMConfig
 from solaris.features import FeatureTables
+from solaris.models.batch import vm_batch
 from solaris.models.vm import VerticalModel
+from solaris.tiers import Tier
 from solaris.train.loop import fit, predict_in_batches, seed_everything
-
-TIER_NONE, TIER_PAIR = 0, 1
 
 
 @dataclass
@@ -37,21 +38,12 @@ class SlotArrays:
 
 
 class VMInputs:
-    """All rows' VM inputs as tensors (no history: a VM never reads it) plus slot arrays."""
+    """All rows' VM inputs (no history: a VM never reads it) plus slot arrays; the slot
+    arrays and labels are tensors (sharing memory with the arrays ``batch`` reads)."""
 
     def __init__(self, tables: FeatureTables, slots: SlotArrays):
         t = torch.from_numpy
         self.tables = tables
-        self.base = {
-            "user": t(tables.user),
-            "surface": t(tables.surface),
-            "user_cat": t(tables.user_cat[tables.user]),
-            "user_cont": t(tables.user_cont[tables.user]),
-            "item": t(tables.item),
-            "item_cat": t(tables.item_cat[tables.item]),
-            "item_mh": t(tables.item_mh[tables.item]),
-            "item_cont": t(tables.item_cont[tables.item]),
-        }
         self.pair = t(slots.pair_emb.astype(np.float32))
         self.agg = t(slots.agg_emb.astype(np.float32))
         self.agg_present = t(slots.agg_present.astype(np.float32))
@@ -60,18 +52,22 @@ class VMInputs:
 
     def batch(self, rows: np.ndarray, pair_present: np.ndarray, agg_on: np.ndarray
               ) -> dict[str, torch.Tensor]:
-        """Batch for ``rows``; ``pair_present`` / ``agg_on`` (bool per row) gate the slots."""
-        r = torch.from_numpy(np.asarray(rows, dtype=np.int64))
-        pp = torch.from_numpy(np.asarray(pair_present, dtype=np.float32))
-        ap = self.agg_present[r] * torch.from_numpy(np.asarray(agg_on, dtype=np.float32))
-        b = {k: v[r] for k, v in self.base.items()}
-        b["pair_emb"] = self.pair[r] * pp[:, None]
-        b["pair_present"] = pp
-        b["pair_tier"] = (pp > 0).long() * TIER_PAIR
-        b["pair_age"] = torch.zeros_like(pp)
-        b["agg_emb"] = self.agg[r] * ap[:, None]
-        b["agg_present"] = ap
-        return b
+        """Batch for ``rows``; ``pair_present`` / ``agg_on`` (bool per row) gate the slots.
+        Offline every present pair slot is the row's own pair, fresh: the VM reads tier PAIR
+        and age 0 there (``vm_batch`` without a read TTL)."""
+        r = np.asarray(rows, dtype=np.int64)
+        pp = np.asarray(pair_present, dtype=np.float32)
+        ap = self.agg_present.numpy()[r] * np.asarray(agg_on, dtype=np.float32)
+        present = pp > 0
+        # the gates multiply the embeddings (the models mask absent slots again, with where)
+        slots = Slots(pair_emb=self.pair.numpy()[r] * pp[:, None], pair_present=present,
+                      pair_tier=np.where(present, Tier.PAIR, Tier.NONE),
+                      pair_age_s=np.zeros(len(r)), agg_emb=self.agg.numpy()[r] * ap[:, None],
+                      agg_present=ap > 0, missing=~present)
+        tb = self.tables
+        u, i = tb.user[r], tb.item[r]
+        return vm_batch(u, i, tb.surface[r], tb.user_cat[u], tb.item_cat[i], tb.item_cont[i],
+                        slots)
 
 
 @dataclass

@@ -45,11 +45,11 @@ from actors.cache import CacheGroup  # noqa: E402
 from actors.ledger import LedgerActor  # noqa: E402
 from actors.precompute import WorkerPool  # noqa: E402
 from actors.queue import create_queue  # noqa: E402
-from solaris.cache.query import TIER_PAIR  # noqa: E402
 from solaris.config import EnrichConfig, HistoryConfig, PrecomputeConfig, load_config  # noqa: E402
 from solaris.data.load import load_dataset  # noqa: E402
 from solaris.scoring import Artifacts  # noqa: E402
 from solaris.serving import settings_from_args  # noqa: E402
+from solaris.tiers import Tier  # noqa: E402
 from solaris.train.artifacts import train_artifacts  # noqa: E402
 from tests.tiny import TINY  # noqa: E402  test_serve_app's sizes: quality is not under test
 
@@ -267,8 +267,8 @@ def test_worker_node_killed_under_traffic(multinode, artifacts, tmp_path):
         for u, items in cands.items():
             slots = group.lookup(u, np.array(items), read_at, art.version, None, None, ecfg,
                                  deadline_ms=10_000)
-            if not (slots.pair_tier == TIER_PAIR).all():
-                missing[u] = np.array(items)[slots.pair_tier != TIER_PAIR].tolist()
+            if not (slots.pair_tier == Tier.PAIR).all():
+                missing[u] = np.array(items)[slots.pair_tier != Tier.PAIR].tolist()
         assert not missing, f"accepted pairs missing from the cache: {missing}"
         final = group.metrics(timeout_s=10)["shards"]
         assert sum(m["entries"] for m in final) == len(pairs)  # one live entry per pair

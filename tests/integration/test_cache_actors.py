@@ -15,11 +15,12 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from actors.cache import CacheGroup  # noqa: E402  (after the importorskip)
-from solaris.cache.query import TIER_NONE, TIER_PAIR, Slots  # noqa: E402
+from solaris.cache.query import Slots  # noqa: E402
 from solaris.cache.snapshot import snapshot_location  # noqa: E402
 from solaris.cache.store import PairStore  # noqa: E402
 from solaris.config import CacheConfig, EnrichConfig  # noqa: E402
 from solaris.enrich import NeighbourTable, enrich_local  # noqa: E402
+from solaris.tiers import Tier  # noqa: E402
 
 DIM = 8
 V = "fm1+enc8"
@@ -151,7 +152,7 @@ def test_dead_shard_reads_as_misses_then_serves_its_snapshot(local_ray, tmp_path
             return s, time.monotonic() - t0
 
         before, _ = look(a, ca)
-        assert (before.pair_tier == TIER_PAIR).all() and before.agg_present.all()
+        assert (before.pair_tier == Tier.PAIR).all() and before.agg_present.all()
 
         group.shards[victim].crash.remote()
         saw_down = saw_back = False
@@ -162,9 +163,9 @@ def test_dead_shard_reads_as_misses_then_serves_its_snapshot(local_ray, tmp_path
             sb, tb = look(b, cb)
             rounds += 1
             worst = max(worst, ta, tb)
-            assert (sb.pair_tier == TIER_PAIR).all() and sb.agg_present.all()
+            assert (sb.pair_tier == Tier.PAIR).all() and sb.agg_present.all()
             if not sa.pair_present.any():  # the victim is down: all of a's keys miss
-                assert (sa.pair_tier == TIER_NONE).all() and not sa.agg_present.any()
+                assert (sa.pair_tier == Tier.NONE).all() and not sa.agg_present.any()
                 assert sa.missing.all()
                 saw_down = True
                 downs += 1
@@ -206,7 +207,7 @@ def test_slow_shard_reads_as_misses_within_deadline(local_ray, tmp_path: Path):
         sb = group.lookup(b, cb, NOW, V, None, None, ecfg)
         assert took <= cfg.deadline_ms / 1000 + MARGIN_S
         assert not sa.pair_present.any() and not sa.agg_present.any()
-        assert (sb.pair_tier == TIER_PAIR).all()
+        assert (sb.pair_tier == Tier.PAIR).all()
         t0 = time.monotonic()  # the awaited round keeps the same deadline
         sa = asyncio.run(group.lookup_async(a, ca, NOW, V, None, None, ecfg))
         assert time.monotonic() - t0 <= cfg.deadline_ms / 1000 + MARGIN_S
@@ -221,7 +222,7 @@ def test_slow_shard_reads_as_misses_within_deadline(local_ray, tmp_path: Path):
         assert copy.metrics()["client"]["late"][victim] == 3
         ray.get(stall)
         sa = group.lookup(a, ca, NOW, V, None, None, ecfg)
-        assert (sa.pair_tier == TIER_PAIR).all()
+        assert (sa.pair_tier == Tier.PAIR).all()
     finally:
         group.shutdown()
 

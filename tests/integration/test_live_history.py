@@ -26,7 +26,6 @@ from actors.cache import CacheGroup, HistoryUnavailable  # noqa: E402
 from actors.ledger import LedgerActor  # noqa: E402
 from actors.precompute import WorkerPool  # noqa: E402
 from actors.queue import create_queue  # noqa: E402
-from solaris.cache.query import TIER_PAIR  # noqa: E402
 from solaris.config import (CacheConfig, EnrichConfig, HistoryConfig,  # noqa: E402
                             PrecomputeConfig, QueueConfig, load_config)
 from solaris.data.load import load_dataset  # noqa: E402
@@ -34,6 +33,7 @@ from solaris.features import FeatureTables  # noqa: E402
 from solaris.history import HistoryStore  # noqa: E402
 from solaris.pqueue import Group  # noqa: E402
 from solaris.precompute import PrecomputeWorker, SideTables, load_models  # noqa: E402
+from solaris.tiers import Tier  # noqa: E402
 from solaris.train.artifacts import train_artifacts  # noqa: E402
 
 # test_precompute_faults' TINY sizes: the model's quality is not under test here
@@ -154,7 +154,7 @@ def test_recorded_history_gives_the_in_process_embeddings(group, world: World):
         read_at = float(now.max()) + 1.0
         for j, g in enumerate(groups):
             slots = group.lookup(g.user, g.items, read_at, version, None, None, ecfg)
-            assert (slots.pair_tier == TIER_PAIR).all()
+            assert (slots.pair_tier == Tier.PAIR).all()
             np.testing.assert_allclose(slots.pair_emb,
                                        want[j * PER_REQUEST:(j + 1) * PER_REQUEST],
                                        atol=1e-5, rtol=0)

@@ -32,11 +32,11 @@ from actors.ledger import LedgerActor  # noqa: E402
 from actors.precompute import WorkerPool  # noqa: E402
 from actors.queue import create_queue  # noqa: E402
 from solaris.precompute import SideTables  # noqa: E402
-from solaris.cache.query import TIER_PAIR  # noqa: E402
 from solaris.config import (CacheConfig, EnrichConfig, HistoryConfig,  # noqa: E402
                             PrecomputeConfig, QueueConfig, load_config)
 from solaris.data.load import load_dataset  # noqa: E402
 from solaris.features import FeatureTables  # noqa: E402
+from solaris.tiers import Tier  # noqa: E402
 from solaris.train.artifacts import train_artifacts  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ def assert_each_pair_once(env: Env, w: World) -> None:
     for u in np.unique(w.users).tolist():
         items = w.items[w.users == u]
         slots = env.cache.lookup(u, items, read_at, w.version, None, None, ecfg)
-        assert (slots.pair_tier == TIER_PAIR).all(), f"user {u}: pairs missing from the cache"
+        assert (slots.pair_tier == Tier.PAIR).all(), f"user {u}: pairs missing from the cache"
 
 
 def in_flight(env: Env) -> int:

@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from solaris.cache.query import (TIER_ITEM_NBR, TIER_NONE, TIER_PAIR, TIER_USER_NBR,
-                                 ShardQuery)
+from solaris.cache.query import ShardQuery
 from solaris.cache import wire
 from solaris.cache.ring import HashRing
 from solaris.cache.store import PairStore
 from solaris.config import CacheConfig, EnrichConfig
 from solaris.enrich import NeighbourTable, assemble, enrich_local, plan, route
 from solaris.errors import RequestError
+from solaris.tiers import Tier
 
 D, N_USERS, N_ITEMS, V = 3, 14, 16, "fm-v1"
 T0 = 900.0 * 2000
@@ -68,25 +68,25 @@ def reference(entries, user, cands, now, user_knn, item_knn, cfg: EnrichConfig, 
     nb = nbrs_of(user_knn, user, cfg.user_knn_probe)
     rows = []
     for c in cands.tolist():
-        emb, tier, age = np.zeros(D), TIER_NONE, 0.0
+        emb, tier, age = np.zeros(D), Tier.NONE, 0.0
         own = fresh(user, c)
         if own is not None:
-            emb, tier, age = own[0], TIER_PAIR, now - own[1]
+            emb, tier, age = own[0], Tier.PAIR, now - own[1]
         else:
             hold = [(s, fresh(v, c)) for v, s in nb if fresh(v, c) is not None]
             if hold and cfg.user_knn_mode == "nearest":
                 e = hold[0][1]
-                emb, tier, age = e[0], TIER_USER_NBR, now - e[1]
+                emb, tier, age = e[0], Tier.USER_NEIGHBOUR, now - e[1]
             elif hold:
                 w = np.array([max(s, 1e-6) for s, _ in hold])
                 emb = (w[:, None] * np.array([e[0] for _, e in hold], np.float64)).sum(0) / w.sum()
                 age = float((w * np.array([now - e[1] for _, e in hold])).sum() / w.sum())
-                tier = TIER_USER_NBR
+                tier = Tier.USER_NEIGHBOUR
             elif cfg.item_tier:
                 for j, _ in nbrs_of(item_knn, c, cfg.item_knn_probe):
                     e = fresh(user, j)
                     if e is not None:
-                        emb, tier, age = e[0], TIER_ITEM_NBR, now - e[1]
+                        emb, tier, age = e[0], Tier.ITEM_NEIGHBOUR, now - e[1]
                         break
         others = [v for (u, i), (v, _) in entries.items() if u == user and i != c and up(u)]
         agg = np.mean(others, axis=0) if others and cfg.aggregate else None
@@ -98,7 +98,7 @@ def check(slots, want):
     assert slots.pair_emb.shape == (len(want), D) and slots.agg_emb.shape == (len(want), D)
     for k, (emb, tier, age, agg, missing) in enumerate(want):
         assert slots.pair_tier[k] == tier, k
-        assert slots.pair_present[k] == (tier != TIER_NONE)
+        assert slots.pair_present[k] == (tier != Tier.NONE)
         np.testing.assert_allclose(slots.pair_emb[k], emb, rtol=1e-5, atol=1e-6)
         assert slots.pair_age_s[k] == pytest.approx(age)
         assert slots.agg_present[k] == (agg is not None)
@@ -190,7 +190,8 @@ def test_tier_order_nearest_and_weighted_by_hand():
     ik.ids[12] = [20, 21]  # 20 not held, 21 held: the nearest holding one
     cands = np.array([10, 11, 12, 13])
     nearest = enrich_local(store, 0, cands, now, V, uk, ik, EnrichConfig())
-    assert nearest.pair_tier.tolist() == [TIER_PAIR, TIER_USER_NBR, TIER_ITEM_NBR, TIER_NONE]
+    assert nearest.pair_tier.tolist() == [Tier.PAIR, Tier.USER_NEIGHBOUR, Tier.ITEM_NEIGHBOUR,
+                                          Tier.NONE]
     assert nearest.pair_emb[:, 0].tolist() == [1.0, 2.0, 7.0, 0.0]
     assert nearest.pair_age_s.tolist() == [60, 120, 10, 0]
     assert nearest.missing.tolist() == [False, True, True, True]

@@ -5,36 +5,36 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from solaris.cache.query import TIER_ITEM_NBR, TIER_NONE, TIER_PAIR, TIER_USER_NBR
 from solaris.config import VMConfig
 from solaris.data.schema import FeatureSpec
 from solaris.models.vm import VerticalModel
 from solaris.replay.evaluate import ServedRows, _tiers_start_as_pair, halves, transfer
+from solaris.tiers import Tier
 
 D = 4
 
 
 def _rows(n: int = 6) -> ServedRows:
     rng = np.random.default_rng(0)
-    tier = np.array([TIER_PAIR, TIER_USER_NBR, TIER_ITEM_NBR, TIER_NONE, TIER_PAIR,
-                     TIER_ITEM_NBR])[:n]
-    emb = rng.normal(size=(n, D)).astype(np.float32) * (tier != TIER_NONE)[:, None]
+    tier = np.array([Tier.PAIR, Tier.USER_NEIGHBOUR, Tier.ITEM_NEIGHBOUR, Tier.NONE, Tier.PAIR,
+                     Tier.ITEM_NEIGHBOUR])[:n]
+    emb = rng.normal(size=(n, D)).astype(np.float32) * (tier != Tier.NONE)[:, None]
     return ServedRows(req=np.repeat(np.arange(3), 2)[:n], ts=np.repeat([10., 20., 30.], 2)[:n],
                       user=np.zeros(n, np.int64), item=np.arange(n), surface=np.zeros(n, np.int64),
                       y=np.array([1, 0, 1, 0, 1, 0.])[:n], score=np.full(n, 0.5),
-                      tier=tier, age_s=np.full(n, 60.0) * (tier != TIER_NONE), pair_emb=emb,
+                      tier=tier, age_s=np.full(n, 60.0) * (tier != Tier.NONE), pair_emb=emb,
                       agg_emb=np.ones((n, D), np.float32), agg_present=np.ones(n, bool))
 
 
 def test_slots_keep_only_the_tiers_switched_on() -> None:
     rows = _rows()
-    z = rows.slots(np.arange(6), tiers={TIER_PAIR, TIER_USER_NBR}, agg=False)
+    z = rows.slots(np.arange(6), tiers={Tier.PAIR, Tier.USER_NEIGHBOUR}, agg=False)
     assert z.pair_tier.tolist() == [1, 2, 0, 0, 1, 0]
     assert not z.pair_emb[[2, 3, 5]].any() and (z.pair_age_s[[2, 5]] == 0).all()
     assert not z.agg_present.any() and not z.agg_emb.any()
     real = np.full((6, D), 7.0)
     full = rows.slots(np.arange(6), pair=real)
-    assert full.pair_present.all() and (full.pair_tier == TIER_PAIR).all()
+    assert full.pair_present.all() and (full.pair_tier == Tier.PAIR).all()
     assert (full.pair_emb == 7.0).all() and (full.pair_age_s == 0).all()
 
 
@@ -48,7 +48,7 @@ def test_a_tier_aware_copy_starts_out_scoring_like_the_offline_vm() -> None:
             "item_cat": torch.zeros(n, 0, dtype=torch.long), "item_cont": torch.zeros(n, 0),
             "pair_emb": torch.randn(n, D), "pair_present": torch.ones(n),
             "agg_emb": torch.randn(n, D), "agg_present": torch.ones(n)}
-    as_pair = {**base, "pair_tier": torch.full((n,), TIER_PAIR), "pair_age": torch.zeros(n)}
+    as_pair = {**base, "pair_tier": torch.full((n,), Tier.PAIR), "pair_age": torch.zeros(n)}
     served = {**base, "pair_tier": torch.tensor([1, 2, 3, 2]), "pair_age": torch.rand(n)}
     with torch.no_grad():
         before = vm(as_pair)

@@ -7,12 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from solaris.cache.query import TIER_NONE, Slots
+from solaris.cache.query import Slots
 from solaris.config import HistoryConfig, load_config
 from solaris.data.load import load_dataset
 from solaris.errors import CheckpointError, RequestError
 from solaris.history import HistoryStore
 from solaris.scoring import Artifacts, InlineFM, ScoreRequest, VMScorer
+from solaris.tiers import Tier
 from solaris.train.artifacts import train_artifacts
 from tests import tiny
 
@@ -50,7 +51,7 @@ def test_unknown_ids_get_finite_scores_and_absent_slots_equal_none(art):
     assert p.shape == (3,) and np.isfinite(p).all() and ((p > 0) & (p < 1)).all()
     c, d = 3, vm.dim
     absent = Slots(pair_emb=np.full((c, d), np.nan, np.float32), pair_present=np.zeros(c, bool),
-                   pair_tier=np.full(c, TIER_NONE), pair_age_s=np.zeros(c),
+                   pair_tier=np.full(c, Tier.NONE), pair_age_s=np.zeros(c),
                    agg_emb=np.full((c, d), np.nan, np.float32), agg_present=np.zeros(c, bool),
                    missing=np.ones(c, bool))
     q = vm.score([ScoreRequest(10**9, items, 99, absent)])[0]
@@ -85,13 +86,12 @@ def test_missing_task_and_missing_artifacts_are_named(art, tmp_path):
 
 
 def test_packed_slots_round_trip_exactly():
-    from solaris.cache.query import TIER_PAIR, TIER_USER_NBR
     from solaris.scoring import PackedSlots
 
     rng = np.random.default_rng(3)
     c, d = 50, 8
     present = rng.random(c) < 0.4
-    tier = np.where(present, rng.choice([TIER_PAIR, TIER_USER_NBR], c), TIER_NONE)
+    tier = np.where(present, rng.choice([Tier.PAIR, Tier.USER_NEIGHBOUR], c), Tier.NONE)
     base = rng.normal(size=d).astype(np.float32)
     agg = np.tile(base, (c, 1))
     held = rng.random(c) < 0.2
