@@ -64,6 +64,9 @@ def checks(r: dict) -> list[tuple[str, bool]]:
         out.append((f"pair_sim (c_sim {c:.3f}) >= 0.8 x c_sim x pair_100",
                     tr["pair_sim"] >= 0.8 * c * tr["pair_100"]))
         out.append(("pair_sim: CI low >= -0.02", paired["pair_sim"]["ci_low"] >= -0.02))
+        if "fm_on_sim" in tr:  # the FM's own edge on the covered rows bounds what they give
+            out.append((f"pair_sim >= 0.8 x fm_on_sim ({tr['fm_on_sim']:.3f}, the FM on the "
+                        "covered rows)", tr["pair_sim"] >= 0.8 * tr["fm_on_sim"]))
     for k, m in r.get("miss_rows", {}).items():
         out.append((f"miss rows of {k}: BCE = VM alone's (<= 1e-6)", m["max_abs_diff"] <= 1e-6))
     if second is not None and second.get("gap_significant"):  # TR only where the gap is

@@ -163,6 +163,15 @@ class TransferExperiment:
         run.raw["vm_pair_sim"], run.cal["vm_pair_sim"] = pt, M.apply_platt(pt, ab)
         run.masks["vm_pair_sim"] = sim["mask"]
         run.chosen["schedule"] = {k: v for k, v in sim.items() if k != "mask"}
+        # what the covered rows can give at most: the FM's own edge there (``fm_on_sim``:
+        # the FM's probability on the covered rows, the VM alone's elsewhere), and where the
+        # pair correction's and the FM's gains fall, covered rows against the rest
+        m = sim["mask"]
+        run.raw["fm_on_sim"] = np.where(m, run.raw["fm"], run.raw["vm"])
+        run.cal["fm_on_sim"] = np.where(m, run.cal["fm"], run.cal["vm"])
+        run.chosen["schedule"]["gain_per_row"] = edge_by_mask(
+            self.tables.labels[p.test, task], m, run.raw["vm"],
+            {"fm": run.raw["fm"], "pair_100": run.raw["vm_pair_100"]})
         run.masks["vm_agg"] = inputs.agg_present.numpy()[p.test] > 0
 
     def fm_predictions(self, probs: np.ndarray, task: int) -> tuple[np.ndarray, np.ndarray]:
@@ -197,6 +206,19 @@ class TransferExperiment:
             self.residual_arms(run, base, lr, inputs, task, seed)
             runs[task] = run
         return runs
+
+
+def edge_by_mask(y: np.ndarray, mask: np.ndarray, base: np.ndarray,
+                 arms: dict[str, np.ndarray]) -> dict[str, dict[str, float | None]]:
+    """Mean BCE gain per row over ``base`` of each arm, on the rows of ``mask`` and on the
+    rest: {arm: {"covered": g, "uncovered": g}} (None where a side has no rows)."""
+    lb = M.bce_rows(y, base)
+    out: dict[str, dict[str, float | None]] = {}
+    for name, p in arms.items():
+        g = lb - M.bce_rows(y, p)
+        out[name] = {side: float(g[m].mean()) if m.any() else None
+                     for side, m in (("covered", mask), ("uncovered", ~mask))}
+    return out
 
 
 # ---- aggregation over seeds ------------------------------------------------------------------
@@ -267,6 +289,10 @@ def _schedule_summary(chosen: list[dict]) -> dict | None:
     out = {k: float(np.mean([p[k] for p in per])) for k in ("c_sim", "pair_simulated",
                                                            "fm_evals", "precision")}
     out["c_sim_per_seed"] = [p["c_sim"] for p in per]
+    if all("gain_per_row" in p for p in per):
+        g = [p["gain_per_row"] for p in per]
+        out["gain_per_row"] = {a: {side: float(np.mean([x[a][side] for x in g]))
+                                   for side in ("covered", "uncovered")} for a in g[0]}
     return out
 
 

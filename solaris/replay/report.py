@@ -100,6 +100,15 @@ def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_t
     b = {k: M.bce(y[second], M.apply_platt(p[second], a))
          for k, p, a in (("vm", p_alone, ab), ("x", p_served, ab), ("fm", p_fm, fab))}
     out["tr_online_base_calibrated"] = M.transfer_ratio(b["vm"], b["x"], b["fm"])
+    # what the rows with a SOLARIS input could give at most: the FM's own probability there,
+    # the VM alone's elsewhere; and each side's gain per row over the VM alone
+    bound = transfer(y, p_alone, np.where(present, p_fm, p_alone), p_fm, first, second)
+    out["tr_online_teacher_bound"] = {"tr": bound["tr_cal"], "tr_raw": bound["tr_raw"]}
+    la = M.bce_rows(y, p_alone)
+    out["gain_per_row"] = {
+        name: {side: float((la - M.bce_rows(y, p))[m].mean()) if m.any() else None
+               for side, m in (("present", present), ("missing", ~present))}
+        for name, p in (("fm", p_fm), ("served", p_served))}
     ci = M.tr_bootstrap(M.bce_rows(y, p_alone), M.bce_rows(y, p_served), M.bce_rows(y, p_fm),
                         resamples, 0.05)
     out["tr_online_raw_ci"] = [ci["ci_low"], ci["ci_high"]]  # paired bootstrap over rows
@@ -148,6 +157,7 @@ def transfer_from_log(path: Path, art_dir: Path, task: str, read_ttl_s: float
     out: dict[str, Any] = {"transfer": transfer_report(Path(art_dir), task, ServedRows(**data),
                                                        row, read_ttl_s)}
     for k in ("tr_online", "tr_online_raw", "tr_online_raw_ci", "tr_online_base_calibrated",
+              "tr_online_teacher_bound", "gain_per_row",
               "tr_online_by_tier", "tr_offline_pair_100",
               "consistency", "tier_worth", "all_slots_off", "calibration_slope"):
         out[k] = out["transfer"].pop(k)
@@ -256,6 +266,9 @@ def summary_table(rep: dict[str, Any]) -> str:
     for k, v in rep["tr_online_by_tier"].items():
         lines.append(f"  {'+ ' + k:<26}{fmt(v['tr']):>8}")
     lines.append(f"  {'every pair present':<26}{fmt(rep['tr_offline_pair_100']):>8}")
+    if rep.get("tr_online_teacher_bound"):
+        lines.append(f"  {'FM where input present':<26}"
+                     f"{fmt(rep['tr_online_teacher_bound']['tr']):>8}")
     b, sig = rep.get("coverage_bounds"), rep.get("speculation_signal")
     if b:
         lines.append(f"{'bounds (oracle speculation)':<28}")

@@ -60,8 +60,13 @@ def test_replay_is_independent_of_worker_count_and_matches_its_schedule(tmp_path
         # the re-scored VM reproduces what the VM replicas served
         assert rep["transfer"]["rescored_max_abs_diff"] < 1e-4
         for key in ("tr_online", "tr_online_by_tier", "tr_offline_pair_100", "consistency",
-                    "coverage_pair_random", "speculation_precision"):
+                    "coverage_pair_random", "speculation_precision", "tr_online_teacher_bound"):
             assert key in rep
+        # the served VM with every slot off is the VM alone, bit for bit; rows served without
+        # a SOLARIS input gain nothing over it (the served scores went through JSON)
+        assert rep["all_slots_off"]["equal"]
+        g = rep["gain_per_row"]
+        assert g["served"]["missing"] is not None and abs(g["served"]["missing"]) < 1e-6
         assert (tmp_path / "w1" / "coverage_over_time.png").stat().st_size > 0
 
     # one worker or two: the same pairs, served with the same tiers

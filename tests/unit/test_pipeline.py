@@ -50,7 +50,12 @@ def report(cfg, ds):
     return run_transfer(cfg, ds)
 
 
-ARMS = ("kd", "agg", "pair_100", "pair_20", "control_100", "pair_sim")
+ARMS = ("kd", "agg", "pair_100", "pair_20", "control_100", "pair_sim", "fm_on_sim")
+
+
+def model_of(arm: str) -> str:
+    """The BCE table's name of a TR arm (``fm_on_sim`` is not a VM)."""
+    return arm if arm.startswith("fm_") else f"vm_{arm}"
 
 
 def test_transfer_report_computes_tr_for_every_arm_from_its_bces(report):
@@ -61,18 +66,36 @@ def test_transfer_report_computes_tr_for_every_arm_from_its_bces(report):
         b = report[bce]
         assert set(report[block]) == set(ARMS)
         for arm in ARMS:
-            want = M.transfer_ratio(b["vm"], b[f"vm_{arm}"], b["fm"])
+            want = M.transfer_ratio(b["vm"], b[model_of(arm)], b["fm"])
             got = report[block][arm]
             if sig and not math.isnan(want):
                 assert got == want, (block, arm)
             else:
                 assert math.isnan(got), (block, arm)
     for arm in ARMS:
-        want = M.transfer_ratio(report["bce"]["vm"], report["bce"][f"vm_{arm}"], report["bce"]["fm"])
+        want = M.transfer_ratio(report["bce"]["vm"], report["bce"][model_of(arm)],
+                                report["bce"]["fm"])
         assert report["tr_ungated"][arm] == want or (math.isnan(want) and
                                                      math.isnan(report["tr_ungated"][arm]))
     assert len(report["tr_per_seed"]) == report["seeds"]
     assert set(report["tr_per_seed"][0]) == set(ARMS)
+
+
+def test_schedule_block_splits_gains_between_covered_and_uncovered_rows(report):
+    """Where the FM's and the pair correction's gains fall: per-row means on the rows the
+    schedule covers and on the rest, averaged over seeds; the FM-on-covered-rows arm's TR
+    is bounded by construction between 0-gain rows and the FM itself."""
+    g = report["schedule"]["gain_per_row"]
+    assert set(g) == {"fm", "pair_100"}
+    for arm in g.values():
+        assert set(arm) == {"covered", "uncovered"}
+        assert all(v is None or math.isfinite(v) for v in arm.values())
+    b = report["bce"]
+    c = report["schedule"]["c_sim"]
+    # fm_on_sim is the FM on a c share of rows and the VM alone elsewhere: its BCE gain over
+    # the VM alone is c x the FM's mean gain on the covered rows
+    want = c * g["fm"]["covered"] if g["fm"]["covered"] is not None else 0.0
+    assert b["vm"] - b["fm_on_sim"] == pytest.approx(want, abs=1e-9)
 
 
 def test_fm_trains_below_its_initial_loss_on_its_own_rows(cfg, ds):
