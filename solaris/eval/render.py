@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 
 MODELS = ("fm", "vm", "vm_kd", "vm_agg", "vm_pair_100", "vm_pair_60", "vm_pair_50", "vm_pair_20",
-          "vm_pair_sim", "fm_on_sim", "vm_control_100")
+          "vm_pair_sim", "vm_pair_sim_fresh", "fm_on_sim", "vm_control_100")
 
 
 def clean_nan(obj):

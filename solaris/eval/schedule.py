@@ -41,18 +41,28 @@ def candidate_scores(model: VerticalModel, tables: FeatureTables, users: np.ndar
     return out
 
 
-def window_log(cfg: SolarisConfig, ds: Dataset, periods: Periods) -> RequestLog:
-    """The test period as the replay's request log (its window starts at the test cut)."""
-    return build_request_log(ds, int(periods.cuts[2]), num_candidates=100,
-                             granularity_s=max(1, cfg.features.request_granularity_s), seed=0)
+def window_log(cfg: SolarisConfig, ds: Dataset, periods: Periods,
+               period: str = "test") -> RequestLog:
+    """A period as the replay's request log: ``test`` (the window starts at the test cut, as
+    the replay's) or ``val`` (from the validation cut to the test cut)."""
+    if period not in ("test", "val"):
+        raise ValueError(f"period={period!r}: one of 'test', 'val'")
+    start, end = (periods.cuts[2], None) if period == "test" else (periods.cuts[1],
+                                                                    periods.cuts[2])
+    return build_request_log(ds, int(start), num_candidates=100,
+                             granularity_s=max(1, cfg.features.request_granularity_s), seed=0,
+                             end_ts=None if end is None else int(end))
 
 
 def simulated_presence(cfg: SolarisConfig, ds: Dataset, tables: FeatureTables,
                        periods: Periods, base: VerticalModel, lg: RequestLog,
-                       seed: int = 0) -> dict:
-    """Which test rows the schedule covers, the verifier ranking ``lg``'s candidates by
-    ``base``: ``mask`` (len(periods.test),) bool, its share ``c_sim``, and the simulation's
-    pair coverage of labelled pairs, FM evaluations and precision."""
+                       seed: int = 0, rows: np.ndarray | None = None) -> dict:
+    """Which of ``rows`` (default: the test period's) the schedule covers, the verifier
+    ranking ``lg``'s candidates by ``base``: ``mask`` (len(rows),) bool, its share ``c_sim``,
+    ``age_s`` (len(rows),) the age each covered row's entry is read at (NaN elsewhere: the
+    entry holds z as of ``req_ts - age_s``), and the simulation's pair coverage of labelled
+    pairs, FM evaluations and precision."""
+    target = periods.test if rows is None else np.asarray(rows, np.int64)
     r, c = lg.candidates.shape
     scores = candidate_scores(base, tables, np.repeat(lg.user, c), lg.candidates.ravel(),
                               np.repeat(lg.surface, c)).reshape(r, c)
@@ -66,11 +76,15 @@ def simulated_presence(cfg: SolarisConfig, ds: Dataset, tables: FeatureTables,
     within = cfg.features.request_granularity_s if ds.requests is None else 1
     rows = row_index(ds, lg.user[ri], lg.candidates[ri, ci], lg.ts[ri], max(1, within))
     pos = np.full(tables.num_rows, -1, np.int64)
-    pos[periods.test] = np.arange(len(periods.test))
-    mask = np.zeros(len(periods.test), bool)
+    pos[target] = np.arange(len(target))
+    mask = np.zeros(len(target), bool)
+    age = np.full(len(target), np.nan)
     ok = rows >= 0
     at = pos[rows[ok]]
     mask[at[at >= 0]] = sim["found"][ri[ok], ci[ok]][at >= 0]
-    return {"mask": mask, "c_sim": float(mask.mean()), "pair_simulated": sim["pair"],
+    age[at[at >= 0]] = sim["age_s"][ri[ok], ci[ok]][at >= 0]
+    age[~mask] = np.nan
+    return {"mask": mask, "age_s": age, "c_sim": float(mask.mean()),
+            "pair_simulated": sim["pair"],
             "fm_evals": int(sim["fm_evals"]), "precision": sim["precision"],
             "labelled_mapped": float(np.mean(at >= 0)) if len(at) else float("nan")}

@@ -24,8 +24,9 @@ from solaris.eval import metrics as M
 from solaris.features import FeatureTables
 from solaris.models.vm import VerticalModel
 from solaris.eval.schedule import simulated_presence, window_log
-from solaris.train.residual import crossfit_base_logits, train_base, train_residual
-from solaris.train.teacher import Teacher, build_teacher, vm_inputs
+from solaris.train.residual import (crossfit_base_logits, fit_pair_as_served, train_base,
+                                    train_residual)
+from solaris.train.teacher import Teacher, build_teacher, pair_embeddings_as_of, vm_inputs
 from solaris.train.vertical import VMInputs, VMSpec, coverage_mask, predict_vm, train_vm
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class TransferExperiment:
         self.warm = warm_mask(ds, self.periods)
         self.absent_rows = self.periods.fm_vertical if cfg.split.vm_trains_on_fm_period else \
             np.zeros(0, dtype=np.int64)
-        self._log = None  # the test period as a request log, built once (schedule simulation)
+        self._logs: dict = {}  # period -> its request log, built once (schedule simulation)
 
     # ---- teacher -------------------------------------------------------------------------
     def teacher(self, seed: int, fm_rows: np.ndarray | None = None,
@@ -120,20 +121,49 @@ class TransferExperiment:
         chosen = {"lr": lr, "kd_alpha": spec.kd_alpha, "coverage": cov}
         return pt, pc, chosen
 
+    def schedule(self, base: VerticalModel, period: str, seed: int) -> dict:
+        """The schedule simulation over a period's request log (built once per period), the
+        verifier ranking by ``base``: ``simulated_presence`` on that period's rows."""
+        if period not in self._logs:
+            self._logs[period] = window_log(self.cfg, self.ds, self.periods, period)
+        rows = self.periods.test if period == "test" else self.periods.val
+        return simulated_presence(self.cfg, self.ds, self.tables, self.periods, base,
+                                  self._logs[period], seed, rows=rows)
+
     def residual_arms(self, run: "SeedRun", base: VerticalModel, lr: float, inputs: VMInputs,
-                      task: int, seed: int) -> None:
+                      task: int, seed: int, teacher: Teacher) -> None:
         """The residual arms on the frozen base: the pair correction at every coverage, its
         no-z control, and the user-slot correction; each trained once on every VM-period row
-        where its slot is present, on cross-fitted base logits."""
+        where its slot is present, on cross-fitted base logits. The pair correction is also
+        trained on z as the cache serves it (``fit_pair_as_served``); the one better on
+        validation served the same way scores ``pair_sim``, the schedule's presence with z
+        and ages as served."""
         p, cfg = self.periods, self.cfg
         self.progress(f"seed {seed}: {self.ds.tasks[task]} cross-fitted base logits")
         b_oos = crossfit_base_logits(inputs, cfg.vm, cfg.train, cfg.residual, task=task,
                                      rows=p.vm, absent_rows=self.absent_rows, val_rows=p.val,
                                      lr=lr, seed=seed, num_users=self.ds.num_users,
                                      num_items=self.ds.num_items)
-        fits = {}
-        for name, slot, use_z in (("pair", "pair", True), ("control", "pair", False),
-                                  ("agg", "agg", True)):
+        self.progress(f"seed {seed}: {self.ds.tasks[task]} schedule simulation")
+        sim_val = self.schedule(base, "val", seed)
+        sim = self.schedule(base, "test", seed)
+        tables, features = self.tables, cfg.features
+
+        def z_as_of(rows: np.ndarray, age_s: np.ndarray) -> np.ndarray:
+            return pair_embeddings_as_of(teacher, tables, features, rows,
+                                         tables.req_ts[rows] - age_s.astype(np.int64))
+
+        self.progress(f"seed {seed}: {self.ds.tasks[task]} residual pair (fresh and as served)")
+        ttl = float(cfg.cache.read_ttl_s)
+        served_fit = fit_pair_as_served(base, inputs, cfg.residual, cfg.train, task=task,
+                                        rows=p.vm, base_logits=b_oos, val_rows=p.val,
+                                        seed=seed, z_as_of=z_as_of,
+                                        found_age_s=sim_val["age_s"], read_ttl_s=ttl)
+        run.chosen["residual_pair_as_served"] = served_fit.info
+        fits = {"pair": served_fit.fresh}
+        run.chosen["residual_pair"] = {"val_bce": served_fit.fresh.val_bce,
+                                       "scale_curve": served_fit.fresh.scale_curves["pair"]}
+        for name, slot, use_z in (("control", "pair", False), ("agg", "agg", True)):
             self.progress(f"seed {seed}: {self.ds.tasks[task]} residual {name}")
             fits[name] = train_residual(base, inputs, cfg.residual, cfg.train, task=task,
                                         rows=p.vm, base_logits=b_oos, val_rows=p.val, slot=slot,
@@ -149,20 +179,32 @@ class TransferExperiment:
             fits["control"].model, inputs, task, seed, 1.0, False)
         run.raw["vm_agg"], run.cal["vm_agg"] = self.predict(fits["agg"].model, inputs, task,
                                                             seed, 0.0, True)
-        # the presence pattern the speculation schedule gives on the test period (c_sim)
-        self.progress(f"seed {seed}: {self.ds.tasks[task]} schedule simulation")
-        if self._log is None:
-            self._log = window_log(cfg, self.ds, p)
-        sim = simulated_presence(cfg, self.ds, self.tables, p, base, self._log, seed)
+        # the presence pattern the speculation schedule gives on the test period (c_sim):
+        # pair_sim_fresh with each covered row's own fresh z (the fresh-z correction),
+        # pair_sim as served -- z as of the write, its age, the correction chosen as served;
+        # Platt on validation rows covered the same way
         off = np.zeros(len(p.test), bool)
         pt = predict_vm(fits["pair"].model, inputs, p.test, sim["mask"], off)
         val_mask = coverage_mask(len(p.val), sim["c_sim"], seed + 1)
         pv = predict_vm(fits["pair"].model, inputs, p.val, val_mask,
                         np.zeros(len(p.val), bool))
         ab = M.fit_platt(self.tables.labels[p.val, task], pv)
+        run.raw["vm_pair_sim_fresh"], run.cal["vm_pair_sim_fresh"] = pt, M.apply_platt(pt, ab)
+        run.masks["vm_pair_sim_fresh"] = sim["mask"]
+        cov_t, cov_v = p.test[sim["mask"]], p.val[sim_val["mask"]]
+        both = np.concatenate([cov_t, cov_v])
+        age = np.concatenate([sim["age_s"][sim["mask"]], sim_val["age_s"][sim_val["mask"]]])
+        as_served = inputs.served_as(both, z_as_of(both, age), age, ttl)
+        chosen = served_fit.fit.model
+        pt = predict_vm(chosen, as_served, p.test, sim["mask"], off)
+        pv = predict_vm(chosen, as_served, p.val, sim_val["mask"], np.zeros(len(p.val), bool))
+        ab = M.fit_platt(self.tables.labels[p.val, task], pv)
         run.raw["vm_pair_sim"], run.cal["vm_pair_sim"] = pt, M.apply_platt(pt, ab)
         run.masks["vm_pair_sim"] = sim["mask"]
-        run.chosen["schedule"] = {k: v for k, v in sim.items() if k != "mask"}
+        run.chosen["schedule"] = {k: v for k, v in sim.items() if k not in ("mask", "age_s")}
+        run.chosen["schedule"]["age_s_median"] = float(np.nanmedian(sim["age_s"])) \
+            if sim["mask"].any() else None
+        run.chosen["schedule"]["c_sim_val"] = sim_val["c_sim"]
         # what the covered rows can give at most: the FM's own edge there (``fm_on_sim``:
         # the FM's probability on the covered rows, the VM alone's elsewhere), and where the
         # pair correction's and the FM's gains fall, covered rows against the rest
@@ -171,7 +213,8 @@ class TransferExperiment:
         run.cal["fm_on_sim"] = np.where(m, run.cal["fm"], run.cal["vm"])
         run.chosen["schedule"]["gain_per_row"] = edge_by_mask(
             self.tables.labels[p.test, task], m, run.raw["vm"],
-            {"fm": run.raw["fm"], "pair_100": run.raw["vm_pair_100"]})
+            {"fm": run.raw["fm"], "pair_100": run.raw["vm_pair_100"],
+             "pair_sim": run.raw["vm_pair_sim"]})
         run.masks["vm_agg"] = inputs.agg_present.numpy()[p.test] > 0
 
     def fm_predictions(self, probs: np.ndarray, task: int) -> tuple[np.ndarray, np.ndarray]:
@@ -203,7 +246,7 @@ class TransferExperiment:
             kd = [VMSpec("vm_kd", kd_alpha=a) for a in self.cfg.report.kd_alphas]
             run.raw["vm_kd"], run.cal["vm_kd"], run.chosen["vm_kd"] = self.run_variant(
                 kd, inputs, probs, task, seed)
-            self.residual_arms(run, base, lr, inputs, task, seed)
+            self.residual_arms(run, base, lr, inputs, task, seed, teacher)
             runs[task] = run
         return runs
 
@@ -372,6 +415,8 @@ def run_transfer(cfg: SolarisConfig, ds: Dataset, progress: Progress | None = No
         "chosen": main["chosen"],
         "request_granularity_s": cfg.features.request_granularity_s,
         "schedule": _schedule_summary(main["chosen"]),
+        "pair_as_served": [c["residual_pair_as_served"] for c in main["chosen"]
+                           if "residual_pair_as_served" in c],
         "periods": p.as_dict(),
         "test_rows": int(len(p.test)),
         "warm_share": float(exp.warm.mean()),

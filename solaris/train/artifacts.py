@@ -34,9 +34,10 @@ from solaris.features import FeatureTables
 from solaris.precompute import SideTables
 from solaris.models.vm import VerticalModel
 from solaris.train.checkpoint import load_checkpoint, save_checkpoint
-from solaris.train.teacher import build_teacher, vm_inputs
-from solaris.train.residual import (crossfit_base_logits, residual_meta, train_base,
-                                    train_residual)
+from solaris.train.teacher import build_teacher, pair_embeddings_as_of, vm_inputs
+from solaris.eval.schedule import simulated_presence, window_log
+from solaris.train.residual import (crossfit_base_logits, fit_pair_as_served, residual_meta,
+                                    train_base)
 from solaris.train.vertical import coverage_mask, predict_vm
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ def train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: 
     save_checkpoint(out / "encoder.pt", teacher.encoder, "encoder", config_to_dict(cfg.encoder),
                     version=teacher.version, in_dim=cfg.fm.shared_dim)
     vms, baselines = {}, {}
+    val_log = window_log(cfg, ds, periods, "val")  # the schedule simulation's requests
     for t, task in enumerate(ds.tasks):
         common = dict(task=t, rows=periods.vm, absent_rows=periods.fm_vertical,
                       val_rows=periods.val, seed=seed, num_users=ds.num_users,
@@ -85,21 +87,32 @@ def train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: 
         baselines[task] = {"file": f"vm_{task}_alone.pt", "val_bce": v_base, "lr": lr}
         say(f"cross-fitting base logits for {task}")
         b_oos = crossfit_base_logits(inputs, cfg.vm, cfg.train, cfg.residual, lr=lr, **common)
-        say(f"training the residual VM for {task}")
-        fit = train_residual(base, inputs, cfg.residual, cfg.train, task=t, rows=periods.vm,
-                             base_logits=b_oos, val_rows=periods.val, slot="pair",
-                             use_z=True, seed=seed)
+        say(f"simulating the schedule on the validation period for {task}")
+        sim_val = simulated_presence(cfg, ds, tables, periods, base, val_log, seed,
+                                     rows=periods.val)
+
+        def z_as_of(rows: np.ndarray, age_s: np.ndarray) -> np.ndarray:
+            return pair_embeddings_as_of(teacher, tables, cfg.features, rows,
+                                         tables.req_ts[rows] - age_s.astype(np.int64))
+
+        say(f"training the residual VM for {task} (on fresh z and on z as served)")
+        served = fit_pair_as_served(base, inputs, cfg.residual, cfg.train, task=t,
+                                    rows=periods.vm, base_logits=b_oos, val_rows=periods.val,
+                                    seed=seed, z_as_of=z_as_of, found_age_s=sim_val["age_s"],
+                                    read_ttl_s=float(cfg.cache.read_ttl_s))
+        fit = served.fit
         mask = coverage_mask(len(periods.test), coverage, seed)
         off = np.zeros(len(periods.test), bool)
         pt = predict_vm(fit.model, inputs, periods.test, mask, off)
         y = tables.labels[periods.test, t]
-        meta = residual_meta(fit)
+        meta = {**residual_meta(fit), "as_served": served.info}
         save_checkpoint(out / f"vm_{task}.pt", fit.model, "vm", vm_cfg, version=teacher.version,
                         task=task, slot_dim=inputs.dim, coverage=coverage, **meta, **sizes)
         vms[task] = {"file": f"vm_{task}.pt", "val_bce": fit.val_bce, "test_bce": M.bce(y, pt),
                      "test_auc": M.auc(y, pt), "test_coverage": coverage,
                      "fm_test_bce": M.bce(y, probs[periods.test, t]),
-                     "scales": meta["scales"], "scale_curves": meta["scale_curves"]}
+                     "scales": meta["scales"], "scale_curves": meta["scale_curves"],
+                     "as_served": served.info}
     if evaluation:
         np.savez(out / "teacher.npz", probs=probs.astype(np.float32),
                  z=inputs.pair.numpy(), agg=inputs.agg.numpy(),

@@ -10,7 +10,9 @@ and scoring its own; validation and test rows are out of sample for the base its
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -112,15 +114,89 @@ def train_residual(base: VerticalModel, inputs: VMInputs, res: ResidualConfig,
         batch_size=max(train.batch_size, 2048), seed=seed, weight_decay=train.weight_decay,
         name=f"residual_{slot}{'' if use_z else '_control'}")
     model.eval()
+    best, curve = _choose_scale(model, slot, res.scales, vb, val_b, yv)
+    return ResidualFit(model, curve[f"{best:g}"], {slot: curve})
+
+
+@torch.no_grad()
+def _choose_scale(model: ResidualVM, slot: str, scales: tuple[float, ...],
+                  vb: dict[str, torch.Tensor], val_b: torch.Tensor, yv: torch.Tensor
+                  ) -> tuple[float, dict[str, float]]:
+    """Set the slot's scale to the best of ``scales`` on the validation batch ``vb`` (ties:
+    the larger scale); (scale, {scale: validation BCE})."""
     tier = Tier.PAIR if slot == "pair" else AGG_TIER
     curve: dict[str, float] = {}
-    with torch.no_grad():
-        for s in res.scales:
-            model.set_scale(slot, tier, s)
-            curve[f"{s:g}"] = _bce(model(vb, base_logit=val_b), yv)
-    best = min(res.scales, key=lambda s: (curve[f"{s:g}"], -s))  # ties: the larger scale
+    for s in scales:
+        model.set_scale(slot, tier, s)
+        curve[f"{s:g}"] = _bce(model(vb, base_logit=val_b), yv)
+    best = min(scales, key=lambda s: (curve[f"{s:g}"], -s))
     model.set_scale(slot, tier, best)
-    return ResidualFit(model, curve[f"{best:g}"], {slot: curve})
+    return best, curve
+
+
+def draw_ages(found_age_s: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """``n`` ages (s) drawn with replacement from the ages the schedule simulation read its
+    entries at (``simulated_presence(...)["age_s"]`` where found): the age distribution
+    serving gives the pair slot."""
+    a = np.asarray(found_age_s, np.float64)
+    a = a[np.isfinite(a)]
+    if len(a) == 0:
+        raise ValueError("found_age_s: no finite ages (the simulation covered nothing)")
+    return np.round(np.random.default_rng(seed + 4241).choice(a, size=n))
+
+
+ZAsOf = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (rows, age_s) -> z (len(rows), D)
+
+
+@dataclass
+class ServedPairFit:
+    """The pair correction to serve: the one trained on fresh z or the one trained on z as
+    the cache serves it, whichever is better on validation served the same way."""
+
+    fit: ResidualFit  # the chosen correction, its scale chosen on served validation
+    fresh: ResidualFit  # the fresh-z correction as trained (its scale on fresh validation)
+    served_inputs: VMInputs  # training and validation rows as served (z as of the write)
+    info: dict
+
+
+def fit_pair_as_served(base: VerticalModel, inputs: VMInputs, res: ResidualConfig,
+                       train: TrainConfig, *, task: int, rows: np.ndarray,
+                       base_logits: np.ndarray, val_rows: np.ndarray, seed: int,
+                       z_as_of: ZAsOf, found_age_s: np.ndarray,
+                       read_ttl_s: float) -> ServedPairFit:
+    """Train the pair correction on fresh z (``train_residual``) and on z as served: every
+    training and validation row's own pair written ``a`` seconds before its request, ``a``
+    drawn from the schedule's read ages (``draw_ages``), z as of the write (``z_as_of``) and
+    the age fed to the gate. Both are scored on the served validation rows, each at its best
+    scale there; the better one is served (a cache never holds a fresher z than the lag)."""
+    rows, val_rows = np.asarray(rows), np.asarray(val_rows)
+    fresh = train_residual(base, inputs, res, train, task=task, rows=rows,
+                           base_logits=base_logits, val_rows=val_rows, slot="pair",
+                           use_z=True, seed=seed)
+    n_found = int(np.isfinite(np.asarray(found_age_s, np.float64)).sum())
+    if n_found == 0:  # the schedule covered no validation row: nothing to learn ages from
+        return ServedPairFit(fresh, fresh, inputs, {"chosen": "fresh", "ages_drawn_from": 0,
+                                                    "val_bce_fresh_trained": fresh.val_bce})
+    both = np.concatenate([rows, val_rows])
+    ages = draw_ages(found_age_s, len(both), seed)
+    served = inputs.served_as(both, z_as_of(both, ages), ages, read_ttl_s)
+    aged = train_residual(base, served, res, train, task=task, rows=rows,
+                          base_logits=base_logits, val_rows=val_rows, slot="pair",
+                          use_z=True, seed=seed)
+    # the fresh-z correction on the served validation rows, its scale chosen there
+    reread = ResidualFit(copy.deepcopy(fresh.model), 0.0, {})
+    on = np.ones(len(val_rows), bool)
+    vb = served.batch(val_rows, on, ~on)
+    val_b = torch.from_numpy(vm_logits(base, served, val_rows))
+    yv = served.labels[torch.from_numpy(val_rows), task]
+    best, curve = _choose_scale(reread.model, "pair", res.scales, vb, val_b, yv)
+    reread.val_bce, reread.scale_curves = curve[f"{best:g}"], {"pair": curve}
+    chosen = aged if aged.val_bce < reread.val_bce else reread
+    info = {"chosen": "served" if chosen is aged else "fresh",
+            "val_bce_served_trained": aged.val_bce, "val_bce_fresh_trained": reread.val_bce,
+            "val_bce_fresh_trained_fresh_val": fresh.val_bce,
+            "age_s_median": float(np.median(ages)), "ages_drawn_from": n_found}
+    return ServedPairFit(chosen, fresh, served, info)
 
 
 def train_base(inputs: VMInputs, cfg: VMConfig, train: TrainConfig, lrs: tuple[float, ...], *,

@@ -121,6 +121,31 @@ def teacher_outputs(teacher: Teacher, tables: FeatureTables, rows: np.ndarray
     return out[:, :t].astype(np.float64), out[:, t:].astype(np.float32)
 
 
+@torch.no_grad()
+def pair_embeddings_as_of(teacher: Teacher, tables: FeatureTables, features: FeatureConfig,
+                          rows: np.ndarray, as_of: np.ndarray) -> np.ndarray:
+    """z (len(rows), D) of each row's (user, item, surface) as the snapshot computes it at
+    time ``as_of`` (per row): the user's history strictly before ``as_of``, its ages counted
+    from ``as_of`` -- what a cache entry written at ``as_of`` holds (the FM worker reads the
+    history as of the speculating request). ``as_of`` = the row's request time gives the
+    row's own z."""
+    import copy
+
+    from solaris.features import history_index
+
+    rows = np.asarray(rows, np.int64)
+    as_of = np.asarray(as_of, np.int64)
+    if as_of.shape != rows.shape:
+        raise ValueError(f"as_of: shape {as_of.shape}, expected {rows.shape} (one per row)")
+    view = copy.copy(tables)  # shares every array but the two replaced below
+    view.req_ts = tables.req_ts.copy()
+    # before the first event the history is empty (and the search keys stay in their group)
+    view.req_ts[rows] = np.maximum(as_of, tables.ts.min()) if len(tables.ts) else as_of
+    view.hist = history_index(tables.user, tables.ts, tables.history_len,
+                              features.history_ties, view.req_ts)
+    return teacher_outputs(teacher, view, rows)[1]
+
+
 def vm_inputs(teacher: Teacher, tables: FeatureTables, features: FeatureConfig
               ) -> tuple[np.ndarray, VMInputs]:
     """The snapshot's probabilities for every row (N, T) and the VM inputs built from its z:

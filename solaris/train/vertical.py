@@ -8,6 +8,7 @@ the VM with both slots marked absent and no soft label.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 
@@ -47,14 +48,41 @@ class VMInputs:
         self.pair = t(slots.pair_emb.astype(np.float32))
         self.agg = t(slots.agg_emb.astype(np.float32))
         self.agg_present = t(slots.agg_present.astype(np.float32))
+        # the pair slot as a cache serves it (``served_as``): its age per row, read against
+        # this TTL; None: the own pair, fresh (age 0), as an offline VM reads it
+        self.pair_age_s = np.zeros(tables.num_rows)
+        self.read_ttl_s: float | None = None
         self.dim = slots.dim
         self.labels = t(tables.labels)
+
+    def served_as(self, rows: np.ndarray, pair_emb: np.ndarray, age_s: np.ndarray,
+                  read_ttl_s: float) -> "VMInputs":
+        """A copy whose pair slot at ``rows`` holds ``pair_emb`` (len(rows), D), written
+        ``age_s`` seconds before the row's request -- the own pair as the cache serves it
+        (z as of the write: ``pair_embeddings_as_of``) -- read as a tier-aware VM reads it:
+        tier PAIR, age ``age_s / read_ttl_s``. Other rows keep their fresh z, age 0."""
+        rows = np.asarray(rows, np.int64)
+        age_s = np.asarray(age_s, np.float64)
+        if pair_emb.shape != (len(rows), self.dim) or age_s.shape != rows.shape:
+            raise ValueError(f"pair_emb {pair_emb.shape} / age_s {age_s.shape}: expected "
+                             f"({len(rows)}, {self.dim}) / ({len(rows)},)")
+        if not (np.isfinite(age_s).all() and (age_s >= 0).all()):
+            raise ValueError("age_s: must be finite and >= 0")
+        if not read_ttl_s > 0:
+            raise ValueError(f"read_ttl_s={read_ttl_s!r}: must be > 0")
+        out = copy.copy(self)
+        out.pair = self.pair.clone()
+        out.pair[torch.from_numpy(rows)] = torch.from_numpy(np.asarray(pair_emb, np.float32))
+        out.pair_age_s = self.pair_age_s.copy()
+        out.pair_age_s[rows] = age_s
+        out.read_ttl_s = float(read_ttl_s)
+        return out
 
     def batch(self, rows: np.ndarray, pair_present: np.ndarray, agg_on: np.ndarray
               ) -> dict[str, torch.Tensor]:
         """Batch for ``rows``; ``pair_present`` / ``agg_on`` (bool per row) gate the slots.
-        Offline every present pair slot is the row's own pair, fresh: the VM reads tier PAIR
-        and age 0 there (``vm_batch`` without a read TTL)."""
+        Offline every present pair slot is the row's own pair: the VM reads tier PAIR there,
+        age 0 (fresh) unless ``served_as`` set the rows' ages."""
         r = np.asarray(rows, dtype=np.int64)
         pp = np.asarray(pair_present, dtype=np.float32)
         ap = self.agg_present.numpy()[r] * np.asarray(agg_on, dtype=np.float32)
@@ -62,12 +90,13 @@ class VMInputs:
         # the gates multiply the embeddings (the models mask absent slots again, with where)
         slots = Slots(pair_emb=self.pair.numpy()[r] * pp[:, None], pair_present=present,
                       pair_tier=np.where(present, Tier.PAIR, Tier.NONE),
-                      pair_age_s=np.zeros(len(r)), agg_emb=self.agg.numpy()[r] * ap[:, None],
-                      agg_present=ap > 0, missing=~present)
+                      pair_age_s=np.where(present, self.pair_age_s[r], 0.0),
+                      agg_emb=self.agg.numpy()[r] * ap[:, None], agg_present=ap > 0,
+                      missing=~present)
         tb = self.tables
         u, i = tb.user[r], tb.item[r]
         return vm_batch(u, i, tb.surface[r], tb.user_cat[u], tb.item_cat[i], tb.item_cont[i],
-                        slots)
+                        slots, read_ttl_s=self.read_ttl_s)
 
 
 @dataclass

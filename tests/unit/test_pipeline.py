@@ -50,7 +50,8 @@ def report(cfg, ds):
     return run_transfer(cfg, ds)
 
 
-ARMS = ("kd", "agg", "pair_100", "pair_20", "control_100", "pair_sim", "fm_on_sim")
+ARMS = ("kd", "agg", "pair_100", "pair_20", "control_100", "pair_sim", "pair_sim_fresh",
+        "fm_on_sim")
 
 
 def model_of(arm: str) -> str:
@@ -86,7 +87,7 @@ def test_schedule_block_splits_gains_between_covered_and_uncovered_rows(report):
     schedule covers and on the rest, averaged over seeds; the FM-on-covered-rows arm's TR
     is bounded by construction between 0-gain rows and the FM itself."""
     g = report["schedule"]["gain_per_row"]
-    assert set(g) == {"fm", "pair_100"}
+    assert set(g) == {"fm", "pair_100", "pair_sim"}
     for arm in g.values():
         assert set(arm) == {"covered", "uncovered"}
         assert all(v is None or math.isfinite(v) for v in arm.values())
@@ -96,6 +97,19 @@ def test_schedule_block_splits_gains_between_covered_and_uncovered_rows(report):
     # the VM alone is c x the FM's mean gain on the covered rows
     want = c * g["fm"]["covered"] if g["fm"]["covered"] is not None else 0.0
     assert b["vm"] - b["fm_on_sim"] == pytest.approx(want, abs=1e-9)
+
+
+def test_pair_correction_as_served_is_chosen_on_served_validation(report):
+    """Two pair corrections per seed, one trained on fresh z and one on z as the cache serves
+    it (ages drawn from the validation period's schedule simulation); the one served is the
+    lower on validation served the same way."""
+    (info,) = report["pair_as_served"]
+    assert info["chosen"] in ("served", "fresh")
+    lo = min(info["val_bce_served_trained"], info["val_bce_fresh_trained"])
+    want = "served" if info["val_bce_served_trained"] == lo else "fresh"
+    if info["val_bce_served_trained"] != info["val_bce_fresh_trained"]:
+        assert info["chosen"] == want
+    assert info["ages_drawn_from"] > 0 and info["age_s_median"] >= 0
 
 
 def test_fm_trains_below_its_initial_loss_on_its_own_rows(cfg, ds):
