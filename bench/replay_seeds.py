@@ -1,0 +1,164 @@
+"""Benchmark: online TR pooled over several training seeds' replays of one window.
+
+    python bench/replay_seeds.py RUN_DIR [RUN_DIR ...] --json OUT.json [--resamples 2000]
+
+Each RUN_DIR is a finished ``solaris replay`` (replay.json, feature_log.npz, artifacts/). Its
+labelled rows are loaded and scored as ``solaris.replay.report.transfer_report`` does (rows
+without an interaction row dropped, the VM alone re-scored without SOLARIS inputs, the
+served scores and the teacher's probabilities clipped), then ``solaris.replay.pool`` gives
+the raw and the base-calibrated TR per seed and pooled, with paired bootstrap intervals that
+draw seeds and whole requests (one request draw shared by every seed: the runs replay the
+same window). The per-seed point values must equal the run's own replay.json
+(``tr_online_raw``, ``tr_online_base_calibrated``); the table shows both, and replay.json's
+row-level interval next to the request-level one. Prints one table, writes every number as
+JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from solaris.replay.pool import RunProbs, pooled_tr, pooled_tr_base_calibrated
+
+
+def load_run(run: Path) -> tuple[RunProbs, dict, np.ndarray]:
+    """One replay's rows as ``transfer_report`` scores them, its replay.json and the rows'
+    request times."""
+    from solaris.replay.evaluate import ServedRows, halves, score
+    from solaris.replay.report import take_rows
+    from solaris.scoring import Artifacts, VMScorer
+
+    rep = json.loads((run / "replay.json").read_text())
+    art_dir = run / "artifacts"
+    art = Artifacts.open(art_dir)
+    task = art.tasks[0]  # as ``jobs/replay.py --evaluate-only``
+    with np.load(run / "feature_log.npz") as f:
+        data = {k: f[k] for k in f.files}
+    row = data.pop("row")
+    keep = np.flatnonzero(row >= 0)
+    rows, row = take_rows(ServedRows(**data), keep), row[keep]
+    alone = VMScorer(dataclasses.replace(art, vm_files={task: f"vm_{task}_alone.pt"}), task,
+                     art.side_tables(), float(rep["read_ttl_s"]))
+    with np.load(art_dir / "teacher.npz") as t:
+        p_fm = t["probs"][row, list(art.tasks).index(task)].astype(np.float64)
+    first, _ = halves(rows)
+    probs = RunProbs(y=rows.y, p_alone=score(alone, rows, slots=False),
+                     p_served=np.clip(rows.score, 1e-7, 1 - 1e-7),
+                     p_fm=np.clip(p_fm, 1e-7, 1 - 1e-7), request=rows.req, first=first)
+    return probs, rep, rows.ts
+
+
+def same_window(runs: list[RunProbs], ts: list[np.ndarray]) -> bool:
+    """Whether every request id means the same request (the same event time) in every run."""
+    req = np.concatenate([r.request for r in runs])
+    t = np.concatenate(ts)
+    keys, inv = np.unique(req, return_inverse=True)
+    lo = np.full(len(keys), np.inf)
+    hi = np.full(len(keys), -np.inf)
+    np.minimum.at(lo, inv, t)
+    np.maximum.at(hi, inv, t)
+    return bool((lo == hi).all())
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tqdm import tqdm
+
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", type=Path, help="replay run directories, one per seed")
+    ap.add_argument("--json", required=True, type=Path, help="where to write the numbers")
+    ap.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
+    ap.add_argument("--alpha", type=float, default=0.05, help="1 - interval coverage")
+    ap.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    ap.add_argument("--per-seed-requests", action="store_true",
+                    help="draw each run's requests on their own (runs of different windows)")
+    args = ap.parse_args(argv)
+    if args.resamples < 1 or not 0 < args.alpha < 1:
+        ap.error(f"--resamples={args.resamples}, --alpha={args.alpha}: need >= 1 and (0, 1)")
+    for run in args.runs:
+        if not (run / "replay.json").exists() or not (run / "feature_log.npz").exists():
+            ap.error(f"{run}: no replay.json / feature_log.npz (run `solaris replay` first)")
+    t0 = time.perf_counter()
+    probs, reps, ts = [], [], []
+    for run in tqdm(args.runs, desc="scoring the VM alone", unit="run"):
+        p, rep, t = load_run(run)
+        probs.append(p)
+        reps.append(rep)
+        ts.append(t)
+    t_load = time.perf_counter() - t0
+    shared = not args.per_seed_requests
+    if shared and not same_window(probs, ts):
+        ap.error("the runs' request ids name different event times (not one window); "
+                 "pass --per-seed-requests")
+    t1 = time.perf_counter()
+    kw = {"resamples": args.resamples, "alpha": args.alpha, "seed": args.seed,
+          "share_requests": shared}
+    raw = pooled_tr([p.losses() for p in probs], **kw)
+    t_raw = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    cal = pooled_tr_base_calibrated(probs, **kw)
+    t_cal = time.perf_counter() - t2
+
+    def f(x: float | None) -> str:
+        return "n/a" if x is None or not math.isfinite(x) else f"{x:7.3f}"
+
+    def ci(c: list) -> str:
+        return f"[{f(c[0])}, {f(c[1])}]"
+
+    pct = f"{100 * (1 - args.alpha):.0f}%"
+    print(f"{'run':<22}{'rows':>7}{'TR raw':>8}  {pct + ' CI (requests)':<20}"
+          f"{'json':>8}  {'json CI (rows)':<20}{'TR base-cal':>12}  {pct + ' CI':<20}{'json':>8}")
+    for i, run in enumerate(args.runs):
+        rep = reps[i]
+        print(f"{run.name:<22}{raw['rows'][i]:>7}{f(raw['per_seed'][i]):>8}  "
+              f"{ci(raw['per_seed_ci'][i]):<20}{f(rep.get('tr_online_raw')):>8}  "
+              f"{ci(rep.get('tr_online_raw_ci') or [None, None]):<20}"
+              f"{f(cal['per_seed'][i]):>12}  {ci(cal['per_seed_ci'][i]):<20}"
+              f"{f(rep.get('tr_online_base_calibrated')):>8}")
+    print(f"{'pooled (' + str(raw['seeds']) + ' seeds)':<22}{sum(raw['rows']):>7}"
+          f"{f(raw['tr']):>8}  {ci([raw['ci_low'], raw['ci_high']]):<20}{'':>8}  {'':<20}"
+          f"{f(cal['tr']):>12}  {ci([cal['ci_low'], cal['ci_high']]):<20}")
+    print(f"  requests drawn: {raw['requests']} ({'shared by' if shared else 'per'} seed), "
+          f"{args.resamples} resamples; finite draws: raw {raw['finite_share']:.3f}, "
+          f"base-calibrated {cal['finite_share']:.3f}")
+    print(f"  pooled BCE raw: vm alone {raw['bce']['vm_alone']:.5f}, served "
+          f"{raw['bce']['served']:.5f}, fm {raw['bce']['fm']:.5f}")
+    print(f"bench/replay_seeds.py: load {t_load:.1f} s, bootstrap raw {t_raw:.1f} s, "
+          f"base-calibrated {t_cal:.1f} s")
+    out = {"runs": [str(r) for r in args.runs], "resamples": args.resamples,
+           "alpha": args.alpha, "seed": args.seed, "share_requests": shared,
+           "raw": raw, "base_calibrated": cal,
+           "replay_json": [{k: rep.get(k) for k in ("tr_online_raw", "tr_online_raw_ci",
+                                                   "tr_online_base_calibrated")}
+                           for rep in reps],
+           "seconds": {"load": round(t_load, 1), "raw": round(t_raw, 2),
+                       "base_calibrated": round(t_cal, 2)}}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(_no_nan(out), indent=2))
+    return 0
+
+
+def _no_nan(o):
+    """NaN (a draw or a seed without an FM-VM gap) as JSON null."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _no_nan(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_no_nan(v) for v in o]
+    return o
+
+
+if __name__ == "__main__":
+    sys.exit(main())
