@@ -321,6 +321,28 @@ def _paired_block(runs: list[SeedRun], y: np.ndarray, tr_names: list[str], cfg: 
                                        "max_abs_diff": float(abs(np.mean(a) - np.mean(v))),
                                        "scores_equal_vm": bool(exact)}
     out["miss_rows"] = miss
+    # rows where the slot is present: the arm's BCE beside the VM alone's and the FM's; and
+    # the calibration slope (Platt's slope of the label on the logit) on present and missing
+    # rows, seed means
+    present, slopes = {}, {}
+    for n in tr_names:
+        if n not in runs[0].masks:
+            continue
+        ons = [r.masks[n] for r in runs]
+        key = n.removeprefix("vm_")
+        if all(o.sum() >= 50 for o in ons):
+            present[key] = {
+                "rows": int(np.mean([o.sum() for o in ons])),
+                **{k: float(np.mean([M.bce(y[o], getattr(r, "raw")[a][o])
+                                     for r, o in zip(runs, ons)]))
+                   for k, a in (("bce", n), ("bce_vm", "vm"), ("bce_fm", "fm"))}}
+        slopes[key] = {
+            side: float(np.mean([M.fit_platt(y[m], r.raw[n][m])[0] for r, m in pairs]))
+            if all(m.sum() >= 50 and len(np.unique(y[m])) == 2 for _, m in pairs) else None
+            for side, pairs in (("present", [(r, o) for r, o in zip(runs, ons)]),
+                                ("missing", [(r, ~o) for r, o in zip(runs, ons)]))}
+    out["present_rows"] = present
+    out["calibration_slope"] = slopes
     return out
 
 
@@ -410,7 +432,8 @@ def run_transfer(cfg: SolarisConfig, ds: Dataset, progress: Progress | None = No
         "task": ds.tasks[0],
         **{k: main[k] for k in ("bce", "auc", "bce_cal", "auc_cal", "tr", "tr_cal", "tr_std",
                                 "tr_ungated", "gap_significant", "gap", "gap_cal", "warm",
-                                "cold", "tr_paired", "tr_vs_control", "miss_rows")},
+                                "cold", "tr_paired", "tr_vs_control", "miss_rows",
+                                "present_rows", "calibration_slope")},
         "tr_per_seed": main["tr_per_seed"],
         "chosen": main["chosen"],
         "request_granularity_s": cfg.features.request_granularity_s,

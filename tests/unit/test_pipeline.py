@@ -112,6 +112,21 @@ def test_pair_correction_as_served_is_chosen_on_served_validation(report):
     assert info["ages_drawn_from"] > 0 and info["age_s_median"] >= 0
 
 
+def test_present_rows_and_calibration_slopes_per_arm(report):
+    """Per arm with a presence mask: BCE on its present rows beside the VM alone's and the
+    FM's there (the pair at 100% is present everywhere: its present-row BCE is its BCE), and
+    Platt slopes on present and on missing rows (none where a side has too few rows)."""
+    pr = report["present_rows"]
+    assert pr["pair_100"]["rows"] == report["test_rows"]
+    assert pr["pair_100"]["bce"] == pytest.approx(report["bce"]["vm_pair_100"], abs=1e-12)
+    assert pr["pair_100"]["bce_vm"] == pytest.approx(report["bce"]["vm"], abs=1e-12)
+    sl = report["calibration_slope"]
+    assert sl["pair_100"]["missing"] is None  # no missing rows at 100%
+    assert sl["pair_100"]["present"] is not None and math.isfinite(sl["pair_100"]["present"])
+    # missing rows of a residual arm are the VM alone's: the same slope as the VM's there
+    assert set(sl) >= {"pair_20", "pair_sim", "agg"}
+
+
 def test_fm_trains_below_its_initial_loss_on_its_own_rows(cfg, ds):
     """Training lowers the FM's loss on the rows it trained on. Measured on the TINY world
     (threads 1 and 2): 0.693 at initialisation, 0.367 after four epochs; the test asks only for
