@@ -33,6 +33,7 @@ failed rebuild is logged and the schedule goes on. Routers poll ``knn.current_ve
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import logging
 import os
@@ -92,9 +93,12 @@ class DataDir:
             return pq.ParquetFile(f).metadata
 
     def dataset(self, name: str, columns: list[str], num_cpus: float = 1.0) -> Any:
-        return ray.data.read_parquet(self.path(name), filesystem=self.fs,
-                                     ray_remote_args={"num_cpus": num_cpus}
-                                     ).select_columns(columns)
+        # the named remote parameter where this Ray has it (``ray_remote_args`` is deprecated
+        # and removed in Ray 2.64); older releases take it through ``ray_remote_args``
+        named = "num_cpus" in inspect.signature(ray.data.read_parquet).parameters
+        cpus = {"num_cpus": num_cpus} if named else {"ray_remote_args": {"num_cpus": num_cpus}}
+        return ray.data.read_parquet(self.path(name), filesystem=self.fs, columns=columns,
+                                     **cpus)
 
 
 def side_tables(data: DataDir) -> Any:
