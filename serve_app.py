@@ -40,9 +40,9 @@ from ray.util import metrics as ray_metrics
 from solaris import verifier
 from solaris.cache.query import Slots
 from solaris.config import SolarisConfig, config_to_dict, load_config
-from solaris.errors import RequestError, SolarisError
+from solaris.errors import SolarisError
 from solaris.rollout import RolloutPolicy
-from solaris.scales import PAIR_TIERS, ScaleTable
+from solaris.scales import PAIR_TIERS, ScaleError, ScaleTable
 from solaris.scoring import Artifacts, InlineFM, PackedSlots, ScoreRequest, VMScorer
 from solaris.serving import (AfterAnswer, ColdNeighbours, KnnTables, default_artifacts_dir,
                              ensure_artifacts, is_cold, settings_from_args)
@@ -731,8 +731,8 @@ class LookupRouter:
             return self._error(422, "tier", "required for slot 'pair'")
         try:
             row = self.scales.set(version, body.task, body.slot, body.tier, body.scale)
-        except RequestError as e:
-            return self._error(422, "version" if "version" in str(e) else "scale", str(e))
+        except ScaleError as e:
+            return self._error(422, e.field, str(e))
         log.info("scales of %s/%s set: %s", version, body.task, row)
         return {"version": version, "task": body.task, "scales": row}
 

@@ -42,6 +42,14 @@ def scale_dict(a: np.ndarray) -> dict[str, Any]:
             "aggregate": float(a[AGG, AGG_COL])}
 
 
+class ScaleError(RequestError):
+    """A bad scale change; ``field`` names the request field it is about."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
 class ScaleTable:
     """Live scales per (version, task); ``residual`` says whether a VM applies them."""
 
@@ -60,23 +68,24 @@ class ScaleTable:
 
     def set(self, version: str, task: str, slot: str, tier: str | None, value: float
             ) -> dict[str, Any]:
-        """Set one scale; RequestError naming the field on a bad value. Returns the VM's row."""
+        """Set one scale; ``ScaleError`` naming the field on a bad value. Returns the VM's
+        row."""
         if (version, task) not in self._a:
-            raise RequestError(f"task={task!r}, version={version!r}: no such VM")
+            raise ScaleError("version", f"task={task!r}, version={version!r}: no such VM")
         if not self.residual[(version, task)]:
-            raise RequestError(f"task={task!r}, version={version!r}: not a residual VM (its "
-                               "artifacts predate scales); retrain it to use them")
+            raise ScaleError("version", f"task={task!r}, version={version!r}: not a residual "
+                             "VM (its artifacts predate scales); retrain it to use them")
         if not (isinstance(value, (int, float)) and np.isfinite(value) and 0.0 <= value <= 1.0):
-            raise RequestError(f"scale={value!r}: must be in [0, 1]")
+            raise ScaleError("scale", f"scale={value!r}: must be in [0, 1]")
         a = self._a[(version, task)]
         if slot == "aggregate":
             a[AGG, AGG_COL] = value
         elif slot == "pair":
             if tier not in PAIR_TIERS:
-                raise RequestError(f"tier={tier!r}: one of {', '.join(PAIR_TIERS)}")
+                raise ScaleError("tier", f"tier={tier!r}: one of {', '.join(PAIR_TIERS)}")
             a[PAIR, Tier.from_label(tier)] = value
         else:
-            raise RequestError(f"slot={slot!r}: one of pair, aggregate")
+            raise ScaleError("slot", f"slot={slot!r}: one of pair, aggregate")
         return scale_dict(a)
 
     def enrich_for(self, version: str, base: EnrichConfig) -> EnrichConfig:

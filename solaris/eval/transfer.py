@@ -27,7 +27,7 @@ from solaris.eval.schedule import simulated_presence, window_log
 from solaris.train.residual import (crossfit_base_logits, fit_pair_as_served, train_base,
                                     train_residual)
 from solaris.train.teacher import Teacher, build_teacher, pair_embeddings_as_of, vm_inputs
-from solaris.train.vertical import VMInputs, VMSpec, coverage_mask, predict_vm, train_vm
+from solaris.train.vertical import VMInputs, VMSpec, best_vm, coverage_mask, predict_vm
 
 log = logging.getLogger(__name__)
 
@@ -85,19 +85,13 @@ class TransferExperiment:
                      ) -> tuple[VMSpec, float, VerticalModel]:
         """Best-on-validation model of ``grid`` x lr grid: (spec, lr, model)."""
         p = self.periods
-        teacher_rows = p.vm if teacher_rows is None else teacher_rows
-        best = None
-        for spec in grid:
-            for lr in self.cfg.report.vm_lrs:
-                model, v = train_vm(inputs, spec, self.cfg.vm, self.cfg.train, task=task,
-                                    teacher_rows=teacher_rows, absent_rows=self.absent_rows,
-                                    val_rows=p.val, lr=lr, seed=seed,
-                                    soft_labels=probs[:, task], num_users=self.ds.num_users,
-                                    num_items=self.ds.num_items)
-                if best is None or v < best[0]:
-                    best = (v, spec, lr, model)
-        assert best is not None
-        return best[1], best[2], best[3]
+        spec, lr, model, _ = best_vm(
+            inputs, grid, self.cfg.vm, self.cfg.train, self.cfg.report.vm_lrs, task=task,
+            teacher_rows=p.vm if teacher_rows is None else teacher_rows,
+            absent_rows=self.absent_rows, val_rows=p.val, seed=seed,
+            soft_labels=probs[:, task], num_users=self.ds.num_users,
+            num_items=self.ds.num_items)
+        return spec, lr, model
 
     def predict(self, model: torch.nn.Module, inputs: VMInputs, task: int, seed: int,
                 coverage: float, use_agg: bool) -> tuple[np.ndarray, np.ndarray]:

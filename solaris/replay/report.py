@@ -11,6 +11,9 @@ from typing import Any
 import numpy as np
 
 from solaris.config import SolarisConfig
+from solaris.tiers import LABELS, Tier
+
+PAIR_TIERS = LABELS[Tier.PAIR:]  # pair, user_neighbour, item_neighbour
 
 
 def served_rows(lg: Any, live: dict, ds: Any, within_s: float):
@@ -84,7 +87,7 @@ def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_t
                             "equal": bool(np.array_equal(p_off, p_alone))}
     # calibration of the served scores: slope of the label on logit(score), where a SOLARIS
     # input was present and where none was
-    present = (rows.tier != 0) | rows.agg_present
+    present = (rows.tier != Tier.NONE) | rows.agg_present
     out["calibration_slope"] = {
         name: {"rows": int(m.sum()),
                "slope": M.fit_platt(y[m], p_served[m])[0] if m.sum() >= 50 else None}
@@ -255,7 +258,7 @@ def summary_table(rep: dict[str, Any]) -> str:
              f"{rep['labelled_pairs']} labelled pairs, {rep['seconds']} s "
              f"(+ {rep['artifacts_seconds']} s training)",
              f"{'coverage':<28}{'share':>8}"]
-    for k in ("pair", "user_neighbour", "item_neighbour", "aggregate", "effective"):
+    for k in (*PAIR_TIERS, "aggregate", "effective"):  # cumulative, in the fixed tier order
         lines.append(f"  {k:<26}{c[k]:>8.3f}")
     lines += [f"  {'ceiling (TTL, lag)':<26}{rep['coverage_ceiling']:>8.3f}",
               f"  {'pair, random speculation':<26}{rep['coverage_pair_random']:>8.3f}",

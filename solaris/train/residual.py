@@ -23,7 +23,7 @@ from solaris.models.residual import AGG_TIER, SLOTS, ResidualVM
 from solaris.models.vm import VerticalModel
 from solaris.tiers import Tier
 from solaris.train.loop import fit, predict_in_batches, seed_everything
-from solaris.train.vertical import VMInputs, VMSpec, train_vm
+from solaris.train.vertical import VMInputs, VMSpec, best_vm, train_vm
 
 
 
@@ -205,15 +205,10 @@ def train_base(inputs: VMInputs, cfg: VMConfig, train: TrainConfig, lrs: tuple[f
                ) -> tuple[VerticalModel, float, float]:
     """The VM alone with the ``vm`` arm's code and lr grid, best on validation:
     (model, lr, validation BCE)."""
-    best = None
-    for lr in lrs:
-        model, v = train_vm(inputs, VMSpec(name), cfg, train, task=task, teacher_rows=rows,
-                            absent_rows=absent_rows, val_rows=val_rows, lr=lr, seed=seed,
-                            num_users=num_users, num_items=num_items)
-        if best is None or v < best[2]:
-            best = (model, lr, v)
-    assert best is not None
-    return best
+    _, lr, model, v = best_vm(inputs, [VMSpec(name)], cfg, train, lrs, task=task,
+                              teacher_rows=rows, absent_rows=absent_rows, val_rows=val_rows,
+                              seed=seed, num_users=num_users, num_items=num_items)
+    return model, lr, v
 
 
 def residual_meta(fit: ResidualFit) -> dict:

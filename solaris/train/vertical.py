@@ -170,6 +170,27 @@ def coverage_mask(n: int, coverage: float, seed: int) -> np.ndarray:
     return mask
 
 
+def best_vm(inputs: VMInputs, specs: list[VMSpec], cfg: VMConfig, train: TrainConfig,
+            lrs: tuple[float, ...], *, task: int, teacher_rows: np.ndarray,
+            absent_rows: np.ndarray, val_rows: np.ndarray, seed: int, num_users: int,
+            num_items: int, soft_labels: np.ndarray | None = None
+            ) -> tuple[VMSpec, float, VerticalModel, float]:
+    """The best on validation of ``specs`` x ``lrs`` (``train_vm`` each; ties: the first):
+    (spec, lr, model, validation BCE)."""
+    best = None
+    for spec in specs:
+        for lr in lrs:
+            model, v = train_vm(inputs, spec, cfg, train, task=task, teacher_rows=teacher_rows,
+                                absent_rows=absent_rows, val_rows=val_rows, lr=lr, seed=seed,
+                                soft_labels=soft_labels, num_users=num_users,
+                                num_items=num_items)
+            if best is None or v < best[3]:
+                best = (spec, lr, model, v)
+    if best is None:
+        raise ValueError(f"specs={specs!r}, lrs={lrs!r}: nothing to train")
+    return best
+
+
 @torch.no_grad()
 def predict_vm(model: VerticalModel, inputs: VMInputs, rows: np.ndarray, present: np.ndarray,
                agg_on: np.ndarray) -> np.ndarray:

@@ -33,17 +33,18 @@ def test_tiers_at_zero_everywhere_are_not_looked_up():
     assert t.array("v0", "click")[0, 1:].tolist() == [1.0, 1.0, 1.0]
 
 
-@pytest.mark.parametrize("args, match", [
-    (("v1", "click", "pair", "pair", 1.5), "scale=1.5"),
-    (("v1", "click", "pair", "pair", float("nan")), "scale=nan"),
-    (("v1", "click", "pair", "none", 0.5), "tier='none'"),
-    (("v1", "click", "user", None, 0.5), "slot='user'"),
-    (("v9", "click", "aggregate", None, 0.5), "version='v9'"),
-    (("v0", "click", "aggregate", None, 0.5), "not a residual VM"),
+@pytest.mark.parametrize("args, match, field", [
+    (("v1", "click", "pair", "pair", 1.5), "scale=1.5", "scale"),
+    (("v1", "click", "pair", "pair", float("nan")), "scale=nan", "scale"),
+    (("v1", "click", "pair", "none", 0.5), "tier='none'", "tier"),
+    (("v1", "click", "user", None, 0.5), "slot='user'", "slot"),
+    (("v9", "click", "aggregate", None, 0.5), "version='v9'", "version"),
+    (("v0", "click", "aggregate", None, 0.5), "not a residual VM", "version"),
 ])
-def test_bad_changes_are_refused_by_name(args, match):
+def test_bad_changes_are_refused_by_name(args, match, field):
     t = _table()
     before = t.state()
-    with pytest.raises(RequestError, match=match):
+    with pytest.raises(RequestError, match=match) as err:
         t.set(*args)
+    assert err.value.field == field  # the HTTP answer names this field
     assert t.state() == before
