@@ -17,7 +17,6 @@ JSON.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
@@ -29,34 +28,28 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from solaris.eval.render import to_json  # NaN (no FM-VM gap in a draw) as null
 from solaris.replay.pool import RunProbs, pooled_tr, pooled_tr_base_calibrated
 
 
 def load_run(run: Path) -> tuple[RunProbs, dict, np.ndarray]:
-    """One replay's rows as ``transfer_report`` scores them, its replay.json and the rows'
-    request times."""
-    from solaris.replay.evaluate import ServedRows, halves, score
-    from solaris.replay.report import take_rows
-    from solaris.scoring import Artifacts, VMScorer
+    """One replay's rows as ``transfer_report`` scores them (``report.mapped``), its
+    replay.json and the rows' request times."""
+    from solaris.replay.evaluate import ServedRows, halves
+    from solaris.replay.report import mapped
+    from solaris.scoring import Artifacts
 
     rep = json.loads((run / "replay.json").read_text())
     art_dir = run / "artifacts"
-    art = Artifacts.open(art_dir)
-    task = art.tasks[0]  # as ``jobs/replay.py --evaluate-only``
+    task = Artifacts.open(art_dir).tasks[0]  # as ``jobs/replay.py --evaluate-only``
     with np.load(run / "feature_log.npz") as f:
         data = {k: f[k] for k in f.files}
     row = data.pop("row")
-    keep = np.flatnonzero(row >= 0)
-    rows, row = take_rows(ServedRows(**data), keep), row[keep]
-    alone = VMScorer(dataclasses.replace(art, vm_files={task: f"vm_{task}_alone.pt"}), task,
-                     art.side_tables(), float(rep["read_ttl_s"]))
-    with np.load(art_dir / "teacher.npz") as t:
-        p_fm = t["probs"][row, list(art.tasks).index(task)].astype(np.float64)
-    first, _ = halves(rows)
-    probs = RunProbs(y=rows.y, p_alone=score(alone, rows, slots=False),
-                     p_served=np.clip(rows.score, 1e-7, 1 - 1e-7),
-                     p_fm=np.clip(p_fm, 1e-7, 1 - 1e-7), request=rows.req, first=first)
-    return probs, rep, rows.ts
+    m = mapped(art_dir, task, ServedRows(**data), row, float(rep["read_ttl_s"]))
+    first, _ = halves(m.rows)
+    probs = RunProbs(y=m.rows.y, p_alone=m.p_alone, p_served=m.p_served, p_fm=m.p_fm,
+                     request=m.rows.req, first=first)
+    return probs, rep, m.rows.ts
 
 
 def same_window(runs: list[RunProbs], ts: list[np.ndarray]) -> bool:
@@ -145,19 +138,8 @@ def main(argv: list[str] | None = None) -> int:
            "seconds": {"load": round(t_load, 1), "raw": round(t_raw, 2),
                        "base_calibrated": round(t_cal, 2)}}
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(_no_nan(out), indent=2))
+    args.json.write_text(to_json(out))
     return 0
-
-
-def _no_nan(o):
-    """NaN (a draw or a seed without an FM-VM gap) as JSON null."""
-    if isinstance(o, float):
-        return o if math.isfinite(o) else None
-    if isinstance(o, dict):
-        return {k: _no_nan(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_no_nan(v) for v in o]
-    return o
 
 
 if __name__ == "__main__":

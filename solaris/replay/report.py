@@ -5,6 +5,7 @@ driver (``jobs/replay.py``) hands over what it served."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,15 +48,27 @@ def served_rows(lg: Any, live: dict, ds: Any, within_s: float):
     return rows, row, c_idx
 
 
-def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_ttl_s: float,
-                    resamples: int = 1000) -> dict[str, Any]:
-    """Online TR, by tier, with every pair present, tier worth and train/serve consistency,
-    on the labelled rows that map to interaction rows (and were served by ``art_dir``'s VM)."""
+@dataclass
+class Mapped:
+    """A replay's labelled rows that map to interaction rows, with what every online TR
+    reads: the served VM and the VM alone (scorers), the VM alone's, the served and the FM
+    snapshot's probabilities (clipped) and the snapshot's own pair embeddings."""
+
+    rows: Any  # ServedRows
+    row: np.ndarray  # (N,) interaction row of each
+    vm: Any  # VMScorer of the served VM
+    alone: Any  # VMScorer of the VM alone
+    p_alone: np.ndarray
+    p_served: np.ndarray
+    p_fm: np.ndarray
+    z_real: np.ndarray
+
+
+def mapped(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_ttl_s: float) -> Mapped:
+    """``Mapped`` for the rows with ``row >= 0`` of a feature log served by ``art_dir``."""
     import dataclasses
 
-    from solaris.eval import metrics as M
-    from solaris.replay.evaluate import (TIER_STEPS, fine_tune, halves, score, tier_worth,
-                                         transfer)
+    from solaris.replay.evaluate import score
     from solaris.scoring import Artifacts, VMScorer
 
     keep = np.flatnonzero(row >= 0)
@@ -66,14 +79,27 @@ def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_t
     vm = VMScorer(art, task, side, read_ttl_s)
     alone = VMScorer(dataclasses.replace(art, vm_files={task: f"vm_{task}_alone.pt"}), task,
                      side, read_ttl_s)
-    t = np.load(art_dir / "teacher.npz")
-    t_idx = list(art.tasks).index(task)
-    p_fm = np.clip(t["probs"][row, t_idx].astype(np.float64), 1e-7, 1 - 1e-7)
-    z_real = t["z"][row]
+    with np.load(art_dir / "teacher.npz") as t:
+        t_idx = list(art.tasks).index(task)
+        p_fm = np.clip(t["probs"][row, t_idx].astype(np.float64), 1e-7, 1 - 1e-7)
+        z_real = t["z"][row]
+    return Mapped(rows, row, vm, alone, score(alone, rows, slots=False),
+                  np.clip(rows.score, 1e-7, 1 - 1e-7), p_fm, z_real)
+
+
+def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_ttl_s: float,
+                    resamples: int = 1000) -> dict[str, Any]:
+    """Online TR, by tier, with every pair present, tier worth and train/serve consistency,
+    on the labelled rows that map to interaction rows (and were served by ``art_dir``'s VM)."""
+    from solaris.eval import metrics as M
+    from solaris.replay.evaluate import (TIER_STEPS, fine_tune, halves, score, tier_worth,
+                                         transfer)
+
+    m = mapped(art_dir, task, rows, row, read_ttl_s)
+    rows, vm, p_fm, z_real = m.rows, m.vm, m.p_fm, m.z_real
     y = rows.y
     first, second = halves(rows)
-    p_alone = score(alone, rows, slots=False)
-    p_served = np.clip(rows.score, 1e-7, 1 - 1e-7)
+    p_alone, p_served = m.p_alone, m.p_served
     p_again = score(vm, rows)
     gap = M.paired_bootstrap(M.bce_rows(y, p_alone), M.bce_rows(y, p_fm), resamples, 0.05)
     out: dict[str, Any] = {
