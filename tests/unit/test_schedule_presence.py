@@ -59,6 +59,13 @@ def test_presence_is_per_test_row_and_bounded_by_the_ceiling(world):
     assert sim["labelled_mapped"] > 0.5
     ceiling = coverage_ceiling(lg, float(cfg.cache.read_ttl_s), cfg.schedule.lag_s)
     assert 0 < sim["pair_simulated"] <= ceiling + 1e-12
+    # the read age of each covered row: finite exactly there, at least the lag (written at
+    # a request's ts, readable after the lag), within the read TTL
+    age = sim["age_s"]
+    assert age.shape == sim["mask"].shape
+    assert np.array_equal(np.isfinite(age), sim["mask"])
+    assert (age[sim["mask"]] >= cfg.schedule.lag_s).all()
+    assert (age[sim["mask"]] <= cfg.cache.read_ttl_s).all()
     # nothing written before the window ends: nothing present
     none = simulated_presence(_with(cfg, lag=1e9), exp.ds, exp.tables, p, base, lg)
     assert none["c_sim"] == 0.0 and none["fm_evals"] == 0 and not none["mask"].any()
