@@ -170,7 +170,7 @@ def latency(entries: int, n_requests: int, warmup: int, num_cpus: int = 2) -> di
     import ray
 
     from actors.cache import CacheGroup
-    from solaris.cache.query import TIER_NAMES
+    from solaris.tiers import LABELS as TIER_NAMES
     from solaris.cache.store import PairStore
     from solaris.config import EnrichConfig
     from solaris.enrich import enrich_local

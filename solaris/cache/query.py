@@ -22,10 +22,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from solaris.tiers import LABELS
-
-TIER_NAMES = LABELS  # the tier labels by code; an alias for bench/cache.py (use solaris.tiers)
-
 
 def _i64(n: int = 0) -> np.ndarray:
     return np.zeros(n, dtype=np.int64)
