@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     from solaris.eval import metrics as M
     from solaris.eval.transfer import TransferExperiment
     from solaris.train.residual import crossfit_base_logits, train_base, train_residual
-    from solaris.train.teacher import pair_embeddings_as_of
+    from solaris.train.teacher import z_at_age
     from solaris.train.vertical import predict_vm
 
     t0 = time.perf_counter()
@@ -54,10 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     b_oos = crossfit_base_logits(inputs, cfg.vm, cfg.train, cfg.residual, lr=lr, **common)
     ttl = float(cfg.cache.read_ttl_s)
 
-    def z_at(rows: np.ndarray, age: np.ndarray) -> np.ndarray:
-        return pair_embeddings_as_of(teacher, tb, cfg.features, rows,
-                                     tb.req_ts[rows] - age.astype(np.int64))
-
+    z_at = z_at_age(teacher, tb, cfg.features)
     rng = np.random.default_rng(seed)
     both = np.concatenate([p.vm, p.val])
     ages = np.round(np.exp(rng.uniform(np.log(300.0), np.log(ttl), len(both))))

@@ -26,7 +26,7 @@ from solaris.models.vm import VerticalModel
 from solaris.eval.schedule import simulated_presence, window_log
 from solaris.train.residual import (crossfit_base_logits, fit_pair_as_served, train_base,
                                     train_residual)
-from solaris.train.teacher import Teacher, build_teacher, pair_embeddings_as_of, vm_inputs
+from solaris.train.teacher import Teacher, build_teacher, vm_inputs, z_at_age
 from solaris.train.vertical import VMInputs, VMSpec, best_vm, coverage_mask, predict_vm
 
 log = logging.getLogger(__name__)
@@ -141,12 +141,7 @@ class TransferExperiment:
         self.progress(f"seed {seed}: {self.ds.tasks[task]} schedule simulation")
         sim_val = self.schedule(base, "val", seed)
         sim = self.schedule(base, "test", seed)
-        tables, features = self.tables, cfg.features
-
-        def z_as_of(rows: np.ndarray, age_s: np.ndarray) -> np.ndarray:
-            return pair_embeddings_as_of(teacher, tables, features, rows,
-                                         tables.req_ts[rows] - age_s.astype(np.int64))
-
+        z_as_of = z_at_age(teacher, self.tables, cfg.features)
         self.progress(f"seed {seed}: {self.ds.tasks[task]} residual pair (fresh and as served)")
         ttl = float(cfg.cache.read_ttl_s)
         served_fit = fit_pair_as_served(base, inputs, cfg.residual, cfg.train, task=task,

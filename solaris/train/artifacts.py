@@ -34,7 +34,7 @@ from solaris.features import FeatureTables
 from solaris.precompute import SideTables
 from solaris.models.vm import VerticalModel
 from solaris.train.checkpoint import load_checkpoint, save_checkpoint
-from solaris.train.teacher import build_teacher, pair_embeddings_as_of, vm_inputs
+from solaris.train.teacher import build_teacher, vm_inputs, z_at_age
 from solaris.eval.schedule import simulated_presence, window_log
 from solaris.train.residual import (crossfit_base_logits, fit_pair_as_served, residual_meta,
                                     train_base)
@@ -91,14 +91,11 @@ def train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: 
         sim_val = simulated_presence(cfg, ds, tables, periods, base, val_log, seed,
                                      rows=periods.val)
 
-        def z_as_of(rows: np.ndarray, age_s: np.ndarray) -> np.ndarray:
-            return pair_embeddings_as_of(teacher, tables, cfg.features, rows,
-                                         tables.req_ts[rows] - age_s.astype(np.int64))
-
         say(f"training the residual VM for {task} (on fresh z and on z as served)")
         served = fit_pair_as_served(base, inputs, cfg.residual, cfg.train, task=t,
                                     rows=periods.vm, base_logits=b_oos, val_rows=periods.val,
-                                    seed=seed, z_as_of=z_as_of, found_age_s=sim_val["age_s"],
+                                    seed=seed, z_as_of=z_at_age(teacher, tables, cfg.features),
+                                    found_age_s=sim_val["age_s"],
                                     read_ttl_s=float(cfg.cache.read_ttl_s))
         fit = served.fit
         mask = coverage_mask(len(periods.test), coverage, seed)

@@ -146,6 +146,16 @@ def pair_embeddings_as_of(teacher: Teacher, tables: FeatureTables, features: Fea
     return teacher_outputs(teacher, view, rows)[1]
 
 
+def z_at_age(teacher: Teacher, tables: FeatureTables, features: FeatureConfig
+             ) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """``(rows, age_s) -> z``: each row's own pair as a cache entry written ``age_s`` seconds
+    before the row's request holds it (``pair_embeddings_as_of``)."""
+    def z(rows: np.ndarray, age_s: np.ndarray) -> np.ndarray:
+        return pair_embeddings_as_of(teacher, tables, features, rows,
+                                     tables.req_ts[rows] - np.asarray(age_s).astype(np.int64))
+    return z
+
+
 def vm_inputs(teacher: Teacher, tables: FeatureTables, features: FeatureConfig
               ) -> tuple[np.ndarray, VMInputs]:
     """The snapshot's probabilities for every row (N, T) and the VM inputs built from its z:
