@@ -223,6 +223,9 @@ class ResidualConfig:
     epochs: int = 25  # max epochs (early stopping on validation, train.patience)
     # scales tried per slot and tier on validation; 0 is the kill switch (tier not looked up)
     scales: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    # an input learned on simulated serving (imputed tiers, the aggregate) is served only if
+    # its validation gain is at least this many standard errors of the per-row gain
+    min_gain_z: float = 2.0
 
     def __post_init__(self) -> None:
         _check(self.hidden >= 1, "residual.hidden", self.hidden, "must be >= 1")
@@ -232,6 +235,7 @@ class ResidualConfig:
         _check(len(self.scales) >= 1 and all(0.0 <= x <= 1.0 for x in self.scales)
                and 0.0 in self.scales, "residual.scales", self.scales,
                "must be values in [0, 1] including 0")
+        _check(self.min_gain_z >= 0, "residual.min_gain_z", self.min_gain_z, "must be >= 0")
 
 
 @dataclass(frozen=True)

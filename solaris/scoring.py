@@ -144,7 +144,8 @@ class VMScorer:
         if self.residual:
             model = ResidualVM(vm, int(meta["slot_dim"]), int(meta["hidden"]),
                                use_pair=bool(meta["use_pair"]), use_agg=bool(meta["use_agg"]),
-                               use_z=bool(meta.get("use_z", True)))
+                               use_z=bool(meta.get("use_z", True)),
+                               imputed=bool(meta.get("imputed", False)))
         try:
             model.load_state_dict(ck["state_dict"])
         except RuntimeError as e:

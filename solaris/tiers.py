@@ -39,3 +39,11 @@ class Tier(enum.IntEnum):
 NUM_TIERS = len(Tier)  # width of the tier one-hot and of a scale array's rows
 LABELS = tuple(t.label for t in Tier)  # ("none", "pair", "user_neighbour", "item_neighbour")
 _BY_LABEL = {t.label: t for t in Tier}
+
+# the served inputs switched on cumulatively in lookup order, then the aggregate:
+# (name, pair tiers kept, aggregate on) -- the steps of ``tier_worth`` and ``tr_online_by_tier``
+STEPS = ((Tier.PAIR.label, frozenset({Tier.PAIR}), False),
+         (Tier.USER_NEIGHBOUR.label, frozenset({Tier.PAIR, Tier.USER_NEIGHBOUR}), False),
+         (Tier.ITEM_NEIGHBOUR.label,
+          frozenset({Tier.PAIR, Tier.USER_NEIGHBOUR, Tier.ITEM_NEIGHBOUR}), False),
+         ("aggregate", frozenset({Tier.PAIR, Tier.USER_NEIGHBOUR, Tier.ITEM_NEIGHBOUR}), True))

@@ -44,11 +44,13 @@ def candidate_scores(model: VerticalModel, tables: FeatureTables, users: np.ndar
 def window_log(cfg: SolarisConfig, ds: Dataset, periods: Periods,
                period: str = "test") -> RequestLog:
     """A period as the replay's request log: ``test`` (the window starts at the test cut, as
-    the replay's) or ``val`` (from the validation cut to the test cut)."""
-    if period not in ("test", "val"):
-        raise ValueError(f"period={period!r}: one of 'test', 'val'")
-    start, end = (periods.cuts[2], None) if period == "test" else (periods.cuts[1],
-                                                                    periods.cuts[2])
+    the replay's), ``val`` (from the validation cut to the test cut) or ``vm`` (the VM
+    period: from its cut to the validation cut)."""
+    bounds = {"test": (periods.cuts[2], None), "val": (periods.cuts[1], periods.cuts[2]),
+              "vm": (periods.cuts[0], periods.cuts[1])}
+    if period not in bounds:
+        raise ValueError(f"period={period!r}: one of {', '.join(map(repr, bounds))}")
+    start, end = bounds[period]
     return build_request_log(ds, int(start), num_candidates=100,
                              granularity_s=max(1, cfg.features.request_granularity_s), seed=0,
                              end_ts=None if end is None else int(end))

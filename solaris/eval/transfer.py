@@ -24,8 +24,11 @@ from solaris.eval import metrics as M
 from solaris.features import FeatureTables
 from solaris.models.vm import VerticalModel
 from solaris.eval.schedule import simulated_presence, window_log
-from solaris.train.residual import (crossfit_base_logits, fit_pair_as_served, train_base,
-                                    train_residual)
+from solaris.eval.served import ServedSlots, simulate_period
+from solaris.tiers import STEPS
+from solaris.train.loop import predict_in_batches
+from solaris.train.residual import (crossfit_base_logits, fit_pair_as_served, fit_served_tiers,
+                                    residual_meta, train_base, train_residual)
 from solaris.train.teacher import Teacher, build_teacher, vm_inputs, z_at_age
 from solaris.train.vertical import VMInputs, VMSpec, best_vm, coverage_mask, predict_vm
 
@@ -124,6 +127,51 @@ class TransferExperiment:
         return simulated_presence(self.cfg, self.ds, self.tables, self.periods, base,
                                   self._logs[period], seed, rows=rows)
 
+    def served(self, base: VerticalModel, teacher: Teacher, period: str, seed: int
+               ) -> ServedSlots:
+        """A period's rows as simulated serving gives them (``simulate_serving``): the
+        verifier ranking by ``base``, KNN tables as of the period's start."""
+        if period not in self._logs:
+            self._logs[period] = window_log(self.cfg, self.ds, self.periods, period)
+        return simulate_period(self.cfg, self.ds, self.tables, self.periods, base, teacher.fm,
+                               teacher.encoder, teacher.version, period, seed,
+                               self._logs[period])
+
+    def served_arms(self, run: "SeedRun", base: VerticalModel, pair_model: torch.nn.Module,
+                    b_oos: np.ndarray, task: int, seed: int, teacher: Teacher) -> None:
+        """Every input the router serves, trained and judged on simulated serving
+        (``fit_served_tiers``): the arms ``served_<step>`` switch them on cumulatively in
+        lookup order (pair, user neighbour, item neighbour, aggregate); Platt on validation
+        served the same way."""
+        cfg, p = self.cfg, self.periods
+        ttl = float(cfg.cache.read_ttl_s)
+        self.progress(f"seed {seed}: {self.ds.tasks[task]} simulated serving")
+        sv = {per: self.served(base, teacher, per, seed) for per in ("vm", "val", "test")}
+        self.progress(f"seed {seed}: {self.ds.tasks[task]} tiers and aggregate as served")
+        tf = fit_served_tiers(pair_model, self.tables, cfg.residual, cfg.train, task=task,
+                              train_slots=sv["vm"], base_logits=b_oos, val_slots=sv["val"],
+                              read_ttl_s=ttl, seed=seed)
+        m = tf.model
+        run.chosen["served"] = {**tf.info, "scale_curves": tf.scale_curves,
+                                "scales": residual_meta(tf)["scales"],
+                                "simulation": {per: s.info for per, s in sv.items()}}
+        m.eval()
+
+        @torch.no_grad()
+        def probs(slots: ServedSlots, tiers, agg: bool) -> np.ndarray:
+            idx = np.arange(len(slots.rows))
+            return np.clip(predict_in_batches(
+                lambda q: torch.sigmoid(m(slots.batch(self.tables, idx[q], ttl, tiers, agg))),
+                len(idx)).astype(np.float64), 1e-7, 1 - 1e-7)
+
+        yv = self.tables.labels[p.val, task]
+        te = sv["test"]
+        for name, tiers, agg in STEPS:
+            pt, pv = probs(te, tiers, agg), probs(sv["val"], tiers, agg)
+            arm = f"vm_served_{name}"
+            run.raw[arm], run.cal[arm] = pt, M.apply_platt(pt, M.fit_platt(yv, pv))
+            run.masks[arm] = np.isin(te.pair_tier, sorted(tiers)) | (te.agg_present & agg)
+
     def residual_arms(self, run: "SeedRun", base: VerticalModel, lr: float, inputs: VMInputs,
                       task: int, seed: int, teacher: Teacher) -> None:
         """The residual arms on the frozen base: the pair correction at every coverage, its
@@ -205,6 +253,7 @@ class TransferExperiment:
             {"fm": run.raw["fm"], "pair_100": run.raw["vm_pair_100"],
              "pair_sim": run.raw["vm_pair_sim"]})
         run.masks["vm_agg"] = inputs.agg_present.numpy()[p.test] > 0
+        self.served_arms(run, base, served_fit.fit.model, b_oos, task, seed, teacher)
 
     def fm_predictions(self, probs: np.ndarray, task: int) -> tuple[np.ndarray, np.ndarray]:
         p = self.periods
@@ -335,6 +384,48 @@ def _paired_block(runs: list[SeedRun], y: np.ndarray, tr_names: list[str], cfg: 
     return out
 
 
+def _tier_worth(runs: list[SeedRun], y: np.ndarray, cfg: SolarisConfig, seed: int
+                ) -> dict | None:
+    """What each served input adds, from simulated serving: the cumulative steps' TR
+    increments (``tr_step_bootstrap``, paired over seeds and rows), the scale each seed
+    serves it at, and the share of test rows it reaches."""
+    if f"vm_served_{STEPS[0][0]}" not in runs[0].raw:
+        return None
+
+    def losses(arm: str) -> np.ndarray:
+        return np.stack([M.bce_rows(y, r.raw[arm]) for r in runs])
+
+    vm, fm = losses("vm"), losses("fm")
+    prev, prev_mask = vm, [np.zeros(len(y), bool) for _ in runs]
+    out = {}
+    for name, _, _ in STEPS:
+        arm = f"vm_served_{name}"
+        cur = losses(arm)
+        st = M.tr_step_bootstrap(vm, prev, cur, fm, cfg.report.bootstrap, cfg.report.alpha, seed)
+        scales = [r.chosen["served"]["scales"] for r in runs]
+        out[name] = {**st, "scale_per_seed": [sc["aggregate"] if name == "aggregate"
+                                              else sc["pair"][name] for sc in scales],
+                     "rows_share": float(np.mean([(r.masks[arm] & ~pm).mean()
+                                                  for r, pm in zip(runs, prev_mask)]))}
+        prev, prev_mask = cur, [r.masks[arm] for r in runs]
+    return out
+
+
+def _served_summary(chosen: list[dict]) -> dict | None:
+    """Seed means of simulated serving's test-period shares, and each seed's guard."""
+    per = [c["served"] for c in chosen if "served" in c]
+    if not per:
+        return None
+    sims = [p["simulation"]["test"] for p in per]
+    return {"tier_share": {k: float(np.mean([s["tier_share"][k] for s in sims]))
+                           for k in sims[0]["tier_share"]},
+            "aggregate_share": float(np.mean([s["aggregate_share"] for s in sims])),
+            "own_pair_agrees_with_key_simulation": [s["own_pair_agrees_with_key_simulation"]
+                                                    for s in sims],
+            "guard_per_seed": [p["guard"] for p in per],
+            "scale_curves_per_seed": [p["scale_curves"] for p in per]}
+
+
 def _schedule_summary(chosen: list[dict]) -> dict | None:
     """Seed means of the schedule simulation behind ``pair_sim`` (and each seed's)."""
     per = [c["schedule"] for c in chosen if "schedule" in c]
@@ -393,6 +484,7 @@ def summarize(runs: list[SeedRun], y: np.ndarray, warm: np.ndarray, cfg: Solaris
     paired = _paired_block(runs, y, tr_names, cfg, seed)
     return {
         **paired,
+        "tier_worth": _tier_worth(runs, y, cfg, seed),
         "bce": bce, "auc": auc, "bce_cal": bce_cal, "auc_cal": auc_cal,
         "tr": _gated(tr, gap["significant"]), "tr_cal": _gated(_tr_block(bce_cal, tr_names),
                                                              gap_cal["significant"]),
@@ -422,7 +514,8 @@ def run_transfer(cfg: SolarisConfig, ds: Dataset, progress: Progress | None = No
         **{k: main[k] for k in ("bce", "auc", "bce_cal", "auc_cal", "tr", "tr_cal", "tr_std",
                                 "tr_ungated", "gap_significant", "gap", "gap_cal", "warm",
                                 "cold", "tr_paired", "tr_vs_control", "miss_rows",
-                                "present_rows", "calibration_slope")},
+                                "present_rows", "calibration_slope", "tier_worth")},
+        "served": _served_summary(main["chosen"]),
         "tr_per_seed": main["tr_per_seed"],
         "chosen": main["chosen"],
         "request_granularity_s": cfg.features.request_granularity_s,

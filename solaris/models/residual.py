@@ -13,6 +13,10 @@ with no SOLARIS input scores exactly as the VM alone in the same batch.
 
 ``use_z`` False is the control arm: the same correction without the embedding, so what it
 gains is recalibration of the base on covered rows, not transfer.
+
+``imputed``: the imputed tiers (user neighbour, item neighbour) get a correction of their own
+(``delta`` and gate, started as a copy of the own pair's and trained on simulated serving), so
+learning them never moves how the own pair is read.
 """
 
 from __future__ import annotations
@@ -58,7 +62,8 @@ class ResidualVM(nn.Module):
     """The frozen VM alone plus the masked pair-slot and user-slot corrections."""
 
     def __init__(self, base: VerticalModel, slot_dim: int, hidden: int,
-                 use_pair: bool = True, use_agg: bool = True, use_z: bool = True):
+                 use_pair: bool = True, use_agg: bool = True, use_z: bool = True,
+                 imputed: bool = False):
         super().__init__()
         if base.cfg.use_pair or base.cfg.use_agg:
             raise ValueError("base: must be the VM alone (use_pair=False, use_agg=False)")
@@ -69,6 +74,8 @@ class ResidualVM(nn.Module):
         self.use_z = use_z
         self.pair = SlotCorrection(slot_dim, hidden, use_z, tiered=True) if use_pair else None
         self.agg = SlotCorrection(slot_dim, hidden, use_z, tiered=False) if use_agg else None
+        self.imputed = SlotCorrection(slot_dim, hidden, use_z, tiered=True) \
+            if imputed and use_pair else None
         # scale per slot (0 pair, 1 agg) and tier; the "none" tier never counts. A tier the
         # correction never trained on starts switched off: only the own pair (Tier.PAIR) and the
         # aggregate are on until training on simulated serving sets the others
@@ -101,7 +108,10 @@ class ResidualVM(nn.Module):
             on = (batch["pair_present"] > 0) & (tier > Tier.NONE) & (s > 0)  # (B,)
             e = torch.where(on[:, None], batch["pair_emb"], 0.0)  # (B, D)
             age = torch.where(on, batch["pair_age"], 0.0)  # (B,)
-            pair_t = torch.where(on, s * self.pair(e, b, tier, age), zero)
+            d = self.pair(e, b, tier, age)  # (B,)
+            if self.imputed is not None:
+                d = torch.where(tier >= Tier.USER_NEIGHBOUR, self.imputed(e, b, tier, age), d)
+            pair_t = torch.where(on, s * d, zero)
         if self.agg is not None:
             s = self.scale[1, AGG_TIER]
             on = (batch["agg_present"] > 0) & (s > 0)  # (B,)

@@ -140,7 +140,7 @@ class _Pending:
 def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fraction: float = 0.2,
                            horizon_s: float, read_ttl_s: float, lag_s: float, tick_s: float,
                            budget_per_hour: float, seed: int = 0, random_picks: bool = False,
-                           skip_pending: bool = False) -> dict:
+                           skip_pending: bool = False, record_writes: bool = False) -> dict:
     """Pair coverage of the precompute schedule, simulated on (user, item) keys.
 
     Event time advances in ticks of ``tick_s`` from ``floor(ts[0] / tick_s) * tick_s``; the
@@ -169,7 +169,10 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
     candidates), ``fm_evals``, ``precision`` (share of writes found by a later request before
     a newer write of the pair or expiry), ``found`` (R, C) bool, ``age_s`` (R, C) (NaN where
     not found), ``per_request_enqueued`` (R,) pairs sent to the queue, ``merged`` and
-    ``pending_left`` (still queued after the last tick).
+    ``pending_left`` (still queued after the last tick). ``record_writes``: also
+    ``writes``, the FM evaluations in the order made, as arrays ``user``, ``item``,
+    ``surface``, ``written_at`` (the request ts the entry holds z as of) and ``visible_at``
+    (the end of the tick that released it: requests from then on read it).
     """
     r, c = request_log.candidates.shape
     s = np.asarray(scores, np.float64)
@@ -190,7 +193,8 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
     sent = np.zeros(r, np.int64)
     if r == 0:
         return {"pair": float("nan"), "fm_evals": 0, "precision": float("nan"), "found": found,
-                "age_s": age_s, "per_request_enqueued": sent, "merged": 0, "pending_left": 0}
+                "age_s": age_s, "per_request_enqueued": sent, "merged": 0, "pending_left": 0,
+                **({"writes": _write_arrays([])} if record_writes else {})}
 
     ts = request_log.ts.astype(np.float64)
     t0 = math.floor(ts[0] / tick_s) * tick_s
@@ -210,6 +214,7 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
     state = {"token": 0, "allow": 0.0, "evals": 0, "merged": 0}
     group_order: dict[tuple, int] = {}  # request group -> creation order (the live gid)
     per_tick = budget_per_hour * tick_s / 3600.0
+    log: list[tuple] | None = [] if record_writes else None
 
     def enqueue(key: int, prio: float, req_ts: float, order: int, group: tuple,
                 item: int) -> None:
@@ -239,7 +244,8 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
 
     def release(j: int) -> None:
         """End of tick j: eligible pairs in, the allowance spent."""
-        cutoff = t0 + (j + 1) * tick_s - lag_s
+        end = t0 + (j + 1) * tick_s
+        cutoff = end - lag_s
         n = spend(1) if budget_per_hour > 0 else len(pending)
         groups: dict[tuple, list] = {}
         for key, p in pending.items():
@@ -252,6 +258,8 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
                 break
             for _, _, key in sorted(members)[:n]:
                 p = pending.pop(key)
+                if log is not None:
+                    log.append((p.group[0], p.item, p.group[2], p.req_ts, end))
                 old = store.get(key)
                 if old is None or p.req_ts >= old[0]:
                     store[key] = (p.req_ts, len(read))
@@ -327,4 +335,12 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
             "fm_evals": state["evals"],
             "precision": float(sum(read)) / writes if writes else float("nan"),
             "found": found, "age_s": age_s, "per_request_enqueued": sent,
-            "merged": state["merged"], "pending_left": len(pending)}
+            "merged": state["merged"], "pending_left": len(pending),
+            **({"writes": _write_arrays(log)} if log is not None else {})}
+
+
+def _write_arrays(log: list[tuple]) -> dict[str, np.ndarray]:
+    a = np.asarray(log, np.float64).reshape(-1, 5)
+    return {"user": a[:, 0].astype(np.int64), "item": a[:, 1].astype(np.int64),
+            "surface": a[:, 2].astype(np.int64), "written_at": a[:, 3],
+            "visible_at": a[:, 4]}

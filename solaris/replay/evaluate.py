@@ -30,15 +30,11 @@ import torch.nn.functional as F
 
 from solaris.cache.query import Slots
 from solaris.eval import metrics as M
+from solaris.eval.served import select_slots
 from solaris.scoring import ScoreRequest, VMScorer
-from solaris.tiers import NUM_TIERS, Tier
+from solaris.tiers import NUM_TIERS, STEPS, Tier
 
-_P, _U, _I = Tier.PAIR, Tier.USER_NEIGHBOUR, Tier.ITEM_NEIGHBOUR
-# (name, tiers kept, aggregate on): the tiers switched on cumulatively, then the aggregate
-TIER_STEPS = ((_P.label, {_P}, False),
-              (_U.label, {_P, _U}, False),
-              (_I.label, {_P, _U, _I}, False),
-              ("aggregate", {_P, _U, _I}, True))
+TIER_STEPS = STEPS  # (name, tiers kept, aggregate on), cumulative (solaris.tiers)
 
 
 @dataclass
@@ -65,20 +61,12 @@ class ServedRows:
               pair: np.ndarray | None = None) -> Slots:
         """Slots of rows ``idx``: only ``tiers`` kept (None: all), the aggregate on or off,
         or ``pair`` (len(idx), d) as a fresh pair-tier slot for every row."""
-        tier = self.tier[idx].copy()
-        emb = self.pair_emb[idx].copy()
-        age = self.age_s[idx].copy()
         if pair is not None:
-            emb, tier, age = pair.astype(np.float32), np.full(len(idx), Tier.PAIR), np.zeros(len(idx))
-        elif tiers is not None:
-            off = ~np.isin(tier, sorted(tiers))
-            tier[off], emb[off], age[off] = Tier.NONE, 0.0, 0.0
-        present = tier != Tier.NONE
-        ap = self.agg_present[idx] & agg
-        return Slots(pair_emb=emb, pair_present=present, pair_tier=tier.astype(np.int64),
-                     pair_age_s=age, agg_emb=np.where(ap[:, None], self.agg_emb[idx], 0
-                                                      ).astype(np.float32),
-                     agg_present=ap, missing=~present)
+            n = len(idx)
+            return select_slots(np.full(n, Tier.PAIR), pair, np.zeros(n), self.agg_emb[idx],
+                                self.agg_present[idx], None, agg)
+        return select_slots(self.tier[idx], self.pair_emb[idx], self.age_s[idx],
+                            self.agg_emb[idx], self.agg_present[idx], tiers, agg)
 
 
 def score(scorer: VMScorer, rows: ServedRows, slots: bool = True, **kw) -> np.ndarray:

@@ -10,8 +10,9 @@ Layout of the artifact directory::
 
 A serving VM is residual (``solaris/models/residual.py``): its VM alone (``vm_<task>_alone.pt``,
 the very weights inside it) plus a pair-slot correction trained on every VM-period row on
-cross-fitted base logits, with its scales per tier. Tiers and the aggregate it never trained
-on are at scale 0 (not looked up) until it trains on simulated serving. ``coverage`` is the
+cross-fitted base logits; the imputed tiers' correction and the aggregate's are trained on
+simulated serving of the VM period (``solaris.eval.served``), and every scale is chosen on the
+validation period served the same way (0: not looked up). ``coverage`` is the
 pair coverage its test figure in the manifest is measured at.
 """
 
@@ -36,8 +37,9 @@ from solaris.models.vm import VerticalModel
 from solaris.train.checkpoint import load_checkpoint, save_checkpoint
 from solaris.train.teacher import build_teacher, vm_inputs, z_at_age
 from solaris.eval.schedule import simulated_presence, window_log
-from solaris.train.residual import (crossfit_base_logits, fit_pair_as_served, residual_meta,
-                                    train_base)
+from solaris.eval.served import simulate_period
+from solaris.train.residual import (crossfit_base_logits, fit_pair_as_served, fit_served_tiers,
+                                    residual_meta, train_base)
 from solaris.train.vertical import coverage_mask, predict_vm
 
 log = logging.getLogger(__name__)
@@ -97,19 +99,27 @@ def train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: 
                                     seed=seed, z_as_of=z_at_age(teacher, tables, cfg.features),
                                     found_age_s=sim_val["age_s"],
                                     read_ttl_s=float(cfg.cache.read_ttl_s))
-        fit = served.fit
+        say(f"simulating serving on the VM and validation periods for {task}")
+        sv = {per: simulate_period(cfg, ds, tables, periods, base, teacher.fm, teacher.encoder,
+                                   teacher.version, per, seed,
+                                   val_log if per == "val" else None)
+              for per in ("vm", "val")}
+        say(f"training the imputed tiers and the aggregate for {task} on simulated serving")
+        fit = fit_served_tiers(served.fit.model, tables, cfg.residual, cfg.train, task=t,
+                               train_slots=sv["vm"], base_logits=b_oos, val_slots=sv["val"],
+                               read_ttl_s=float(cfg.cache.read_ttl_s), seed=seed)
         mask = coverage_mask(len(periods.test), coverage, seed)
         off = np.zeros(len(periods.test), bool)
         pt = predict_vm(fit.model, inputs, periods.test, mask, off)
         y = tables.labels[periods.test, t]
-        meta = {**residual_meta(fit), "as_served": served.info}
+        meta = {**residual_meta(fit), "as_served": served.info, "served": fit.info}
         save_checkpoint(out / f"vm_{task}.pt", fit.model, "vm", vm_cfg, version=teacher.version,
                         task=task, slot_dim=inputs.dim, coverage=coverage, **meta, **sizes)
         vms[task] = {"file": f"vm_{task}.pt", "val_bce": fit.val_bce, "test_bce": M.bce(y, pt),
                      "test_auc": M.auc(y, pt), "test_coverage": coverage,
                      "fm_test_bce": M.bce(y, probs[periods.test, t]),
                      "scales": meta["scales"], "scale_curves": meta["scale_curves"],
-                     "as_served": served.info}
+                     "as_served": served.info, "served": fit.info}
     if evaluation:
         np.savez(out / "teacher.npz", probs=probs.astype(np.float32),
                  z=inputs.pair.numpy(), agg=inputs.agg.numpy(),

@@ -11,7 +11,7 @@ and scoring its own; validation and test rows are out of sample for the base its
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -218,6 +218,136 @@ def residual_meta(fit: ResidualFit) -> dict:
     scales = {"pair": {t.label: float(m.scale[0, t]) for t in Tier if t > Tier.NONE},
               "aggregate": float(m.scale[1, AGG_TIER]) if m.agg is not None else 0.0}
     return {"residual": True, "use_pair": m.pair is not None, "use_agg": m.agg is not None,
-            "use_z": m.use_z, "hidden": m.pair.delta[0].out_features if m.pair is not None
+            "use_z": m.use_z, "imputed": m.imputed is not None, "hidden": m.pair.delta[0].out_features if m.pair is not None
             else m.agg.delta[0].out_features, "scales": scales,
             "scale_curves": fit.scale_curves, "val_bce": fit.val_bce}
+
+
+# ---- tiers and the aggregate, trained on simulated serving ------------------------------------
+IMPUTED = (Tier.USER_NEIGHBOUR, Tier.ITEM_NEIGHBOUR)
+
+
+@dataclass
+class TierFit(ResidualFit):
+    """The serving VM with every input the router serves (``fit_served_tiers``)."""
+
+    info: dict = field(default_factory=dict)
+
+
+def _served_fit(model: ResidualVM, params: list[torch.nn.Parameter], step, val, n: int,
+                res: ResidualConfig, train: TrainConfig, seed: int, name: str) -> None:
+    """Train ``params`` only (everything else of ``model`` frozen), early-stopped on ``val``."""
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p in params:
+        p.requires_grad_(True)
+    fit(model, step, val, n, lr=res.lr, epochs=res.epochs, patience=train.patience,
+        batch_size=max(train.batch_size, 2048), seed=seed, weight_decay=train.weight_decay,
+        name=name)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    model.eval()
+
+
+@torch.no_grad()
+def choose_scale_guarded(model: ResidualVM, slot: str, tier: int, scales: tuple[float, ...],
+                         batch: dict[str, torch.Tensor], base_logit: torch.Tensor,
+                         y: torch.Tensor, min_gain_z: float) -> dict:
+    """Set one slot-tier's scale on a validation batch: the scale of lowest BCE, kept only if
+    its BCE gain over scale 0 is at least ``min_gain_z`` standard errors of the per-row gain
+    (paired over the rows), else 0 -- an input whose gain validation cannot tell from noise is
+    not served. Returns {"curve": {scale: BCE}, "gain", "se", "scale"}."""
+    rows = {}
+    for s in sorted(set(scales) | {0.0}):
+        model.set_scale(slot, tier, s)
+        rows[s] = F.binary_cross_entropy_with_logits(model(batch, base_logit=base_logit), y,
+                                                     reduction="none").double().numpy()
+    curve = {f"{s:g}": float(v.mean()) for s, v in rows.items()}
+    best = min(rows, key=lambda s: (rows[s].mean(), -s))
+    d = rows[0.0] - rows[best]
+    gain = float(d.mean())
+    se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("inf")
+    chosen = best if best > 0 and gain >= min_gain_z * se and gain > 0 else 0.0
+    model.set_scale(slot, tier, chosen)
+    return {"curve": curve, "gain": gain, "se": se, "scale": chosen}
+
+
+def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train: TrainConfig,
+                     *, task: int, train_slots, base_logits: np.ndarray, val_slots,
+                     read_ttl_s: float, seed: int) -> TierFit:
+    """Extend the chosen pair correction to every input the router serves.
+
+    ``train_slots`` / ``val_slots`` (``solaris.eval.served.ServedSlots``): the VM and the
+    validation period's rows as simulated serving gives them; ``base_logits``: the training
+    rows' out-of-sample base logits (len(train_slots.rows),). The own pair is read exactly as
+    ``pair_model`` reads it (its correction and scale). The imputed tiers get their own
+    correction, a copy of the own pair's whose tier-and-age gate trains on every training row
+    served with an imputed tier; then the aggregate's correction trains on every row with a
+    served aggregate, the pair slot as served. Scales are chosen on validation in lookup order
+    (user neighbour, item neighbour, aggregate), each with the ones before fixed, by
+    ``choose_scale_guarded`` (``res.min_gain_z``)."""
+    if pair_model.pair is None:
+        raise ValueError("pair_model: needs the pair correction")
+    seed_everything(seed)
+    torch.set_num_threads(train.threads)
+    base = pair_model.base
+    model = ResidualVM(base, pair_model.slot_dim, res.hidden, use_pair=True, use_agg=True,
+                       use_z=True, imputed=True)
+    model.pair.load_state_dict(pair_model.pair.state_dict())
+    model.imputed.load_state_dict(pair_model.pair.state_dict())
+    model.set_scale("pair", int(Tier.PAIR), float(pair_model.scale[0, Tier.PAIR]))
+    model.set_scale("agg", AGG_TIER, 0.0)
+    y_all = torch.from_numpy(tables.labels[:, task])
+    tr_y = y_all[torch.from_numpy(train_slots.rows)]
+    tr_b = torch.from_numpy(np.asarray(base_logits, np.float32))
+    va_y = y_all[torch.from_numpy(val_slots.rows)]
+    every = np.arange(len(val_slots.rows))
+    vb_all = val_slots.batch(tables, every, read_ttl_s)
+    with torch.no_grad():
+        va_b = base(vb_all)
+    info: dict = {"train_rows": int(len(train_slots.rows)), "val_rows": int(len(every))}
+    curves: dict[str, dict[str, float]] = {}
+    guard: dict[str, dict] = {}
+
+    def loss_on(idx: np.ndarray, agg: bool) -> torch.Tensor:
+        out = model(train_slots.batch(tables, idx, read_ttl_s, None, agg), base_logit=tr_b[idx])
+        return F.binary_cross_entropy_with_logits(out, tr_y[idx])
+
+    # 1. the imputed tiers' gate, both at scale 1 while it learns (the aggregate off)
+    for t in IMPUTED:
+        model.set_scale("pair", int(t), 1.0)
+    imp = set(int(t) for t in IMPUTED)
+    tr_i = np.flatnonzero(np.isin(train_slots.pair_tier, sorted(imp)))
+    va_i = np.flatnonzero(np.isin(val_slots.pair_tier, sorted(imp)))
+    info["imputed_rows"] = {"train": int(len(tr_i)), "val": int(len(va_i))}
+    if len(tr_i) and len(va_i):
+        vbi = val_slots.batch(tables, va_i, read_ttl_s, None, False)
+        _served_fit(model, list(model.imputed.gate.parameters()),
+                    lambda i, rng: loss_on(tr_i[i], False),
+                    lambda: _bce(model(vbi, base_logit=va_b[va_i]), va_y[va_i]),
+                    len(tr_i), res, train, seed, "residual_imputed_gate")
+    vb_noagg = val_slots.batch(tables, every, read_ttl_s, None, False)
+    for t in IMPUTED:
+        model.set_scale("pair", int(t), 0.0)
+    for t in IMPUTED:
+        g = choose_scale_guarded(model, "pair", int(t), res.scales, vb_noagg, va_b, va_y,
+                                 res.min_gain_z)
+        curves[t.label], guard[t.label] = g["curve"], g
+    # 2. the aggregate's correction, the pair slot as served at the chosen scales
+    model.set_scale("agg", AGG_TIER, 1.0)
+    tr_a = np.flatnonzero(train_slots.agg_present)
+    va_a = np.flatnonzero(val_slots.agg_present)
+    info["agg_rows"] = {"train": int(len(tr_a)), "val": int(len(va_a))}
+    if len(tr_a) and len(va_a):
+        vba = val_slots.batch(tables, va_a, read_ttl_s)
+        _served_fit(model, list(model.agg.parameters()), lambda i, rng: loss_on(tr_a[i], True),
+                    lambda: _bce(model(vba, base_logit=va_b[va_a]), va_y[va_a]),
+                    len(tr_a), res, train, seed, "residual_agg_served")
+    g = choose_scale_guarded(model, "agg", AGG_TIER, res.scales, vb_all, va_b, va_y,
+                             res.min_gain_z)
+    curves["aggregate"], guard["aggregate"] = g["curve"], g
+    info["guard"] = {k: {"gain": v["gain"], "se": v["se"], "scale": v["scale"]}
+                     for k, v in guard.items()}
+    with torch.no_grad():
+        val_bce = _bce(model(vb_all, base_logit=va_b), va_y)
+    return TierFit(model, val_bce, curves, info)

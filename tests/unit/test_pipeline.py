@@ -51,7 +51,8 @@ def report(cfg, ds):
 
 
 ARMS = ("kd", "agg", "pair_100", "pair_20", "control_100", "pair_sim", "pair_sim_fresh",
-        "fm_on_sim")
+        "fm_on_sim", "served_pair", "served_user_neighbour", "served_item_neighbour",
+        "served_aggregate")
 
 
 def model_of(arm: str) -> str:
@@ -97,6 +98,29 @@ def test_schedule_block_splits_gains_between_covered_and_uncovered_rows(report):
     # the VM alone is c x the FM's mean gain on the covered rows
     want = c * g["fm"]["covered"] if g["fm"]["covered"] is not None else 0.0
     assert b["vm"] - b["fm_on_sim"] == pytest.approx(want, abs=1e-9)
+
+
+def test_tier_worth_steps_add_up_to_the_full_served_arm(report):
+    """tier_worth: one cumulative step per served input in lookup order; the steps sum to the
+    TR of the arm with every input on, each step with its paired interval around it, and an
+    input served at scale 0 in every seed adds exactly nothing."""
+    tw = report["tier_worth"]
+    assert list(tw) == ["pair", "user_neighbour", "item_neighbour", "aggregate"]
+    b = report["bce"]
+    total = M.transfer_ratio(b["vm"], b["vm_served_aggregate"], b["fm"])
+    if not math.isnan(total):
+        assert sum(v["step"] for v in tw.values()) == pytest.approx(total, abs=1e-9)
+    gap = b["vm"] - b["fm"]
+    for name, v in tw.items():
+        assert math.isnan(v["step"]) == (gap <= 0), name  # a share of a gap that exists
+        assert v["ci_low"] <= v["ci_high"] or v["finite_share"] == 0, name
+        assert len(v["scale_per_seed"]) == report["seeds"]
+        assert 0.0 <= v["rows_share"] <= 1.0
+        if all(s == 0.0 for s in v["scale_per_seed"]) and gap > 0:
+            assert v["step"] == 0.0, name
+    served = report["served"]
+    assert served["own_pair_agrees_with_key_simulation"] == [1.0]
+    assert sum(served["tier_share"].values()) == pytest.approx(1.0)
 
 
 def test_pair_correction_as_served_is_chosen_on_served_validation(report):

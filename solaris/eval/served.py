@@ -1,0 +1,277 @@
+"""Simulated serving: every labelled row's SOLARIS inputs as the router would serve them.
+
+The schedule simulation (``solaris.replay.coverage``) says which pairs the FM workers would
+have computed and when; here those writes go, in event time, into an in-process
+``PairStore`` holding the vectors the serving code computes (``PrecomputeWorker`` over the
+user's history as of the speculating request), and each request of the period is looked up
+with ``enrich_local`` -- the router's own planning, shard answer and assembly -- against KNN
+tables built as the KNN job builds them (the FM's request tower over each user's history as
+of the period's start; the FM's item embeddings). So the pair slot's tiers (own pair, user
+neighbour, item neighbour), their ages and the aggregate come out exactly as serving makes
+them, and a VM can train and be judged on them.
+
+No Ray here. ``TableHistory`` is the worker's history provider over a dataset's event log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from solaris.cache.query import Slots
+from solaris.cache.store import PairStore
+from solaris.config import SolarisConfig
+from solaris.data.schema import Dataset
+from solaris.enrich import NeighbourTable, enrich_local
+from solaris.features import FeatureTables
+from solaris.history import request_inputs
+from solaris.models.encoder import PairEncoder
+from solaris.models.batch import vm_batch
+from solaris.models.fm import FoundationModel
+from solaris.pqueue import Group
+from solaris.precompute import PrecomputeWorker, SideTables
+from solaris.replay.coverage import simulate_pair_coverage
+from solaris.replay.log import RequestLog
+from solaris.replay.prepare import row_index
+from solaris.tiers import Tier
+
+_TS_BITS = 33  # event times below 2**33 s (year 2242) fit beside the user id in one int64
+
+
+class TableHistory:
+    """``HistoryProvider`` over a dataset's event log: a request's window is the user's up to
+    ``history_len`` events strictly before ``now``, most recent first (ties: the later row
+    first), as ``HistoryStore.window`` gives it for the same events."""
+
+    def __init__(self, tables: FeatureTables) -> None:
+        self.order = np.lexsort((np.arange(tables.num_rows), tables.ts, tables.user))
+        self.user = tables.user[self.order]
+        self.ts = tables.ts[self.order]
+        if len(self.ts) and (self.ts.min() < 0 or self.ts.max() >= 2**_TS_BITS):
+            raise ValueError(f"event times outside [0, 2**{_TS_BITS}) s")
+        self.key = (self.user << _TS_BITS) + self.ts
+        self.item = tables.item[self.order]
+        self.surface = tables.surface[self.order]
+        bits = (tables.labels.astype(np.int64) << np.arange(tables.labels.shape[1])).sum(1)
+        self.bits = bits[self.order]
+
+    def window(self, users: np.ndarray, now: np.ndarray, history_len: int
+               ) -> dict[str, np.ndarray]:
+        users = np.asarray(users, np.int64)
+        now = np.asarray(now, np.float64)
+        first = np.searchsorted(self.key, users << _TS_BITS, side="left")  # (R,)
+        end = np.searchsorted(self.key, (users << _TS_BITS) + np.ceil(now).astype(np.int64),
+                              side="left")  # events with ts < now end here
+        idx = end[:, None] - 1 - np.arange(history_len)[None, :]  # (R, L) newest first
+        valid = idx >= first[:, None]
+        j = np.where(valid, idx, 0)
+        return {"valid": valid,
+                "item": np.where(valid, self.item[j], 0),
+                "ts": np.where(valid, self.ts[j], 0).astype(np.float64),
+                "surface": np.where(valid, self.surface[j], 0).astype(np.int32),
+                "bits": np.where(valid, self.bits[j], 0).astype(np.int32)}
+
+    def batch(self, users: np.ndarray, now: np.ndarray, surfaces: np.ndarray,
+              history_len: int, item_cat: np.ndarray, user_cat: np.ndarray,
+              user_cont: np.ndarray) -> dict[str, np.ndarray]:
+        return request_inputs(self.window(users, now, history_len), users, now, surfaces,
+                              item_cat, user_cat, user_cont)
+
+
+def knn_tables_as_of(fm: FoundationModel, tables: FeatureTables, as_of: float,
+                     cfg: SolarisConfig, version: str = "sim"
+                     ) -> tuple[NeighbourTable, NeighbourTable]:
+    """(user table, item table) as the KNN job builds them at ``as_of``: every user with an
+    event before ``as_of``, embedded by the FM's request tower over its history then; the
+    FM's item embeddings."""
+    from solaris.knn import build_table
+    from solaris.user_encoder import UserEncoder, item_embeddings, recent_history
+    from solaris.user_encoder import request_inputs as user_request_inputs
+
+    before = tables.ts < as_of
+    hist = recent_history(tables.user[before], tables.item[before], tables.ts[before],
+                          np.flatnonzero(before), tables.surface[before],
+                          tables.labels[before], as_of, fm.history_len)
+    req = user_request_inputs(hist, as_of, tables.item_cat, tables.user_cat, tables.user_cont)
+    uvec = UserEncoder(fm).encode(req)
+    user_t, _ = build_table("user", hist["user"], uvec, cfg.knn.k, cfg.knn, version)
+    ivec = item_embeddings(fm)
+    item_t, _ = build_table("item", np.arange(len(ivec)), ivec, cfg.knn.item_k, cfg.knn,
+                            version)
+    return user_t.neighbour_table(), item_t.neighbour_table()
+
+
+@dataclass
+class ServedSlots:
+    """The SOLARIS inputs of ``rows`` (N,) as simulated serving gives them."""
+
+    rows: np.ndarray  # (N,) int64 interaction rows
+    mapped: np.ndarray  # (N,) bool: the row was a labelled candidate of a simulated request
+    pair_emb: np.ndarray  # (N, d) float32 (zeros where absent)
+    pair_tier: np.ndarray  # (N,) int64 Tier codes
+    pair_age_s: np.ndarray  # (N,) float64
+    agg_emb: np.ndarray  # (N, d) float32
+    agg_present: np.ndarray  # (N,) bool
+    info: dict  # shares per tier, FM evaluations, agreement with the key-level simulation
+
+    def slots(self, idx: np.ndarray, tiers: set[int] | None = None, agg: bool = True) -> Slots:
+        """Slots of positions ``idx``: only the pair tiers in ``tiers`` kept (None: all), the
+        aggregate on or off (``select_slots``)."""
+        return select_slots(self.pair_tier[idx], self.pair_emb[idx], self.pair_age_s[idx],
+                            self.agg_emb[idx], self.agg_present[idx], tiers, agg)
+
+    def batch(self, tables: FeatureTables, idx: np.ndarray, read_ttl_s: float,
+              tiers: set[int] | None = None, agg: bool = True) -> dict[str, torch.Tensor]:
+        """The VM batch of positions ``idx`` as a tier-aware VM reads it (``vm_batch``)."""
+        r = self.rows[idx]
+        u, i = tables.user[r], tables.item[r]
+        return vm_batch(u, i, tables.surface[r], tables.user_cat[u], tables.item_cat[i],
+                        tables.item_cont[i], self.slots(idx, tiers, agg), read_ttl_s=read_ttl_s)
+
+
+def select_slots(tier: np.ndarray, pair_emb: np.ndarray, age_s: np.ndarray,
+                 agg_emb: np.ndarray, agg_present: np.ndarray, tiers: set[int] | None = None,
+                 agg: bool = True) -> Slots:
+    """Slots with only the pair tiers in ``tiers`` kept (None: all; the others absent, zeros)
+    and the aggregate on or off: how the transfer report and the replay switch tiers."""
+    tier = np.asarray(tier, np.int64).copy()
+    emb = np.array(pair_emb, np.float32)
+    age = np.array(age_s, np.float64)
+    if tiers is not None:
+        off = ~np.isin(tier, sorted(int(t) for t in tiers))
+        tier[off], emb[off], age[off] = Tier.NONE, 0.0, 0.0
+    present = tier != Tier.NONE
+    ap = np.asarray(agg_present, bool) & agg
+    return Slots(pair_emb=emb, pair_present=present, pair_tier=tier, pair_age_s=age,
+                 agg_emb=np.where(ap[:, None], agg_emb, 0).astype(np.float32),
+                 agg_present=ap, missing=~present)
+
+
+def write_vectors(fm: FoundationModel, encoder: PairEncoder, tables: FeatureTables,
+                  version: str, writes: dict[str, np.ndarray], chunk: int = 512) -> np.ndarray:
+    """z (W, d) float32 of each simulated write, computed as an FM worker computes it: one
+    ``Group`` per (user, written_at, surface), the history as of ``written_at``."""
+    w = len(writes["user"])
+    out = np.zeros((w, encoder.width), np.float32)
+    if w == 0:
+        return out
+    worker = PrecomputeWorker(fm, encoder, TableHistory(tables),
+                              SideTables.from_features(tables), version)
+    key = np.stack([writes["user"].astype(np.float64), writes["written_at"],
+                    writes["surface"].astype(np.float64)], 1)
+    _, gid = np.unique(key, axis=0, return_inverse=True)
+    gid = gid.ravel()
+    order = np.argsort(gid, kind="stable")
+    bounds = np.flatnonzero(np.r_[True, gid[order][1:] != gid[order][:-1], True])
+    groups, members = [], []
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        m = order[a:b]
+        j = int(m[0])
+        groups.append(Group(int(writes["user"][j]), float(writes["written_at"][j]),
+                            int(writes["surface"][j]), version, writes["item"][m],
+                            np.zeros(len(m))))
+        members.append(m)
+    for lo in range(0, len(groups), chunk):
+        _, _, z, _ = worker.run(groups[lo:lo + chunk])
+        out[np.concatenate(members[lo:lo + chunk])] = z
+    return out
+
+
+def simulate_serving(cfg: SolarisConfig, ds: Dataset, tables: FeatureTables, lg: RequestLog,
+                     scores: np.ndarray, rows: np.ndarray, fm: FoundationModel,
+                     encoder: PairEncoder, version: str,
+                     knn: tuple[NeighbourTable, NeighbourTable], seed: int = 0
+                     ) -> ServedSlots:
+    """The served SOLARIS inputs of ``rows`` over the request log ``lg``, the verifier
+    ranking by ``scores`` (R, C) (the VM alone's, as in serving): the schedule simulation's
+    writes, z as the workers compute it, looked up with every tier on."""
+    s = cfg.schedule
+    sim = simulate_pair_coverage(lg, scores, fraction=cfg.verifier.fraction,
+                                 horizon_s=cfg.verifier.horizon_s,
+                                 read_ttl_s=float(cfg.cache.read_ttl_s), lag_s=s.lag_s,
+                                 tick_s=s.tick_s, budget_per_hour=s.budget_per_hour,
+                                 seed=seed, record_writes=True)
+    wr = sim["writes"]
+    z = write_vectors(fm, encoder, tables, version, wr)
+    store = PairStore(dataclasses.replace(cfg.cache, dim=encoder.width))
+    user_knn, item_knn = knn
+    enrich = cfg.enrich
+    rows = np.asarray(rows, np.int64)
+    n, d = len(rows), encoder.width
+    out = ServedSlots(rows, np.zeros(n, bool), np.zeros((n, d), np.float32),
+                      np.zeros(n, np.int64), np.zeros(n), np.zeros((n, d), np.float32),
+                      np.zeros(n, bool), {})
+    pos = np.full(tables.num_rows, -1, np.int64)
+    pos[rows] = np.arange(n)
+    within = max(1, cfg.features.request_granularity_s) if ds.requests is None else 1
+    lab = lg.labelled
+    vis = wr["visible_at"]
+    nxt = 0  # next write to put (writes are in release order, visible_at non-decreasing)
+    agree = [0, 0]
+    for i in range(lg.num_requests):
+        t = float(lg.ts[i])
+        stop = int(np.searchsorted(vis, t, side="right"))
+        if stop > nxt:
+            _put(store, wr, z, nxt, stop, version)
+            nxt = stop
+        ci = np.flatnonzero(lab[i])
+        if len(ci) == 0:
+            continue
+        r = row_index(ds, np.full(len(ci), lg.user[i]), lg.candidates[i, ci],
+                      np.full(len(ci), lg.ts[i]), within)
+        at = np.where(r >= 0, pos[np.maximum(r, 0)], -1)
+        keep = at >= 0
+        if not keep.any():
+            continue
+        slots = enrich_local(store, int(lg.user[i]), lg.candidates[i, ci[keep]], t, version,
+                             user_knn, item_knn, enrich)
+        a = at[keep]
+        out.mapped[a] = True
+        out.pair_emb[a], out.pair_tier[a] = slots.pair_emb, slots.pair_tier
+        out.pair_age_s[a] = slots.pair_age_s
+        out.agg_emb[a], out.agg_present[a] = slots.agg_emb, slots.agg_present
+        own = slots.pair_tier == Tier.PAIR
+        agree[0] += int((own == sim["found"][i, ci[keep]]).sum())
+        agree[1] += int(keep.sum())
+    m = out.mapped
+    out.info = {"rows": n, "mapped": float(m.mean()) if n else float("nan"),
+                "fm_evals": int(sim["fm_evals"]), "pair_simulated": sim["pair"],
+                "own_pair_agrees_with_key_simulation": agree[0] / agree[1] if agree[1] else None,
+                "tier_share": {t.label: float((out.pair_tier[m] == t).mean()) if m.any()
+                               else float("nan") for t in Tier},
+                "aggregate_share": float(out.agg_present[m].mean()) if m.any()
+                else float("nan")}
+    return out
+
+
+def _put(store: PairStore, wr: dict[str, np.ndarray], z: np.ndarray, lo: int, hi: int,
+         version: str) -> None:
+    """Writes lo..hi-1 into ``store``, each at its own ``written_at`` (one put per time)."""
+    at = wr["written_at"][lo:hi]
+    for t in np.unique(at):
+        m = lo + np.flatnonzero(at == t)
+        store.put(wr["user"][m], wr["item"][m], z[m], version, float(t))
+
+
+def simulate_period(cfg: SolarisConfig, ds: Dataset, tables: FeatureTables, periods,
+                    base: torch.nn.Module, fm: FoundationModel, encoder: PairEncoder,
+                    version: str, period: str, seed: int = 0, lg: RequestLog | None = None
+                    ) -> ServedSlots:
+    """``simulate_serving`` of one period's rows (``vm``, ``val`` or ``test``) over its
+    request log (``window_log``, or ``lg``): the verifier ranking by the VM alone ``base``,
+    KNN tables as of the period's start."""
+    from solaris.eval.schedule import candidate_scores, window_log
+
+    start = {"vm": periods.cuts[0], "val": periods.cuts[1], "test": periods.cuts[2]}
+    if period not in start:
+        raise ValueError(f"period={period!r}: one of 'vm', 'val', 'test'")
+    lg = window_log(cfg, ds, periods, period) if lg is None else lg
+    c = lg.candidates.shape[1]
+    scores = candidate_scores(base, tables, np.repeat(lg.user, c), lg.candidates.ravel(),
+                              np.repeat(lg.surface, c)).reshape(-1, c)
+    knn = knn_tables_as_of(fm, tables, float(start[period]), cfg)
+    return simulate_serving(cfg, ds, tables, lg, scores, getattr(periods, period), fm,
+                            encoder, version, knn, seed)

@@ -1,0 +1,166 @@
+"""Simulated serving (``solaris.eval.served``): the worker's z over the event log equals the
+teacher's, the own-pair tier equals the key-level simulation's presence, the tiers come in
+lookup order with ages inside the read TTL, and what it trains (imputed tiers, aggregate)
+leaves the own pair and the rows without inputs exactly as they were."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from solaris.config import load_config
+from solaris.data.load import load_dataset
+from solaris.eval.schedule import candidate_scores, window_log
+from solaris.eval.served import (TableHistory, knn_tables_as_of, select_slots,
+                                 simulate_serving, write_vectors)
+from solaris.eval.transfer import TransferExperiment
+from solaris.history import HistoryStore
+from solaris.models.residual import ResidualVM
+from solaris.replay.coverage import simulate_pair_coverage
+from solaris.tiers import Tier
+from solaris.train.residual import choose_scale_guarded
+from solaris.train.teacher import teacher_outputs
+from solaris.train.vertical import VMSpec, train_vm
+from tests.tiny import THREADS, TINY
+
+
+@pytest.fixture(scope="module")
+def world():
+    cfg = load_config(None, {**TINY, "train.threads": THREADS})
+    exp = TransferExperiment(cfg, load_dataset(cfg.data))
+    teacher = exp.teacher(0)
+    _, inputs = exp.inputs(teacher)
+    p = exp.periods
+    base, _ = train_vm(inputs, VMSpec("vm"), cfg.vm, cfg.train, task=0, teacher_rows=p.vm,
+                       absent_rows=exp.absent_rows, val_rows=p.val, lr=1e-2, seed=0,
+                       num_users=exp.ds.num_users, num_items=exp.ds.num_items)
+    lg = window_log(cfg, exp.ds, p, "test")
+    c = lg.candidates.shape[1]
+    scores = candidate_scores(base, exp.tables, np.repeat(lg.user, c), lg.candidates.ravel(),
+                              np.repeat(lg.surface, c)).reshape(-1, c)
+    knn = knn_tables_as_of(teacher.fm, exp.tables, float(p.cuts[2]), cfg)
+    served = simulate_serving(cfg, exp.ds, exp.tables, lg, scores, p.test, teacher.fm,
+                              teacher.encoder, teacher.version, knn, seed=0)
+    return cfg, exp, teacher, base, inputs, lg, scores, served
+
+
+def test_table_history_window_equals_the_history_store(world):
+    """The event-log provider gives the window the live history store gives for the same
+    events, at request times inside and between events."""
+    cfg, exp, *_ = world
+    t = exp.tables
+    # a ring long enough to hold every event: the whole log goes in before any read
+    store = HistoryStore(dataclasses.replace(cfg.history, max_events=t.num_rows))
+    store.replay_log(t.user, t.item, t.surface, t.labels.astype(np.int8), t.ts)
+    rng = np.random.default_rng(0)
+    rows = rng.choice(t.num_rows, 200, replace=False)
+    users = t.user[rows]
+    now = t.ts[rows].astype(np.float64) + rng.choice([0.0, 1.0, 0.5, -30.0], len(rows))
+    want = store.window(users, now, t.history_len)
+    got = TableHistory(t).window(users, now, t.history_len)
+    for k in want:
+        np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]), err_msg=k)
+
+
+def test_worker_vectors_over_the_event_log_equal_the_teachers(world):
+    """z written by simulated serving is the teacher's z of the same (user, item, surface)
+    at the same time: the worker's request/candidate split over ``TableHistory``."""
+    _, exp, teacher, *_ = world
+    t = exp.tables
+    rows = exp.periods.val[:300]
+    wr = {"user": t.user[rows], "item": t.item[rows], "surface": t.surface[rows],
+          "written_at": t.req_ts[rows].astype(np.float64)}
+    got = write_vectors(teacher.fm, teacher.encoder, t, teacher.version, wr, chunk=7)
+    np.testing.assert_allclose(got, teacher_outputs(teacher, t, rows)[1], atol=1e-5)
+
+
+def test_own_pair_tier_is_the_key_simulations_presence(world):
+    """Every labelled row the key-level simulation finds is served as its own pair, and no
+    other; imputed tiers fill only rows without one; ages lie inside the read TTL."""
+    cfg, exp, _, _, _, lg, scores, served = world
+    info = served.info
+    assert info["own_pair_agrees_with_key_simulation"] == 1.0
+    assert served.mapped.mean() > 0.95
+    s = cfg.schedule
+    sim = simulate_pair_coverage(lg, scores, fraction=cfg.verifier.fraction,
+                                 horizon_s=cfg.verifier.horizon_s,
+                                 read_ttl_s=float(cfg.cache.read_ttl_s), lag_s=s.lag_s,
+                                 tick_s=s.tick_s, budget_per_hour=s.budget_per_hour, seed=0)
+    assert (served.pair_tier[served.mapped] == Tier.PAIR).mean() == pytest.approx(sim["pair"])
+    on = served.pair_tier != Tier.NONE
+    assert (served.pair_tier > Tier.PAIR).any()  # some imputed tier is served
+    assert np.all(served.pair_age_s[on] <= cfg.cache.read_ttl_s)
+    assert np.all(served.pair_age_s[on] >= s.lag_s - s.tick_s)
+    assert np.all(served.pair_emb[~on] == 0)
+    assert served.agg_present.any() and np.all(served.agg_emb[~served.agg_present] == 0)
+
+
+def test_writes_are_logged_in_release_order_and_visible_after_the_lag(world):
+    cfg, _, _, _, _, lg, scores, _ = world
+    s = cfg.schedule
+    sim = simulate_pair_coverage(lg, scores, fraction=cfg.verifier.fraction,
+                                 horizon_s=cfg.verifier.horizon_s,
+                                 read_ttl_s=float(cfg.cache.read_ttl_s), lag_s=s.lag_s,
+                                 tick_s=s.tick_s, budget_per_hour=s.budget_per_hour, seed=0,
+                                 record_writes=True)
+    w = sim["writes"]
+    assert len(w["user"]) == sim["fm_evals"] > 0
+    assert np.all(np.diff(w["visible_at"]) >= 0)
+    assert np.all(w["visible_at"] - w["written_at"] >= s.lag_s)
+
+
+def test_select_slots_keeps_only_the_asked_tiers():
+    tier = np.array([0, 1, 2, 3, 1])
+    emb = np.arange(10, dtype=np.float32).reshape(5, 2) + 1
+    out = select_slots(tier, emb, np.full(5, 60.0), emb, np.array([1, 0, 1, 1, 0], bool),
+                       {Tier.PAIR, Tier.ITEM_NEIGHBOUR}, agg=False)
+    np.testing.assert_array_equal(out.pair_tier, [0, 1, 0, 3, 1])
+    np.testing.assert_array_equal(out.pair_present, [False, True, False, True, True])
+    assert np.all(out.pair_emb[[0, 2]] == 0) and np.all(out.pair_age_s[[0, 2]] == 0)
+    assert not out.agg_present.any() and np.all(out.agg_emb == 0)
+
+
+def test_imputed_correction_never_moves_the_own_pair_or_the_misses(world):
+    """A residual VM with an imputed-tier correction scores own-pair rows as its pair
+    correction does and rows without inputs as the VM alone, whatever the imputed weights."""
+    cfg, exp, _, base, _, _, _, served = world
+    ttl = float(cfg.cache.read_ttl_s)
+    torch.manual_seed(0)
+    plain = ResidualVM(base, served.pair_emb.shape[1], 8, use_pair=True, use_agg=False)
+    both = ResidualVM(base, served.pair_emb.shape[1], 8, use_pair=True, use_agg=False,
+                      imputed=True)
+    both.pair.load_state_dict(plain.pair.state_dict())
+    with torch.no_grad():
+        for p in both.imputed.parameters():
+            p.add_(torch.randn_like(p))
+    for t in (Tier.USER_NEIGHBOUR, Tier.ITEM_NEIGHBOUR):
+        both.set_scale("pair", int(t), 1.0)
+    idx = np.arange(len(served.rows))
+    b = served.batch(exp.tables, idx, ttl, None, False)
+    with torch.no_grad():
+        a, z, alone = plain(b), both(b), base(b)
+    own = served.pair_tier == Tier.PAIR
+    none = served.pair_tier == Tier.NONE
+    imp = served.pair_tier > Tier.PAIR
+    assert torch.equal(a[own], z[own]) and torch.equal(z[none], alone[none])
+    assert not torch.equal(z[imp], a[imp])
+
+
+def test_guarded_scale_switches_off_a_gain_validation_cannot_tell_from_noise(world):
+    """A correction that only adds noise gets scale 0; with no guard (z = 0) the best scale
+    on the curve is taken whenever it gains at all."""
+    cfg, exp, _, base, _, _, _, served = world
+    ttl = float(cfg.cache.read_ttl_s)
+    m = ResidualVM(base, served.pair_emb.shape[1], 8, use_pair=True, use_agg=True)
+    idx = np.arange(len(served.rows))
+    b = served.batch(exp.tables, idx, ttl)
+    with torch.no_grad():
+        bl = base(b)
+    y = torch.from_numpy(exp.tables.labels[served.rows, 0])
+    g = choose_scale_guarded(m, "agg", 1, (0.0, 0.5, 1.0), b, bl, y, min_gain_z=50.0)
+    assert g["scale"] == 0.0 and float(m.scale[1, 1]) == 0.0
+    assert set(g["curve"]) == {"0", "0.5", "1"}
+    g0 = choose_scale_guarded(m, "agg", 1, (0.0, 0.5, 1.0), b, bl, y, min_gain_z=0.0)
+    best = min(g0["curve"], key=lambda k: (g0["curve"][k], -float(k)))
+    assert g0["scale"] == (float(best) if g0["gain"] > 0 else 0.0)
