@@ -138,7 +138,8 @@ class TransferExperiment:
                                self._logs[period])
 
     def served_arms(self, run: "SeedRun", base: VerticalModel, pair_model: torch.nn.Module,
-                    b_oos: np.ndarray, task: int, seed: int, teacher: Teacher) -> None:
+                    b_oos: np.ndarray, task: int, seed: int, teacher: Teacher,
+                    pair_curves: dict | None = None) -> None:
         """Every input the router serves, trained and judged on simulated serving
         (``fit_served_tiers``): the arms ``served_<step>`` switch them on cumulatively in
         lookup order (pair, user neighbour, item neighbour, aggregate); Platt on validation
@@ -150,7 +151,7 @@ class TransferExperiment:
         self.progress(f"seed {seed}: {self.ds.tasks[task]} tiers and aggregate as served")
         tf = fit_served_tiers(pair_model, self.tables, cfg.residual, cfg.train, task=task,
                               train_slots=sv["vm"], base_logits=b_oos, val_slots=sv["val"],
-                              read_ttl_s=ttl, seed=seed)
+                              read_ttl_s=ttl, seed=seed, pair_curves=pair_curves)
         m = tf.model
         run.chosen["served"] = {**tf.info, "scale_curves": tf.scale_curves,
                                 "scales": residual_meta(tf)["scales"],
@@ -253,7 +254,8 @@ class TransferExperiment:
             {"fm": run.raw["fm"], "pair_100": run.raw["vm_pair_100"],
              "pair_sim": run.raw["vm_pair_sim"]})
         run.masks["vm_agg"] = inputs.agg_present.numpy()[p.test] > 0
-        self.served_arms(run, base, served_fit.fit.model, b_oos, task, seed, teacher)
+        self.served_arms(run, base, served_fit.fit.model, b_oos, task, seed, teacher,
+                         served_fit.fit.scale_curves)
 
     def fm_predictions(self, probs: np.ndarray, task: int) -> tuple[np.ndarray, np.ndarray]:
         p = self.periods

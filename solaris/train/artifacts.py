@@ -107,7 +107,8 @@ def train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: 
         say(f"training the imputed tiers and the aggregate for {task} on simulated serving")
         fit = fit_served_tiers(served.fit.model, tables, cfg.residual, cfg.train, task=t,
                                train_slots=sv["vm"], base_logits=b_oos, val_slots=sv["val"],
-                               read_ttl_s=float(cfg.cache.read_ttl_s), seed=seed)
+                               read_ttl_s=float(cfg.cache.read_ttl_s), seed=seed,
+                               pair_curves=served.fit.scale_curves)
         mask = coverage_mask(len(periods.test), coverage, seed)
         off = np.zeros(len(periods.test), bool)
         pt = predict_vm(fit.model, inputs, periods.test, mask, off)

@@ -274,7 +274,8 @@ def choose_scale_guarded(model: ResidualVM, slot: str, tier: int, scales: tuple[
 
 def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train: TrainConfig,
                      *, task: int, train_slots, base_logits: np.ndarray, val_slots,
-                     read_ttl_s: float, seed: int) -> TierFit:
+                     read_ttl_s: float, seed: int,
+                     pair_curves: dict[str, dict[str, float]] | None = None) -> TierFit:
     """Extend the chosen pair correction to every input the router serves.
 
     ``train_slots`` / ``val_slots`` (``solaris.eval.served.ServedSlots``): the VM and the
@@ -285,7 +286,8 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
     served with an imputed tier; then the aggregate's correction trains on every row with a
     served aggregate, the pair slot as served. Scales are chosen on validation in lookup order
     (user neighbour, item neighbour, aggregate), each with the ones before fixed, by
-    ``choose_scale_guarded`` (``res.min_gain_z``)."""
+    ``choose_scale_guarded`` (``res.min_gain_z``). ``pair_curves``: the own pair's scale
+    curve, kept beside the new ones (the validation curves behind every scale)."""
     if pair_model.pair is None:
         raise ValueError("pair_model: needs the pair correction")
     seed_everything(seed)
@@ -306,7 +308,7 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
     with torch.no_grad():
         va_b = base(vb_all)
     info: dict = {"train_rows": int(len(train_slots.rows)), "val_rows": int(len(every))}
-    curves: dict[str, dict[str, float]] = {}
+    curves: dict[str, dict[str, float]] = dict(pair_curves or {})
     guard: dict[str, dict] = {}
 
     def loss_on(idx: np.ndarray, agg: bool) -> torch.Tensor:

@@ -99,27 +99,30 @@ def test_scales_switch_a_correction_off_at_runtime_and_misses_score_as_the_vm_al
     state = requests.get(app["base"] + "/scales", timeout=TIMEOUT_S).json()
     (key, vm), = [(k, v) for k, v in state.items() if k.endswith("/click")]
     assert vm["residual"] and set(vm["validation"]["pair"]) >= {"0", "1"}
-    # tiers the VM never trained on are off, so the router does not look them up
-    assert vm["scales"]["pair"]["user_neighbour"] == vm["scales"]["pair"]["item_neighbour"] == 0
-    assert vm["scales"]["aggregate"] == 0
+    scales = vm["scales"]
     out = _rank(app, user_id=7, candidates=cands, now=T0 + 20).json()
-    assert set(out["tiers"]) <= {"none", "pair"} and not any(out["aggregate"])
+    # a tier at scale 0 (trained and switched off on validation) is not looked up
+    off_tiers = {t for t, s in scales["pair"].items() if s == 0}
+    assert not off_tiers & set(out["tiers"])
+    if scales["aggregate"] == 0:
+        assert not any(out["aggregate"])
     alone = np.array(_rank(app, user_id=7, candidates=cands, now=T0 + 20, mode="vm"
                            ).json()["scores"])
     on = np.array(out["scores"])
-    miss = np.array(out["tiers"]) == "none"
+    miss = (np.array(out["tiers"]) == "none") & ~np.array(out["aggregate"], bool)
     assert np.array_equal(on[miss], alone[miss])  # no SOLARIS input: the VM alone, exactly
-    pair_on = vm["scales"]["pair"]["pair"] > 0
-    if pair_on:
-        assert not np.array_equal(on[~miss], alone[~miss])
-    r = requests.post(app["base"] + "/scales", json={"task": "click", "slot": "pair",
-                                                     "tier": "pair", "scale": 0.0},
-                      timeout=TIMEOUT_S)
-    assert r.status_code == 200, r.text
-    assert r.json()["scales"]["pair"]["pair"] == 0.0
+    # every correction switched off at runtime: the VM alone on every candidate
+    on_scales = [("pair", t) for t, s in scales["pair"].items() if s > 0]
+    on_scales += [("aggregate", None)] if scales["aggregate"] > 0 else []
+    for slot, tier in on_scales:
+        body = {"task": "click", "slot": slot, "scale": 0.0, **({"tier": tier} if tier else {})}
+        r = requests.post(app["base"] + "/scales", json=body, timeout=TIMEOUT_S)
+        assert r.status_code == 200, r.text
     off = _rank(app, user_id=7, candidates=cands, now=T0 + 20).json()
-    assert "pair" in off["tiers"]  # still looked up, but its correction is off
     assert np.array_equal(np.array(off["scores"]), alone)
+    assert not any(off["aggregate"]) and set(off["tiers"]) <= {"none", "pair"}
+    if scales["pair"]["pair"] > 0:
+        assert "pair" in off["tiers"]  # the own pair is still looked up (verifier, precision)
     stats = requests.get(app["base"] + "/stats", timeout=TIMEOUT_S).json()
     assert stats["scales"][key]["scales"]["pair"]["pair"] == 0.0
     for body, field in (({"task": "click", "slot": "pair", "tier": "pair", "scale": 1.5},
@@ -128,10 +131,11 @@ def test_scales_switch_a_correction_off_at_runtime_and_misses_score_as_the_vm_al
                         ({"task": "click", "slot": "pair", "scale": 0.5}, "tier")):
         r = requests.post(app["base"] + "/scales", json=body, timeout=TIMEOUT_S)
         assert r.status_code == 422 and field in r.text, (body, r.text)
-    back = requests.post(app["base"] + "/scales", json={
-        "task": "click", "slot": "pair", "tier": "pair",
-        "scale": vm["scales"]["pair"]["pair"]}, timeout=TIMEOUT_S)
-    assert back.status_code == 200
+    for slot, tier in on_scales:  # back as trained
+        value = scales["aggregate"] if tier is None else scales["pair"][tier]
+        body = {"task": "click", "slot": slot, "scale": value, **({"tier": tier} if tier else {})}
+        assert requests.post(app["base"] + "/scales", json=body,
+                             timeout=TIMEOUT_S).status_code == 200
 
 
 def test_stats_split_the_router_time_and_count_the_lookup_rounds(app):
