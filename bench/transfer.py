@@ -67,6 +67,12 @@ def checks(r: dict) -> list[tuple[str, bool]]:
         if "fm_on_sim" in tr:  # the FM's own edge on the covered rows bounds what they give
             out.append((f"pair_sim >= 0.8 x fm_on_sim ({tr['fm_on_sim']:.3f}, the FM on the "
                         "covered rows)", tr["pair_sim"] >= 0.8 * tr["fm_on_sim"]))
+    for name, w in (r.get("tier_worth") or {}).items():  # simulated serving, cumulative
+        off = all(x == 0 for x in w["scale_per_seed"])
+        out.append((f"tier_worth {name}: step {w['step']:+.4f} "
+                    f"[{w['ci_low']:+.4f}, {w['ci_high']:+.4f}]"
+                    + (" (scale 0 in every seed: not delivered)" if off else "")
+                    + " >= 0", w["step"] >= 0))
     for k, m in r.get("miss_rows", {}).items():
         out.append((f"miss rows of {k}: BCE = VM alone's (<= 1e-6)", m["max_abs_diff"] <= 1e-6))
     if second is not None and second.get("gap_significant"):  # TR only where the gap is

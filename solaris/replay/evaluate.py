@@ -136,7 +136,7 @@ def tier_worth(scorer: VMScorer, rows: ServedRows, real_pair: np.ndarray) -> dic
 # re-fit the whole head on a small recent sample; on both datasets that over-fitted the
 # first half and lost on the second)
 SLOT_LAYERS = ("pair_proj", "pair_direct", "agg_proj", "agg_direct",
-               "pair", "agg")  # the last two: a residual VM's corrections (its base stays)
+               "pair", "imputed", "agg")  # the last three: a residual VM's corrections
 
 
 @torch.no_grad()
