@@ -226,6 +226,8 @@ class ResidualConfig:
     # an input learned on simulated serving (imputed tiers, the aggregate) is served only if
     # its validation gain is at least this many standard errors of the per-row gain
     min_gain_z: float = 2.0
+    # share of the training rows (the latest) that stops training on simulated serving early
+    holdout_share: float = 0.2
 
     def __post_init__(self) -> None:
         _check(self.hidden >= 1, "residual.hidden", self.hidden, "must be >= 1")
@@ -236,6 +238,8 @@ class ResidualConfig:
                and 0.0 in self.scales, "residual.scales", self.scales,
                "must be values in [0, 1] including 0")
         _check(self.min_gain_z >= 0, "residual.min_gain_z", self.min_gain_z, "must be >= 0")
+        _check(0 < self.holdout_share < 1, "residual.holdout_share", self.holdout_share,
+               "must be in (0, 1)")
 
 
 @dataclass(frozen=True)

@@ -284,7 +284,8 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
     ``pair_model`` reads it (its correction and scale). The imputed tiers get their own
     correction, a copy of the own pair's whose tier-and-age gate trains on every training row
     served with an imputed tier; then the aggregate's correction trains on every row with a
-    served aggregate, the pair slot as served. Scales are chosen on validation in lookup order
+    served aggregate, the pair slot as served; both stop early on the training period's last
+    ``res.holdout_share`` (by request time), never on validation. Scales are chosen on validation in lookup order
     (user neighbour, item neighbour, aggregate), each with the ones before fixed, by
     ``choose_scale_guarded`` (``res.min_gain_z``). ``pair_curves``: the own pair's scale
     curve, kept beside the new ones (the validation curves behind every scale)."""
@@ -315,18 +316,26 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
         out = model(train_slots.batch(tables, idx, read_ttl_s, None, agg), base_logit=tr_b[idx])
         return F.binary_cross_entropy_with_logits(out, tr_y[idx])
 
+    # early stopping reads the last ``holdout_share`` of the training rows by request time,
+    # so the validation period is read only to choose the scales (an unbiased guard)
+    late = tables.req_ts[train_slots.rows] >= np.quantile(tables.req_ts[train_slots.rows],
+                                                           1.0 - res.holdout_share)
+
+    def split(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return np.flatnonzero(mask & ~late), np.flatnonzero(mask & late)
+
+    def holdout_loss(idx: np.ndarray, agg: bool) -> Callable[[], float]:
+        b = train_slots.batch(tables, idx, read_ttl_s, None, agg)
+        return lambda: _bce(model(b, base_logit=tr_b[idx]), tr_y[idx])
+
     # 1. the imputed tiers' gate, both at scale 1 while it learns (the aggregate off)
     for t in IMPUTED:
         model.set_scale("pair", int(t), 1.0)
-    imp = set(int(t) for t in IMPUTED)
-    tr_i = np.flatnonzero(np.isin(train_slots.pair_tier, sorted(imp)))
-    va_i = np.flatnonzero(np.isin(val_slots.pair_tier, sorted(imp)))
-    info["imputed_rows"] = {"train": int(len(tr_i)), "val": int(len(va_i))}
-    if len(tr_i) and len(va_i):
-        vbi = val_slots.batch(tables, va_i, read_ttl_s, None, False)
+    tr_i, ho_i = split(np.isin(train_slots.pair_tier, [int(t) for t in IMPUTED]))
+    info["imputed_rows"] = {"train": int(len(tr_i)), "holdout": int(len(ho_i))}
+    if len(tr_i) and len(ho_i):
         _served_fit(model, list(model.imputed.gate.parameters()),
-                    lambda i, rng: loss_on(tr_i[i], False),
-                    lambda: _bce(model(vbi, base_logit=va_b[va_i]), va_y[va_i]),
+                    lambda i, rng: loss_on(tr_i[i], False), holdout_loss(ho_i, False),
                     len(tr_i), res, train, seed, "residual_imputed_gate")
     vb_noagg = val_slots.batch(tables, every, read_ttl_s, None, False)
     for t in IMPUTED:
@@ -337,14 +346,12 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
         curves[t.label], guard[t.label] = g["curve"], g
     # 2. the aggregate's correction, the pair slot as served at the chosen scales
     model.set_scale("agg", AGG_TIER, 1.0)
-    tr_a = np.flatnonzero(train_slots.agg_present)
-    va_a = np.flatnonzero(val_slots.agg_present)
-    info["agg_rows"] = {"train": int(len(tr_a)), "val": int(len(va_a))}
-    if len(tr_a) and len(va_a):
-        vba = val_slots.batch(tables, va_a, read_ttl_s)
+    tr_a, ho_a = split(train_slots.agg_present)
+    info["agg_rows"] = {"train": int(len(tr_a)), "holdout": int(len(ho_a))}
+    if len(tr_a) and len(ho_a):
         _served_fit(model, list(model.agg.parameters()), lambda i, rng: loss_on(tr_a[i], True),
-                    lambda: _bce(model(vba, base_logit=va_b[va_a]), va_y[va_a]),
-                    len(tr_a), res, train, seed, "residual_agg_served")
+                    holdout_loss(ho_a, True), len(tr_a), res, train, seed,
+                    "residual_agg_served")
     g = choose_scale_guarded(model, "agg", AGG_TIER, res.scales, vb_all, va_b, va_y,
                              res.min_gain_z)
     curves["aggregate"], guard["aggregate"] = g["curve"], g
