@@ -204,6 +204,10 @@ class VMConfig:
     use_pair: bool = False  # read the pair slot (z, presence, tier, age)
     use_agg: bool = False  # read the user slot (aggregated embedding, presence)
     dropout: float = 0.0  # MLP dropout
+    # after training, fold a Platt recalibration fitted on the validation rows into the model
+    # (logit -> a * logit + b): the VM alone every arm shares is then calibrated, so a SOLARIS
+    # correction trained on top of it learns what the FM adds, not a recalibration of the base
+    calibrate: bool = True
 
     def __post_init__(self) -> None:
         _check(self.emb_dim >= 1, "vm.emb_dim", self.emb_dim, "must be >= 1")

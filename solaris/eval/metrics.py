@@ -59,7 +59,15 @@ def sigmoid(x: np.ndarray) -> np.ndarray:
 def fit_platt(y: np.ndarray, p: np.ndarray, iters: int = 50) -> tuple[float, float]:
     """Platt scaling a * logit(p) + b fitted by Newton's method (on validation rows only)."""
     y, p = _check(y, p)
-    x = logit(p)
+    return fit_platt_logits(y, logit(p), iters)
+
+
+def fit_platt_logits(y: np.ndarray, x: np.ndarray, iters: int = 50) -> tuple[float, float]:
+    """``fit_platt`` on logits ``x`` (N,) directly: (a, b) minimising BCE(y, sigmoid(a x + b))."""
+    y = np.asarray(y, dtype=np.float64)
+    x = np.asarray(x, dtype=np.float64)
+    if y.shape != x.shape or not np.isfinite(x).all():
+        raise ValueError(f"logits: need finite values of shape {y.shape}, got {x.shape}")
     a, b = 1.0, 0.0
     for _ in range(iters):
         q = sigmoid(a * x + b)

@@ -5,6 +5,8 @@ The VM sees only what serving has in real time: ids, a few side features, the su
 Each slot enters twice: through a small projection into the MLP, and through a direct linear
 term on the logit so an FM-quality signal can be read straight off the embedding.
 Absent slots (presence 0) are zeroed before use, so their embedding values never matter.
+The output logit goes through ``calibration`` (a, b): ``a * logit + b``, identity until
+training folds in a Platt fit on validation (``vm.calibrate``).
 """
 
 from __future__ import annotations
@@ -62,6 +64,18 @@ class VerticalModel(nn.Module):
             in_dim = h
         layers.append(nn.Linear(in_dim, 1))
         self.mlp = nn.Sequential(*layers)
+        # (a, b) of the folded-in Platt recalibration; identity until set
+        self.register_buffer("calibration", torch.tensor([1.0, 0.0]))
+
+    def set_calibration(self, a: float, b: float) -> None:
+        if not (torch.isfinite(torch.tensor([a, b])).all() and a > 0):
+            raise ValueError(f"calibration=({a!r}, {b!r}): need a finite slope > 0 and a finite bias")
+        self.calibration.copy_(torch.tensor([float(a), float(b)]))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # checkpoints written before the calibration existed load as uncalibrated
+        state_dict.setdefault(prefix + "calibration", torch.tensor([1.0, 0.0]))
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         user_cat = batch["user_cat"]  # (B, n_uc)
@@ -90,4 +104,4 @@ class VerticalModel(nn.Module):
         logit = self.mlp(torch.cat(parts, dim=-1))  # (B, 1)
         if direct is not None:
             logit = logit + direct  # (B, 1)
-        return logit.squeeze(-1)  # (B,)
+        return logit.squeeze(-1) * self.calibration[0] + self.calibration[1]  # (B,)

@@ -20,6 +20,7 @@ from solaris.cache.query import Slots
 from solaris.config import TrainConfig, VMConfig
 from solaris.features import FeatureTables
 from solaris.models.batch import vm_batch
+from solaris.eval.metrics import fit_platt_logits
 from solaris.models.vm import VerticalModel
 from solaris.tiers import Tier
 from solaris.train.loop import fit, predict_in_batches, seed_everything
@@ -133,6 +134,8 @@ def train_vm(inputs: VMInputs, spec: VMSpec, cfg: VMConfig, train: TrainConfig, 
     ``teacher_rows`` carry out-of-sample teacher outputs (slots and soft labels available);
     ``absent_rows`` train with both slots absent; ``soft_labels`` (N,) are the teacher's
     probabilities for every row (used only on ``teacher_rows`` when ``spec.kd_alpha > 0``).
+    With ``cfg.calibrate`` the trained model gets a Platt fit on ``val_rows`` folded in
+    (``calibrate_on``), and the validation BCE returned is the calibrated one.
     """
     seed_everything(seed)
     torch.set_num_threads(train.threads)
@@ -159,7 +162,31 @@ def train_vm(inputs: VMInputs, spec: VMSpec, cfg: VMConfig, train: TrainConfig, 
     res = fit(model, step, val, len(rows), lr=lr, epochs=train.vm_epochs, patience=train.patience,
               batch_size=max(train.batch_size, 2048), seed=seed, weight_decay=train.weight_decay,
               name=spec.name)
-    return model, res.best_val_loss
+    if not cfg.calibrate or len(val_rows) == 0:
+        return model, res.best_val_loss
+    calibrate_on(model, inputs, val_rows, val_present, val_agg, task)
+    with torch.no_grad():
+        return model, val()
+
+
+@torch.no_grad()
+def calibrate_on(model: VerticalModel, inputs: VMInputs, rows: np.ndarray, present: np.ndarray,
+                 agg_on: np.ndarray, task: int) -> tuple[float, float]:
+    """Fold a Platt fit of ``model`` on ``rows`` (its slots gated as given) into the model:
+    (a, b) with logit -> a * logit + b. Keeps the identity if the labels are one class."""
+    model.eval()
+    model.calibration.copy_(torch.tensor([1.0, 0.0]))
+    rows = np.asarray(rows)
+    x = predict_in_batches(lambda p: model(inputs.batch(rows[p], present[p], agg_on[p])),
+                           len(rows))
+    y = inputs.labels[torch.from_numpy(rows), task].numpy()
+    if len(np.unique(y)) < 2:
+        return 1.0, 0.0
+    a, b = fit_platt_logits(y, x)
+    if a <= 0:  # a model whose validation ranking is inverted: leave it as trained
+        return 1.0, 0.0
+    model.set_calibration(a, b)
+    return a, b
 
 
 def coverage_mask(n: int, coverage: float, seed: int) -> np.ndarray:

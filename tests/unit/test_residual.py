@@ -115,3 +115,35 @@ def test_training_leaves_the_base_untouched_and_cross_fitted_logits_are_out_of_s
     from solaris.eval import metrics as M
     pv = 1 / (1 + np.exp(-vm_logits(base, inputs, p.val).astype(np.float64)))
     assert curve["0"] == pytest.approx(M.bce(inputs.labels[p.val, 0].numpy(), pv), abs=1e-5)
+
+
+def test_the_vm_alone_is_calibrated_on_validation_and_old_checkpoints_load_uncalibrated(world):
+    """The base every arm shares carries a Platt fit on validation, so a correction on top of
+    it is not paid for recalibrating the base."""
+    import dataclasses
+
+    from solaris.eval import metrics as M
+
+    cfg, exp, inputs = world
+    p = exp.periods
+    kw = dict(task=0, teacher_rows=p.vm, absent_rows=exp.absent_rows, val_rows=p.val, lr=1e-2,
+              seed=0, num_users=exp.ds.num_users, num_items=exp.ds.num_items)
+    cal, v_cal = train_vm(inputs, VMSpec("vm"), cfg.vm, cfg.train, **kw)
+    raw, v_raw = train_vm(inputs, VMSpec("vm"), dataclasses.replace(cfg.vm, calibrate=False),
+                          cfg.train, **kw)
+    a, b = (float(t) for t in cal.calibration)
+    assert raw.calibration.tolist() == [1.0, 0.0] and (a, b) != (1.0, 0.0)
+    # same weights, same seed: the calibrated logits are the raw ones through (a, b)
+    x_raw, x_cal = vm_logits(raw, inputs, p.val), vm_logits(cal, inputs, p.val)
+    np.testing.assert_allclose(x_cal, a * x_raw + b, rtol=1e-5, atol=1e-5)
+    # on validation it is now its own best Platt fit, and no worse than the raw model
+    y = inputs.labels[p.val, 0].numpy()
+    a2, b2 = M.fit_platt_logits(y, x_cal)
+    assert a2 == pytest.approx(1.0, abs=1e-3) and b2 == pytest.approx(0.0, abs=1e-3)
+    assert v_cal <= v_raw + 1e-6
+    # a checkpoint written before the calibration existed loads as the identity
+    state = {k: v for k, v in cal.state_dict().items() if k != "calibration"}
+    cal.load_state_dict(state)
+    assert cal.calibration.tolist() == [1.0, 0.0]
+    with pytest.raises(ValueError, match="calibration"):
+        cal.set_calibration(-1.0, 0.0)
