@@ -249,14 +249,34 @@ def _served_fit(model: ResidualVM, params: list[torch.nn.Parameter], step, val, 
     model.eval()
 
 
+def clustered_se(d: np.ndarray, groups: np.ndarray | None = None) -> float:
+    """Standard error of mean(d) over rows (N,); with ``groups`` (N,) the cluster-robust one:
+    rows of one group (a user) are not independent draws -- the aggregate is the same vector
+    on every row of a user -- so the group sums of the centred gains are the draws."""
+    d = np.asarray(d, np.float64)
+    n = len(d)
+    if n < 2:
+        return float("inf")
+    if groups is None:
+        return float(d.std(ddof=1) / np.sqrt(n))
+    _, inv = np.unique(np.asarray(groups), return_inverse=True)
+    g = int(inv.max()) + 1
+    if g < 2:
+        return float("inf")
+    sums = np.bincount(inv, weights=d - d.mean(), minlength=g)  # (G,)
+    return float(np.sqrt(g / (g - 1) * (sums ** 2).sum()) / n)
+
+
 @torch.no_grad()
 def choose_scale_guarded(model: ResidualVM, slot: str, tier: int, scales: tuple[float, ...],
                          batch: dict[str, torch.Tensor], base_logit: torch.Tensor,
-                         y: torch.Tensor, min_gain_z: float) -> dict:
+                         y: torch.Tensor, min_gain_z: float,
+                         groups: np.ndarray | None = None) -> dict:
     """Set one slot-tier's scale on a validation batch: the scale of lowest BCE, kept only if
-    its BCE gain over scale 0 is at least ``min_gain_z`` standard errors of the per-row gain
-    (paired over the rows), else 0 -- an input whose gain validation cannot tell from noise is
-    not served. Returns {"curve": {scale: BCE}, "gain", "se", "scale"}."""
+    its BCE gain over scale 0 is at least ``min_gain_z`` standard errors of the mean per-row
+    gain (paired over the rows; clustered by ``groups``, the rows' users, when given), else
+    0 -- an input whose gain validation cannot tell from noise is not served. Returns
+    {"curve": {scale: BCE}, "gain", "se", "scale"}."""
     rows = {}
     for s in sorted(set(scales) | {0.0}):
         model.set_scale(slot, tier, s)
@@ -266,7 +286,7 @@ def choose_scale_guarded(model: ResidualVM, slot: str, tier: int, scales: tuple[
     best = min(rows, key=lambda s: (rows[s].mean(), -s))
     d = rows[0.0] - rows[best]
     gain = float(d.mean())
-    se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("inf")
+    se = clustered_se(d, groups)
     chosen = best if best > 0 and gain >= min_gain_z * se and gain > 0 else 0.0
     model.set_scale(slot, tier, chosen)
     return {"curve": curve, "gain": gain, "se": se, "scale": chosen}
@@ -287,7 +307,8 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
     served aggregate, the pair slot as served; both stop early on the training period's last
     ``res.holdout_share`` (by request time), never on validation. Scales are chosen on validation in lookup order
     (user neighbour, item neighbour, aggregate), each with the ones before fixed, by
-    ``choose_scale_guarded`` (``res.min_gain_z``). ``pair_curves``: the own pair's scale
+    ``choose_scale_guarded`` (``res.min_gain_z``, standard errors clustered by user).
+    ``pair_curves``: the own pair's scale
     curve, kept beside the new ones (the validation curves behind every scale)."""
     if pair_model.pair is None:
         raise ValueError("pair_model: needs the pair correction")
@@ -305,6 +326,7 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
     tr_b = torch.from_numpy(np.asarray(base_logits, np.float32))
     va_y = y_all[torch.from_numpy(val_slots.rows)]
     every = np.arange(len(val_slots.rows))
+    users = tables.user[val_slots.rows]  # the guard's clusters
     vb_all = val_slots.batch(tables, every, read_ttl_s)
     with torch.no_grad():
         va_b = base(vb_all)
@@ -342,7 +364,7 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
         model.set_scale("pair", int(t), 0.0)
     for t in IMPUTED:
         g = choose_scale_guarded(model, "pair", int(t), res.scales, vb_noagg, va_b, va_y,
-                                 res.min_gain_z)
+                                 res.min_gain_z, users)
         curves[t.label], guard[t.label] = g["curve"], g
     # 2. the aggregate's correction, the pair slot as served at the chosen scales
     model.set_scale("agg", AGG_TIER, 1.0)
@@ -353,7 +375,7 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
                     holdout_loss(ho_a, True), len(tr_a), res, train, seed,
                     "residual_agg_served")
     g = choose_scale_guarded(model, "agg", AGG_TIER, res.scales, vb_all, va_b, va_y,
-                             res.min_gain_z)
+                             res.min_gain_z, users)
     curves["aggregate"], guard["aggregate"] = g["curve"], g
     info["guard"] = {k: {"gain": v["gain"], "se": v["se"], "scale": v["scale"]}
                      for k, v in guard.items()}

@@ -19,7 +19,7 @@ from solaris.history import HistoryStore
 from solaris.models.residual import ResidualVM
 from solaris.replay.coverage import simulate_pair_coverage
 from solaris.tiers import Tier
-from solaris.train.residual import choose_scale_guarded
+from solaris.train.residual import choose_scale_guarded, clustered_se
 from solaris.train.teacher import teacher_outputs
 from solaris.train.vertical import VMSpec, train_vm
 from tests.tiny import THREADS, TINY
@@ -164,3 +164,20 @@ def test_guarded_scale_switches_off_a_gain_validation_cannot_tell_from_noise(wor
     g0 = choose_scale_guarded(m, "agg", 1, (0.0, 0.5, 1.0), b, bl, y, min_gain_z=0.0)
     best = min(g0["curve"], key=lambda k: (g0["curve"][k], -float(k)))
     assert g0["scale"] == (float(best) if g0["gain"] > 0 else 0.0)
+
+
+def test_the_guard_s_standard_error_counts_a_user_once_not_once_per_row():
+    """The aggregate is one vector per user: rows of a user are not independent draws."""
+    rng = np.random.default_rng(0)
+    d = rng.normal(size=400)
+    naive = clustered_se(d)
+    assert naive == pytest.approx(d.std(ddof=1) / np.sqrt(len(d)))
+    # one row per user: the clustered SE is the naive one
+    assert clustered_se(d, np.arange(len(d))) == pytest.approx(naive)
+    # 40 users, each with 10 rows of one shared gain: 40 draws, not 400
+    u = np.repeat(np.arange(40), 10)
+    shared = rng.normal(size=40)[u]
+    assert clustered_se(shared, u) > 2.5 * clustered_se(shared)
+    assert clustered_se(shared, u) == pytest.approx(
+        shared[::10].std(ddof=1) / np.sqrt(40), rel=1e-9)
+    assert clustered_se(d, np.zeros(len(d))) == float("inf")  # one user: nothing to tell
