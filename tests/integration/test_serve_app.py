@@ -99,10 +99,16 @@ def test_scales_switch_a_correction_off_at_runtime_and_misses_score_as_the_vm_al
     state = requests.get(app["base"] + "/scales", timeout=TIMEOUT_S).json()
     (key, vm), = [(k, v) for k, v in state.items() if k.endswith("/click")]
     assert vm["residual"] and set(vm["validation"]["pair"]) >= {"0", "1"}
-    scales = vm["scales"]
+    trained = vm["scales"]
+    # an operator can switch a correction on as well: the own pair at 1, whatever validation
+    # chose on this tiny world
+    body = {"task": "click", "slot": "pair", "tier": "pair", "scale": 1.0}
+    assert requests.post(app["base"] + "/scales", json=body, timeout=TIMEOUT_S).status_code == 200
+    scales = {"pair": {**trained["pair"], "pair": 1.0}, "aggregate": trained["aggregate"]}
     out = _rank(app, user_id=7, candidates=cands, now=T0 + 20).json()
-    # a tier at scale 0 (trained and switched off on validation) is not looked up
-    off_tiers = {t for t, s in scales["pair"].items() if s == 0}
+    # an imputed tier or the aggregate at scale 0 (switched off on validation) is not looked
+    # up; the own pair always is (its misses are what the FM workers precompute)
+    off_tiers = {t for t, s in scales["pair"].items() if s == 0} - {"pair"}
     assert not off_tiers & set(out["tiers"])
     if scales["aggregate"] == 0:
         assert not any(out["aggregate"])
@@ -111,6 +117,8 @@ def test_scales_switch_a_correction_off_at_runtime_and_misses_score_as_the_vm_al
     on = np.array(out["scores"])
     miss = (np.array(out["tiers"]) == "none") & ~np.array(out["aggregate"], bool)
     assert np.array_equal(on[miss], alone[miss])  # no SOLARIS input: the VM alone, exactly
+    own = np.array(out["tiers"]) == "pair"
+    assert own.any() and not np.array_equal(on[own], alone[own])  # the correction is applied
     # every correction switched off at runtime: the VM alone on every candidate
     on_scales = [("pair", t) for t, s in scales["pair"].items() if s > 0]
     on_scales += [("aggregate", None)] if scales["aggregate"] > 0 else []
@@ -121,8 +129,7 @@ def test_scales_switch_a_correction_off_at_runtime_and_misses_score_as_the_vm_al
     off = _rank(app, user_id=7, candidates=cands, now=T0 + 20).json()
     assert np.array_equal(np.array(off["scores"]), alone)
     assert not any(off["aggregate"]) and set(off["tiers"]) <= {"none", "pair"}
-    if scales["pair"]["pair"] > 0:
-        assert "pair" in off["tiers"]  # the own pair is still looked up (verifier, precision)
+    assert "pair" in off["tiers"]  # the own pair is still looked up (verifier, precision)
     stats = requests.get(app["base"] + "/stats", timeout=TIMEOUT_S).json()
     assert stats["scales"][key]["scales"]["pair"]["pair"] == 0.0
     for body, field in (({"task": "click", "slot": "pair", "tier": "pair", "scale": 1.5},
@@ -132,7 +139,7 @@ def test_scales_switch_a_correction_off_at_runtime_and_misses_score_as_the_vm_al
         r = requests.post(app["base"] + "/scales", json=body, timeout=TIMEOUT_S)
         assert r.status_code == 422 and field in r.text, (body, r.text)
     for slot, tier in on_scales:  # back as trained
-        value = scales["aggregate"] if tier is None else scales["pair"][tier]
+        value = trained["aggregate"] if tier is None else trained["pair"][tier]
         body = {"task": "click", "slot": slot, "scale": value, **({"tier": tier} if tier else {})}
         assert requests.post(app["base"] + "/scales", json=body,
                              timeout=TIMEOUT_S).status_code == 200
