@@ -22,23 +22,8 @@ from solaris.config import ResidualConfig, TrainConfig, VMConfig
 from solaris.models.residual import AGG_TIER, SLOTS, ResidualVM
 from solaris.models.vm import VerticalModel
 from solaris.tiers import Tier
-from solaris.train.loop import fit, predict_in_batches, seed_everything
-from solaris.train.vertical import VMInputs, VMSpec, best_vm, train_vm
-
-
-
-@torch.no_grad()
-def vm_logits(model: torch.nn.Module, inputs: VMInputs, rows: np.ndarray,
-              present: np.ndarray | None = None, agg_on: np.ndarray | None = None
-              ) -> np.ndarray:
-    """Logits (float32) of ``model`` on ``rows`` with the given slot gates (default: none)."""
-    model.eval()
-    rows = np.asarray(rows)
-    off = np.zeros(len(rows), bool)
-    present = off if present is None else present
-    agg_on = off if agg_on is None else agg_on
-    return predict_in_batches(lambda p: model(inputs.batch(rows[p], present[p], agg_on[p])),
-                              len(rows))
+from solaris.train.loop import fit, seed_everything
+from solaris.train.vertical import VMInputs, VMSpec, best_vm, train_vm, vm_logits
 
 
 def crossfit_base_logits(inputs: VMInputs, cfg: VMConfig, train: TrainConfig, res: ResidualConfig,

@@ -170,15 +170,27 @@ def train_vm(inputs: VMInputs, spec: VMSpec, cfg: VMConfig, train: TrainConfig, 
 
 
 @torch.no_grad()
+def vm_logits(model: torch.nn.Module, inputs: VMInputs, rows: np.ndarray,
+              present: np.ndarray | None = None, agg_on: np.ndarray | None = None
+              ) -> np.ndarray:
+    """Logits (float32) of ``model`` on ``rows`` with the given slot gates (default: none)."""
+    model.eval()
+    rows = np.asarray(rows)
+    off = np.zeros(len(rows), bool)
+    present = off if present is None else present
+    agg_on = off if agg_on is None else agg_on
+    return predict_in_batches(lambda p: model(inputs.batch(rows[p], present[p], agg_on[p])),
+                              len(rows))
+
+
+@torch.no_grad()
 def calibrate_on(model: VerticalModel, inputs: VMInputs, rows: np.ndarray, present: np.ndarray,
                  agg_on: np.ndarray, task: int) -> tuple[float, float]:
     """Fold a Platt fit of ``model`` on ``rows`` (its slots gated as given) into the model:
     (a, b) with logit -> a * logit + b. Keeps the identity if the labels are one class."""
-    model.eval()
     model.calibration.copy_(torch.tensor([1.0, 0.0]))
     rows = np.asarray(rows)
-    x = predict_in_batches(lambda p: model(inputs.batch(rows[p], present[p], agg_on[p])),
-                           len(rows))
+    x = vm_logits(model, inputs, rows, present, agg_on)
     y = inputs.labels[torch.from_numpy(rows), task].numpy()
     if len(np.unique(y)) < 2:
         return 1.0, 0.0
