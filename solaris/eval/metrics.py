@@ -150,3 +150,21 @@ def tr_step_bootstrap(loss_vm: np.ndarray, loss_from: np.ndarray, loss_to: np.nd
     every = slice(None)
     return {"step": step(every, every), "ci_low": float(lo), "ci_high": float(hi),
             "finite_share": float(len(ok) / resamples)}
+
+
+def clustered_se(d: np.ndarray, groups: np.ndarray | None = None) -> float:
+    """Standard error of mean(d) over rows (N,); with ``groups`` (N,) the cluster-robust one:
+    rows of one group (a user) are not independent draws -- the aggregate is the same vector
+    on every row of a user -- so the group sums of the centred gains are the draws."""
+    d = np.asarray(d, np.float64)
+    n = len(d)
+    if n < 2:
+        return float("inf")
+    if groups is None:
+        return float(d.std(ddof=1) / np.sqrt(n))
+    _, inv = np.unique(np.asarray(groups), return_inverse=True)
+    g = int(inv.max()) + 1
+    if g < 2:
+        return float("inf")
+    sums = np.bincount(inv, weights=d - d.mean(), minlength=g)  # (G,)
+    return float(np.sqrt(g / (g - 1) * (sums ** 2).sum()) / n)

@@ -11,6 +11,8 @@ training folds in a Platt fit on validation (``vm.calibrate``).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -68,7 +70,7 @@ class VerticalModel(nn.Module):
         self.register_buffer("calibration", torch.tensor([1.0, 0.0]))
 
     def set_calibration(self, a: float, b: float) -> None:
-        if not (torch.isfinite(torch.tensor([a, b])).all() and a > 0):
+        if not (math.isfinite(a) and math.isfinite(b) and a > 0):
             raise ValueError(f"calibration=({a!r}, {b!r}): need a finite slope > 0 and a finite bias")
         self.calibration.copy_(torch.tensor([float(a), float(b)]))
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from solaris.config import ResidualConfig, TrainConfig, VMConfig
+from solaris.eval.metrics import clustered_se
 from solaris.models.residual import AGG_TIER, SLOTS, ResidualVM
 from solaris.models.vm import VerticalModel
 from solaris.tiers import Tier
@@ -232,24 +233,6 @@ def _served_fit(model: ResidualVM, params: list[torch.nn.Parameter], step, val, 
     for p in model.parameters():
         p.requires_grad_(False)
     model.eval()
-
-
-def clustered_se(d: np.ndarray, groups: np.ndarray | None = None) -> float:
-    """Standard error of mean(d) over rows (N,); with ``groups`` (N,) the cluster-robust one:
-    rows of one group (a user) are not independent draws -- the aggregate is the same vector
-    on every row of a user -- so the group sums of the centred gains are the draws."""
-    d = np.asarray(d, np.float64)
-    n = len(d)
-    if n < 2:
-        return float("inf")
-    if groups is None:
-        return float(d.std(ddof=1) / np.sqrt(n))
-    _, inv = np.unique(np.asarray(groups), return_inverse=True)
-    g = int(inv.max()) + 1
-    if g < 2:
-        return float("inf")
-    sums = np.bincount(inv, weights=d - d.mean(), minlength=g)  # (G,)
-    return float(np.sqrt(g / (g - 1) * (sums ** 2).sum()) / n)
 
 
 @torch.no_grad()

@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from solaris.cache.query import Slots
 from solaris.config import TrainConfig, VMConfig
 from solaris.features import FeatureTables
-from solaris.models.batch import vm_batch
 from solaris.eval.metrics import fit_platt_logits
+from solaris.models.batch import vm_batch
 from solaris.models.vm import VerticalModel
 from solaris.tiers import Tier
 from solaris.train.loop import fit, predict_in_batches, seed_everything

@@ -19,7 +19,8 @@ from solaris.history import HistoryStore
 from solaris.models.residual import ResidualVM
 from solaris.replay.coverage import simulate_pair_coverage
 from solaris.tiers import Tier
-from solaris.train.residual import choose_scale_guarded, clustered_se
+from solaris.eval.metrics import clustered_se
+from solaris.train.residual import choose_scale_guarded
 from solaris.train.teacher import teacher_outputs
 from solaris.train.vertical import VMSpec, train_vm
 from tests.tiny import THREADS, TINY
