@@ -82,6 +82,19 @@ def fit_platt_logits(y: np.ndarray, x: np.ndarray, iters: int = 50) -> tuple[flo
     return float(a), float(b)
 
 
+def platt_slope_ci(y: np.ndarray, p: np.ndarray, resamples: int = 200, alpha: float = 0.05,
+                   seed: int = 0) -> dict[str, float]:
+    """Platt's slope of the label on logit(p) (1: calibrated; < 1: overconfident) with a
+    percentile bootstrap interval over rows: {"slope", "ci_low", "ci_high"}."""
+    y, p = _check(y, p)
+    x = logit(p)
+    rng = np.random.default_rng(seed)
+    draws = np.array([fit_platt_logits(y[i], x[i])[0]
+                      for i in (rng.integers(0, len(y), len(y)) for _ in range(resamples))])
+    lo, hi = np.quantile(draws, [alpha / 2, 1 - alpha / 2])
+    return {"slope": fit_platt_logits(y, x)[0], "ci_low": float(lo), "ci_high": float(hi)}
+
+
 def apply_platt(p: np.ndarray, ab: tuple[float, float]) -> np.ndarray:
     return sigmoid(ab[0] * logit(p) + ab[1])
 

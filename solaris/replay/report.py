@@ -113,10 +113,18 @@ def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_t
                             "equal": bool(np.array_equal(p_off, p_alone))}
     # calibration of the served scores: slope of the label on logit(score), where a SOLARIS
     # input was present and where none was
+    # (missing rows score as the VM alone, so theirs is the VM alone's slope on the window);
+    # and on the second half after the VM alone's Platt fit on the first half is applied to
+    # every score -- what a calibration layer refitted on the window's feedback would serve
     present = (rows.tier != Tier.NONE) | rows.agg_present
+    ab_first = M.fit_platt(y[first], p_alone[first])
+    p_recal = M.apply_platt(p_served, ab_first)
     out["calibration_slope"] = {
-        name: {"rows": int(m.sum()),
-               "slope": M.fit_platt(y[m], p_served[m])[0] if m.sum() >= 50 else None}
+        name: ({"rows": int(m.sum()), **M.platt_slope_ci(y[m], p_served[m]),
+                "base_calibrated_second_half": M.platt_slope_ci(y[m & second],
+                                                                p_recal[m & second])}
+               if m.sum() >= 50 and (m & second).sum() >= 50
+               else {"rows": int(m.sum()), "slope": None})
         for name, m in (("present", present), ("missing", ~present))}
     online = transfer(y, p_alone, p_served, p_fm, first, second)
     out["tr_online"] = online["tr_cal"]

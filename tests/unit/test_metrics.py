@@ -41,3 +41,14 @@ def test_paired_bootstrap_detects_a_real_gap_only():
     assert M.paired_bootstrap(a + 0.05, a, 300, 0.05)["significant"]
     noise = rng.normal(0, 0.1, 3000)
     assert not M.paired_bootstrap(a + noise - noise.mean(), a, 300, 0.05)["significant"]
+
+
+def test_platt_slope_interval_covers_the_true_slope_and_flags_overconfidence():
+    rng = np.random.default_rng(3)
+    x = rng.normal(0.0, 1.5, 6000)
+    y = (rng.random(6000) < M.sigmoid(x)).astype(np.float64)
+    calibrated = M.platt_slope_ci(y, M.sigmoid(x), resamples=100)
+    assert calibrated["ci_low"] < 1.0 < calibrated["ci_high"]
+    assert calibrated["ci_low"] <= calibrated["slope"] <= calibrated["ci_high"]
+    over = M.platt_slope_ci(y, M.sigmoid(2.0 * x), resamples=100)  # logits twice too spread
+    assert over["ci_high"] < 1.0 and over["slope"] == pytest.approx(0.5, abs=0.05)
