@@ -306,6 +306,16 @@ def summary_table(rep: dict[str, Any]) -> str:
     if rep.get("tr_online_teacher_bound"):
         lines.append(f"  {'FM where input present':<26}"
                      f"{fmt(rep['tr_online_teacher_bound']['tr']):>8}")
+    if rep.get("tr_online_raw") is not None:
+        lines.append(f"  {'online, raw':<26}{fmt(rep['tr_online_raw']):>8}")
+    sl = rep.get("calibration_slope") or {}
+    if sl:
+        lines.append(f"{'calibration slope (95% CI)':<28}")
+    for k in ("present", "missing"):
+        v = sl.get(k) or {}
+        if v.get("slope") is not None:
+            ci = f" [{fmt(v['ci_low'])}, {fmt(v['ci_high'])}]" if "ci_low" in v else ""
+            lines.append(f"  {k + ' rows':<26}{fmt(v['slope']):>8}{ci}")
     b, sig = rep.get("coverage_bounds"), rep.get("speculation_signal")
     if b:
         lines.append(f"{'bounds (oracle speculation)':<28}")

@@ -33,6 +33,7 @@ def _run(out: Path, workers: int, cfg, ds):
 def test_replay_is_independent_of_worker_count_and_matches_its_schedule(tmp_path):
     from solaris.config import load_config
     from solaris.data.load import load_dataset
+    from solaris.replay.report import summary_table
 
     cfg = load_config(None, {**TINY, "cache.dim": 16})
     ds = load_dataset(cfg.data)
@@ -68,6 +69,12 @@ def test_replay_is_independent_of_worker_count_and_matches_its_schedule(tmp_path
         g = rep["gain_per_row"]
         assert g["served"]["missing"] is not None and abs(g["served"]["missing"]) < 1e-6
         assert (tmp_path / "w1" / "coverage_over_time.png").stat().st_size > 0
+        # calibration slopes on present and missing rows, each with its bootstrap interval
+        for v in rep["calibration_slope"].values():
+            if v["slope"] is not None:
+                assert v["ci_low"] < v["ci_high"]
+                assert v["base_calibrated_second_half"]["slope"] > 0
+        assert "calibration slope" in summary_table(rep)
 
     # one worker or two: the same pairs, served with the same tiers
     a = np.load(tmp_path / "w1" / "served.npz")
