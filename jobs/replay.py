@@ -437,7 +437,7 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
     from solaris.replay.plots import coverage_time_plot, rollover_plot
     from solaris.knn import load_current
     from solaris.replay.report import (bounds_report, coverage_report, json_default,
-                                       save_feature_log, served_rows, take_rows,
+                                       save_feature_log, served_rows, served_scores, take_rows,
                                        transfer_from_log)
 
     out = Path(out)
@@ -518,8 +518,11 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
         plots.append(rollover_plot({"t": ts, "old": old, "new": new, "switch_t": switch_t},
                                    out / "rollover.png"))
     rep["plots"] = [str(p) for p in plots]
+    # the verifier's scores and the log's candidates too: bench/policies.py replays other
+    # speculation policies on them
     np.savez_compressed(out / "served.npz", scores=live["scores"], tiers=live["tiers"],
-                        ages=live["ages"], agg=live["agg"])
+                        ages=live["ages"], agg=live["agg"], base_scores=served_scores(live),
+                        candidates=lg.candidates, user=lg.user, ts=lg.ts)
     (out / "replay.json").write_text(json.dumps(rep, indent=2, default=json_default))
     return rep
 

@@ -22,6 +22,9 @@ import numpy as np
 
 from solaris.config import VerifierConfig
 from solaris.errors import RequestError
+from solaris.speculation import Candidates, VerifierPolicy, admit, top_count
+
+__all__ = ["BudgetController", "choose", "top_count"]
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +34,6 @@ def _vector(x: np.ndarray, name: str, n: int, dtype: type) -> np.ndarray:
     if a.shape != (n,):
         raise RequestError(f"{name}: expected shape ({n},), got {a.shape}")
     return a.astype(dtype, copy=False)
-
-
-def top_count(num_candidates: int, fraction: float) -> int:
-    """How many candidates the top ``fraction`` holds: ceil(fraction * C), robust to float
-    noise (0.1 * 30 is 3.0000000000000004, still 3)."""
-    if not 0.0 <= fraction <= 1.0:
-        raise RequestError(f"fraction={fraction!r}: must be in [0, 1]")
-    return min(num_candidates, math.ceil(fraction * num_candidates - 1e-9))
 
 
 def choose(scores: np.ndarray, items: np.ndarray, found_fresh: np.ndarray, age_s: np.ndarray,
@@ -68,13 +63,12 @@ def choose(scores: np.ndarray, items: np.ndarray, found_fresh: np.ndarray, age_s
     busy = _vector(in_flight, "in_flight", c, bool)
     if not math.isfinite(read_ttl_s) or read_ttl_s <= 0:
         raise RequestError(f"read_ttl_s={read_ttl_s!r}: must be a finite number > 0")
-    k = top_count(c, cfg.fraction if fraction is None else fraction)
-    if k == 0:
+    f = cfg.fraction if fraction is None else fraction
+    if top_count(c, f) == 0:
         return np.zeros(0, dtype=np.int64)
-    order = np.lexsort((it, -s))  # best score first, then smaller item id
-    top = order[:k]
-    expiring = ~found[top] | (age[top] > read_ttl_s - cfg.horizon_s)
-    return top[expiring & ~busy[top]]
+    # the verifier policy (solaris.speculation), as the schedule simulation runs it
+    top, _ = VerifierPolicy().rank(Candidates(0, 0.0, it, s), f)
+    return top[admit(top, found, age, read_ttl_s, cfg.horizon_s) & ~busy[top]]
 
 
 class BudgetController:

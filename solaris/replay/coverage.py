@@ -22,7 +22,7 @@ import numpy as np
 from solaris.errors import ConfigError, DataError
 from solaris.replay.log import RequestLog
 from solaris.tiers import LABELS, Tier
-from solaris.verifier import top_count
+from solaris.speculation import Candidates, Policy, RandomPolicy, VerifierPolicy, admit, top_count
 
 LEVELS = LABELS[Tier.PAIR:]  # cumulative tier order: pair, user_neighbour, item_neighbour
 SHARES = (*LEVELS, "aggregate", "effective")
@@ -140,7 +140,8 @@ class _Pending:
 def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fraction: float = 0.2,
                            horizon_s: float, read_ttl_s: float, lag_s: float, tick_s: float,
                            budget_per_hour: float, seed: int = 0, random_picks: bool = False,
-                           skip_pending: bool = False, record_writes: bool = False) -> dict:
+                           skip_pending: bool = False, record_writes: bool = False,
+                           policy: Policy | None = None) -> dict:
     """Pair coverage of the precompute schedule, simulated on (user, item) keys.
 
     Event time advances in ticks of ``tick_s`` from ``floor(ts[0] / tick_s) * tick_s``; the
@@ -150,7 +151,8 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
       ``ts - w <= read_ttl_s`` (its age ``ts - w``);
     * the verifier (``solaris.verifier.choose``): the top ``ceil(fraction * C)`` candidates by
       ``scores[r]`` (ties: smaller item id; ``random_picks``: a seeded uniform sample of as
-      many), those not found or with age > ``read_ttl_s - horizon_s``. They are queued with
+      many; ``policy``: any ``solaris.speculation`` policy's bets, the verifier's by
+      default), those not found or with age > ``read_ttl_s - horizon_s``. They are queued with
       priority = score (``random_picks``: uniform random) and the request's ts. A pair
       already pending is merged as the live queue does (the router sends no in-flight mask):
       the higher priority is kept and the pair moves to the later request (its ts and queue
@@ -178,7 +180,9 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
     s = np.asarray(scores, np.float64)
     if s.shape != (r, c):
         raise DataError(f"scores: shape {s.shape}, expected {(r, c)}")
-    if not random_picks and not np.isfinite(s).all():
+    pol: Policy = policy if policy is not None else \
+        RandomPolicy(seed) if random_picks else VerifierPolicy()
+    if not isinstance(pol, RandomPolicy) and not np.isfinite(s).all():
         raise DataError(f"scores: {int((~np.isfinite(s)).sum())} non-finite values")
     for name, v in (("horizon_s", horizon_s), ("lag_s", lag_s),
                     ("budget_per_hour", budget_per_hour)):
@@ -187,7 +191,7 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
     for name, v in (("read_ttl_s", read_ttl_s), ("tick_s", tick_s)):
         if not (math.isfinite(v) and v > 0):
             raise ConfigError(f"{name}={v!r}: must be a finite number > 0")
-    k = top_count(c, fraction)
+    top_count(c, fraction)  # checks the fraction
     found = np.zeros((r, c), bool)
     age_s = np.full((r, c), np.nan)
     sent = np.zeros(r, np.int64)
@@ -199,7 +203,6 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
     ts = request_log.ts.astype(np.float64)
     t0 = math.floor(ts[0] / tick_s) * tick_s
     tick_of = np.floor((ts - t0) / tick_s).astype(np.int64)
-    rng = np.random.default_rng(seed)
     cand = request_log.candidates
     width = int(cand.max()) + 1
     if (int(request_log.user.max()) + 1) * width < 2**62:
@@ -302,13 +305,10 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
                     fnd[j] = True
                     age[j] = t - hit[0]
                     read[hit[1]] = True
-            if random_picks:
-                top = rng.choice(c, size=k, replace=False)
-                prio = rng.random(k)
-            else:
-                top = np.lexsort((cand[i], -s[i]))[:k]
-                prio = s[i][top]
-            keep = ~fnd[top] | (age[top] > read_ttl_s - horizon_s)
+            req = Candidates(int(request_log.user[i]), float(t), cand[i], s[i])
+            top, prio = pol.rank(req, fraction)
+            pol.observe(req)
+            keep = admit(top, fnd, age, read_ttl_s, horizon_s)
             group = (int(request_log.user[i]), float(t), int(request_log.surface[i]))
             rank = 0
             for j, pr in zip(top[keep].tolist(), prio[keep].tolist()):
@@ -344,3 +344,44 @@ def _write_arrays(log: list[tuple]) -> dict[str, np.ndarray]:
     return {"user": a[:, 0].astype(np.int64), "item": a[:, 1].astype(np.int64),
             "surface": a[:, 2].astype(np.int64), "written_at": a[:, 3],
             "visible_at": a[:, 4]}
+
+
+# ------------------------------------------------------------ policies at equal FM cost
+def candidate_recurrence(request_log: RequestLog, read_ttl_s: float) -> float:
+    """Share of the log's candidates that were a candidate of an earlier request of the same
+    user within ``read_ttl_s`` (what a recurrence-aware policy can feed on)."""
+    r, c = request_log.candidates.shape
+    if r == 0:
+        return float("nan")
+    return float(ceiling_mask(request_log, read_ttl_s, 0.0).sum()) / (r * c)
+
+
+def policy_curves(request_log: RequestLog, scores: np.ndarray, policies: dict,
+                  fractions: tuple[float, ...], **kw) -> dict[str, list[dict]]:
+    """Each policy's cost curve on the schedule simulation: {name: [{fraction, pair,
+    fm_evals, fm_evals_per_1k, precision}, ...]} over ``fractions`` (a policy that ignores the
+    fraction -- the oracle -- is run once, at fraction 0). ``policies``: name -> a zero-argument
+    factory of a fresh policy (a stateful policy must not carry state from one run to the
+    next); ``kw``: ``simulate_pair_coverage``'s schedule arguments."""
+    r = max(1, request_log.num_requests)
+    out: dict[str, list[dict]] = {}
+    for name, make in policies.items():
+        rows = []
+        for f in ((0.0,) if getattr(make(), "name", "") == "oracle" else fractions):
+            sim = simulate_pair_coverage(request_log, scores, fraction=f, policy=make(), **kw)
+            rows.append({"fraction": f, "pair": sim["pair"], "fm_evals": sim["fm_evals"],
+                         "fm_evals_per_1k": 1000.0 * sim["fm_evals"] / r,
+                         "precision": sim["precision"]})
+        out[name] = rows
+    return out
+
+
+def coverage_at_cost(curve: list[dict], fm_evals: float) -> float | None:
+    """A cost curve's pair coverage at ``fm_evals`` FM evaluations, linear between its points
+    (ordered by cost); None outside the range it spans (no extrapolation)."""
+    pts = sorted((float(p["fm_evals"]), float(p["pair"])) for p in curve
+                 if math.isfinite(p["pair"]))
+    if not pts or not pts[0][0] <= fm_evals <= pts[-1][0]:
+        return None
+    x, y = zip(*pts)
+    return float(np.interp(fm_evals, x, y))

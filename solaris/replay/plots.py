@@ -150,3 +150,30 @@ def rollover_plot(curve: dict, path: str | Path) -> Path:
     out = _save(fig, path)
     plt.close(fig)
     return out
+
+
+def policy_cost_plot(panels: dict[str, dict[str, list[dict]]], path: str | Path) -> Path:
+    """Pair coverage against FM evaluations per 1,000 requests, one line per speculation
+    policy (a point for one that has a single cost), one panel per run.
+
+    ``panels``: run label -> ``solaris.replay.coverage.policy_curves``'s output."""
+    if not panels:
+        raise DataError("policy_cost_plot: no runs")
+    plt = _pyplot()
+    n = len(panels)
+    fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 4.0), squeeze=False)
+    for ax, (label, curves) in zip(axes[0], panels.items()):
+        for name, rows in curves.items():
+            rows = sorted(rows, key=lambda p: p["fm_evals_per_1k"])
+            x = [p["fm_evals_per_1k"] for p in rows]
+            y = [100 * p["pair"] for p in rows]
+            ax.plot(x, y, "*" if len(rows) == 1 else "o-", markersize=10 if len(rows) == 1
+                    else 4, label=name)
+        ax.set_xlabel("FM evaluations per 1,000 requests")
+        ax.set_ylabel("labelled pairs covered (%)")
+        ax.set_title(label, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    out = _save(fig, path)
+    plt.close(fig)
+    return out

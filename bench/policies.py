@@ -1,0 +1,151 @@
+"""Benchmark: speculation policies at equal FM cost, on the request logs of finished replays.
+
+    python bench/policies.py RUN_DIR[:SEED] [RUN_DIR[:SEED] ...] --json OUT.json --plot OUT.png
+
+Each RUN_DIR is a finished ``solaris replay``. Its request log (candidates, users, times) and
+the scores the verifier ranked by come from ``served.npz`` (runs written before it held
+them: the log is rebuilt from the run's config and window with the replay's ``SEED``, and the
+served scores stand in). Every policy of ``solaris.speculation`` then runs on the key-level
+schedule simulation with the run's lag, tick, TTL and budget, over a sweep of fractions
+(the oracle once: it computes exactly what will be read). Reported per run:
+
+* each policy's cost curve: pair coverage of labelled pairs, FM evaluations (and per 1,000
+  requests), precision;
+* ``live_check``: the simulated verifier at the run's own fraction against the live run's pair
+  coverage (the other policies count only if it is within 0.005);
+* at the verifier's cost (its default fraction): every policy's coverage interpolated on its
+  curve, ``verifier / random`` and the share of the verifier-to-oracle gap each policy closes;
+* candidate recurrence (share of candidates that were a candidate of the same user within
+  the TTL before).
+
+One plot: coverage against FM evaluations per 1,000 requests, a panel per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+FRACTIONS = (0.05, 0.1, 0.2, 0.3, 0.5)
+
+
+def load_log(run: Path, seed: int):
+    """(request log, verifier scores (R, C), replay.json, config, whether the log was
+    rebuilt)."""
+    from solaris.config import load_config
+    from solaris.data.load import load_dataset
+    from solaris.errors import DataError
+    from solaris.replay.log import build_request_log
+
+    rep = json.loads((run / "replay.json").read_text())
+    cfg = load_config(run / "replay-config.yaml", {})
+    ds = load_dataset(cfg.data)
+    lg = build_request_log(ds, int(rep["window_start"]),
+                           num_candidates=int(rep["candidates_per_request"]),
+                           granularity_s=cfg.features.request_granularity_s, seed=seed)
+    with np.load(run / "served.npz") as f:
+        saved = {k: f[k] for k in f.files}
+    rebuilt = "candidates" not in saved
+    if not rebuilt and not (np.array_equal(saved["candidates"], lg.candidates)
+                            and np.array_equal(saved["ts"], lg.ts)):
+        raise DataError(f"{run}: the rebuilt request log differs from the served one "
+                        f"(wrong seed {seed}?)")
+    s = saved.get("base_scores", saved["scores"])
+    if s.shape != lg.candidates.shape:
+        raise DataError(f"{run}: served scores {s.shape} do not fit the log "
+                        f"{lg.candidates.shape} (wrong seed {seed}?)")
+    return lg, np.nan_to_num(s.astype(np.float64), nan=0.0), rep, cfg, rebuilt
+
+
+def run_one(run: Path, seed: int, fractions: tuple[float, ...]) -> dict:
+    from solaris.replay.coverage import candidate_recurrence, coverage_at_cost, policy_curves
+    from solaris.speculation import make_policy
+
+    t0 = time.perf_counter()
+    lg, scores, rep, cfg, rebuilt = load_log(run, seed)
+    ttl, lag = float(rep["read_ttl_s"]), float(rep["lag_s"])
+    frac = float(rep["fraction"])
+    kw = dict(horizon_s=float(cfg.verifier.horizon_s), read_ttl_s=ttl, lag_s=lag,
+              tick_s=float(rep["tick_s"]), budget_per_hour=float(rep["budget_per_hour"]),
+              seed=seed)
+    fr = tuple(sorted(set(fractions) | {frac}))
+    makers = {name: (lambda name=name: make_policy(name, seed=seed, read_ttl_s=ttl, lag_s=lag,
+                                                   request_log=lg))
+              for name in ("verifier", "random", "recurrence", "oracle")}
+    curves = policy_curves(lg, scores, makers, fr, **kw)
+    ver = next(p for p in curves["verifier"] if p["fraction"] == frac)
+    live = float(rep["coverage"]["pair"])
+    at = {name: coverage_at_cost(c, ver["fm_evals"]) for name, c in curves.items()}
+    orc = curves["oracle"][0]
+    gap = orc["pair"] - ver["pair"]
+    return {
+        "run": str(run), "seed": seed, "dataset": rep["dataset"], "log_rebuilt": rebuilt,
+        "requests": int(lg.num_requests), "fraction": frac,
+        "live_check": {"live_pair": live, "simulated_pair": ver["pair"],
+                       "abs_diff": abs(live - ver["pair"]),
+                       "ok": abs(live - ver["pair"]) <= 0.005},
+        "candidate_recurrence": candidate_recurrence(lg, ttl),
+        "curves": curves,
+        "at_verifier_cost": {"fm_evals": ver["fm_evals"],
+                             "fm_evals_per_1k": ver["fm_evals_per_1k"],
+                             "pair": at,
+                             "oracle": {"pair": orc["pair"], "fm_evals": orc["fm_evals"]}},
+        "verifier_over_random": (ver["pair"] / at["random"]
+                                 if at.get("random") else None),
+        "gap_closed": {name: ((at[name] - ver["pair"]) / gap
+                              if at.get(name) is not None and gap > 0 else None)
+                       for name in ("random", "recurrence")},
+        "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from tqdm import tqdm
+
+    from solaris.replay.plots import policy_cost_plot
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("runs", nargs="+", help="RUN_DIR[:SEED] (SEED: the replay's --seed, 0)")
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--plot", type=Path, required=True)
+    p.add_argument("--fractions", type=float, nargs="+", default=list(FRACTIONS))
+    a = p.parse_args(argv)
+    t0 = time.perf_counter()
+    out = []
+    for spec in tqdm(a.runs, desc="runs"):
+        run, _, seed = spec.partition(":")
+        out.append(run_one(Path(run), int(seed or 0), tuple(a.fractions)))
+    panels = {f"{r['dataset']} seed {r['seed']}": r["curves"] for r in out}
+    policy_cost_plot(panels, a.plot)
+    res = {"runs": out, "fractions": a.fractions, "plot": str(a.plot),
+           "seconds": round(time.perf_counter() - t0, 1)}
+    a.json.parent.mkdir(parents=True, exist_ok=True)
+    a.json.write_text(json.dumps(res, indent=2))
+
+    def f(x):
+        return "  n/a" if x is None else f"{x:.3f}"
+
+    print(f"{'run':<34}{'live':>7}{'sim':>7}{'evals/1k':>9}{'verif':>7}{'random':>7}"
+          f"{'recur':>7}{'oracle':>7}{'v/rand':>7}{'rec gap':>8}{'recur%':>7}")
+    for r in out:
+        c, at = r["live_check"], r["at_verifier_cost"]
+        print(f"{Path(r['run']).name:<34}{f(c['live_pair']):>7}{f(c['simulated_pair']):>7}"
+              f"{at['fm_evals_per_1k']:>9.0f}{f(at['pair']['verifier']):>7}"
+              f"{f(at['pair']['random']):>7}{f(at['pair']['recurrence']):>7}"
+              f"{f(at['oracle']['pair']):>7}{f(r['verifier_over_random']):>7}"
+              f"{f(r['gap_closed']['recurrence']):>8}{f(r['candidate_recurrence']):>7}")
+    print("oracle FM evals: " + ", ".join(f"{r['at_verifier_cost']['oracle']['fm_evals']}"
+                                          for r in out))
+    print(f"wrote {a.json} and {a.plot} ({res['seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,119 @@
+"""Speculation policies: each one's bets, and the schedule simulation running them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from solaris.config import VerifierConfig
+from solaris.errors import ConfigError
+from solaris.replay.coverage import coverage_ceiling, simulate_pair_coverage
+from solaris.speculation import (Candidates, OraclePolicy, RandomPolicy, RecurrencePolicy,
+                                 VerifierPolicy, admit, make_policy)
+from solaris.verifier import choose
+from tests.tiny import request_log
+from tests.unit.test_replay_coverage import logs
+
+
+def _req(user, ts, items, scores=None):
+    items = np.asarray(items, np.int64)
+    s = np.zeros(len(items)) if scores is None else np.asarray(scores, float)
+    return Candidates(user, float(ts), items, s)
+
+
+def test_the_verifier_policy_is_what_the_router_calls():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        s = np.round(rng.random(12), 1)  # ties, broken by item id
+        items = rng.permutation(40)[:12]
+        found = rng.random(12) < 0.4
+        age = rng.random(12) * 100
+        busy = rng.random(12) < 0.2
+        top, prio = VerifierPolicy().rank(_req(0, 0, items, s), 0.5)
+        want = top[admit(top, found, age, 100.0, 30.0) & ~busy[top]]
+        got = choose(s, items, found, age, busy, VerifierConfig(fraction=0.5, horizon_s=30.0),
+                     100.0)
+        assert got.tolist() == want.tolist()
+        assert prio.tolist() == s[top].tolist()
+        assert len(top) == 6 and (np.diff(s[top]) <= 0).all()
+
+
+def test_random_bets_as_many_as_the_verifier_and_depends_only_on_its_seed():
+    req = _req(0, 0, np.arange(20), np.linspace(0, 1, 20))
+    a, b = RandomPolicy(3), RandomPolicy(3)
+    ta, pa = a.rank(req, 0.25)
+    tb, pb = b.rank(req, 0.25)
+    assert len(ta) == 5 and ta.tolist() == tb.tolist() and pa.tolist() == pb.tolist()
+    assert len(set(ta.tolist())) == 5
+
+
+def test_recurrence_counts_earlier_candidates_of_the_same_user_within_the_ttl_only():
+    p = RecurrencePolicy(read_ttl_s=100.0)
+    for ts, items in ((0, [1, 2, 3]), (50, [1, 2]), (120, [1, 4])):
+        p.observe(_req(7, ts, items))
+    p.observe(_req(8, 130, [3, 3 + 0]))  # another user: never counted for user 7
+    n, since = p.counts(_req(7, 140, [1, 2, 3, 4, 5]))
+    # item 1 at 50 and 120 (0 is older than the TTL), item 2 at 50, 3 only at 0, 4 at 120
+    assert n.tolist() == [2, 1, 0, 1, 0]
+    assert since[:2].tolist() == [20.0, 90.0] and since[3] == 20.0 and np.isinf(since[4])
+    # ranked by count, then recency, then score: 1 (2), 4 (1, 20 s), 2 (1, 90 s)
+    top, prio = p.rank(_req(7, 140, [1, 2, 3, 4, 5], [0.1, 0.9, 0.8, 0.2, 0.7]), 0.6)
+    assert top.tolist() == [0, 3, 1]
+    assert prio[0] > prio[1] and prio[0] == pytest.approx(2.0 + 0.1 * 0.999)
+    # the same request twice at one time counts only strictly earlier requests
+    assert p.counts(_req(7, 120, [4]))[0].tolist() == [0]
+
+
+def test_the_oracle_bets_exactly_on_pairs_labelled_later_after_the_lag_within_the_ttl():
+    lg = request_log([(0, 0, [1, 2, 3], [False, False, False]),
+                      (0, 30, [1, 2, 3], [True, False, False]),
+                      (1, 40, [3, 5, 6], [True, True, False]),
+                      (0, 200, [2, 3, 4], [True, False, False])])
+    o = OraclePolicy.from_log(lg, read_ttl_s=100.0, lag_s=10.0)
+    top, _ = o.rank(_req(0, 0, [1, 2, 3]), 0.0)
+    assert top.tolist() == [0]  # item 1 labelled at 30; item 2 only at 200 (> TTL)
+    assert o.rank(_req(0, 25, [1, 2]), 0.0)[0].tolist() == []  # 30 is within the lag
+    assert o.rank(_req(1, 0, [3, 5, 6]), 0.0)[0].tolist() == [0, 1]
+    assert o.rank(_req(1, 40, [3, 5]), 0.0)[0].tolist() == []  # its own request: not later
+
+
+@settings(max_examples=120, deadline=None)
+@given(data=logs(), ttl=st.integers(1, 120))
+def test_the_oracle_reaches_the_coverage_ceiling_when_nothing_delays_a_write(data, ttl):
+    lg, scores = data
+    o = OraclePolicy.from_log(lg, read_ttl_s=ttl, lag_s=0.0)
+    got = simulate_pair_coverage(lg, scores, fraction=0.0, horizon_s=ttl, read_ttl_s=ttl,
+                                 lag_s=0.0, tick_s=1.0, budget_per_hour=0.0, policy=o)
+    want = coverage_ceiling(lg, ttl, 0.0)
+    assert got["pair"] == pytest.approx(want, nan_ok=True)
+
+
+@settings(max_examples=120, deadline=None)
+@given(data=logs(), ttl=st.integers(1, 120), lag=st.integers(0, 60), tick=st.integers(1, 30),
+       budget=st.sampled_from([0, 360, 5000]), fraction=st.sampled_from([0.3, 1.0]),
+       name=st.sampled_from(["verifier", "random", "recurrence", "oracle"]))
+def test_every_policy_stays_under_the_ceiling_and_the_default_is_the_verifier(
+        data, ttl, lag, tick, budget, fraction, name):
+    lg, scores = data
+    kw = dict(fraction=fraction, horizon_s=0.0, read_ttl_s=ttl, lag_s=lag, tick_s=tick,
+              budget_per_hour=budget, seed=1)
+    p = make_policy(name, seed=1, read_ttl_s=ttl, lag_s=lag, request_log=lg)
+    got = simulate_pair_coverage(lg, scores, policy=p, **kw)
+    assert not (got["found"] & ~np.isfinite(got["age_s"])).any()
+    if lg.labelled.any():
+        assert got["pair"] <= coverage_ceiling(lg, ttl, lag) + 1e-12
+    if name in ("verifier", "random"):  # the policy objects are the simulator's own rules
+        plain = simulate_pair_coverage(lg, scores, random_picks=name == "random", **kw)
+        assert np.array_equal(plain["found"], got["found"])
+        assert plain["fm_evals"] == got["fm_evals"]
+
+
+def test_make_policy_names_what_it_does_not_know():
+    with pytest.raises(ConfigError, match="'lru'"):
+        make_policy("lru")
+    with pytest.raises(ConfigError, match="request log"):
+        make_policy("oracle")
+    with pytest.raises(ConfigError, match="read_ttl_s"):
+        RecurrencePolicy(0.0)
