@@ -79,7 +79,7 @@ def run_one(run: Path, seed: int, fractions: tuple[float, ...]) -> dict:
     fr = tuple(sorted(set(fractions) | {frac}))
     makers = {name: (lambda name=name: make_policy(name, seed=seed, read_ttl_s=ttl, lag_s=lag,
                                                    request_log=lg))
-              for name in ("verifier", "random", "recurrence", "oracle")}
+              for name in ("verifier", "random", "recurrence", "learned", "oracle")}
     curves = policy_curves(lg, scores, makers, fr, **kw)
     ver = next(p for p in curves["verifier"] if p["fraction"] == frac)
     live = float(rep["coverage"]["pair"])
@@ -102,7 +102,7 @@ def run_one(run: Path, seed: int, fractions: tuple[float, ...]) -> dict:
                                  if at.get("random") else None),
         "gap_closed": {name: ((at[name] - ver["pair"]) / gap
                               if at.get(name) is not None and gap > 0 else None)
-                       for name in ("random", "recurrence")},
+                       for name in ("random", "recurrence", "learned")},
         "seconds": round(time.perf_counter() - t0, 1)}
 
 
@@ -132,15 +132,16 @@ def main(argv: list[str] | None = None) -> int:
     def f(x):
         return "  n/a" if x is None else f"{x:.3f}"
 
-    print(f"{'run':<34}{'live':>7}{'sim':>7}{'evals/1k':>9}{'verif':>7}{'random':>7}"
-          f"{'recur':>7}{'oracle':>7}{'v/rand':>7}{'rec gap':>8}{'recur%':>7}")
+    print(f"{'run':<26}{'live':>7}{'sim':>7}{'evals/1k':>9}{'verif':>7}{'random':>7}"
+          f"{'recur':>7}{'learn':>7}{'oracle':>7}{'v/rand':>7}{'lrn gap':>8}{'recur%':>7}")
     for r in out:
         c, at = r["live_check"], r["at_verifier_cost"]
-        print(f"{Path(r['run']).name:<34}{f(c['live_pair']):>7}{f(c['simulated_pair']):>7}"
+        print(f"{Path(r['run']).name:<26}{f(c['live_pair']):>7}{f(c['simulated_pair']):>7}"
               f"{at['fm_evals_per_1k']:>9.0f}{f(at['pair']['verifier']):>7}"
               f"{f(at['pair']['random']):>7}{f(at['pair']['recurrence']):>7}"
+              f"{f(at['pair']['learned']):>7}"
               f"{f(at['oracle']['pair']):>7}{f(r['verifier_over_random']):>7}"
-              f"{f(r['gap_closed']['recurrence']):>8}{f(r['candidate_recurrence']):>7}")
+              f"{f(r['gap_closed']['learned']):>8}{f(r['candidate_recurrence']):>7}")
     print("oracle FM evals: " + ", ".join(f"{r['at_verifier_cost']['oracle']['fm_evals']}"
                                           for r in out))
     print(f"wrote {a.json} and {a.plot} ({res['seconds']} s)")

@@ -18,6 +18,13 @@ for every policy, so they differ only in the bet.
 * ``recurrence``: the top ``fraction`` by how often the pair was a candidate of the same user
   within the read TTL before (then how recently, then the VM's score): a pair the retrieval
   keeps returning is likely asked for again before its entry expires.
+* ``learned``: a logistic model of "this pair is labelled at a later request of the user,
+  after the lag and within the TTL", refitted on the outcomes that have matured (requests
+  older than TTL + lag, labels as fed back), on what is known when a request is served: the
+  VM's score and rank, the candidate's position, its recurrence and recency as a candidate,
+  the user's request rate and the time since the previous one, how often the item was
+  labelled in the last day and whether this pair ever was -- in the spirit of learned cache
+  admission (LRB, NSDI 2020). Until its first fit it bets as the verifier does.
 * ``oracle``: knows the future -- every candidate whose pair is labelled (shown) at a later
   request of the user, after the lag and within the TTL; the bound of any policy that only
   computes pairs it has seen as candidates. Built from a whole request log.
@@ -48,12 +55,15 @@ def top_count(num_candidates: int, fraction: float) -> int:
 @dataclass(frozen=True)
 class Candidates:
     """One served request as a policy sees it: ``items`` (C,) int64 ids, ``scores`` (C,)
-    the VM's scores (finite), ``ts`` its event time, ``user`` its user."""
+    the VM's scores (finite), ``ts`` its event time, ``user`` its user; ``labelled`` (C,)
+    bool, which candidates were shown and labelled (the feedback a policy learns from, which
+    reaches it ``lag_s`` after ``ts``), None where not known."""
 
     user: int
     ts: float
     items: np.ndarray
     scores: np.ndarray
+    labelled: np.ndarray | None = None
 
 
 class Policy(Protocol):
@@ -191,7 +201,133 @@ class OraclePolicy:
         pass
 
 
-POLICIES = ("verifier", "random", "recurrence", "oracle")
+FEATURES = ("vm_logit", "vm_rank", "position", "recurrence", "since_candidate",
+            "user_requests", "since_user_request", "item_labels_day", "pair_labelled")
+
+
+class LearnedPolicy:
+    """Bets on the candidates a logistic model, refitted every ``refit_s`` of event time on
+    matured outcomes, rates most likely to be labelled at a later request of the user within
+    (lag, TTL]; the top ``fraction`` of them, priority = the predicted probability."""
+
+    name = "learned"
+
+    def __init__(self, read_ttl_s: float, lag_s: float, refit_s: float = 6 * 3600.0,
+                 max_rows: int = 100_000, min_positives: int = 20) -> None:
+        for name, v in (("read_ttl_s", read_ttl_s), ("refit_s", refit_s)):
+            if not (math.isfinite(v) and v > 0):
+                raise ConfigError(f"{name}={v!r}: must be a finite number > 0")
+        if not (math.isfinite(lag_s) and lag_s >= 0):
+            raise ConfigError(f"lag_s={lag_s!r}: must be a finite number >= 0")
+        self.ttl, self.lag, self.refit_s = float(read_ttl_s), float(lag_s), float(refit_s)
+        self.max_rows, self.min_positives = int(max_rows), int(min_positives)
+        self.recur = RecurrencePolicy(read_ttl_s)
+        self.user_ts: dict[int, list[float]] = {}
+        self.item_labels: dict[int, list[float]] = {}  # item -> labelled request times
+        self.pair_labels: dict[tuple[int, int], list[float]] = {}
+        self.rows: list[tuple[float, int, np.ndarray, np.ndarray]] = []  # (ts, user, items, X)
+        self.w: np.ndarray | None = None  # (F + 1,) on standardised features
+        self.mu = self.sd = None
+        self.next_fit: float | None = None
+        self.fits = 0
+
+    def features(self, req: Candidates) -> np.ndarray:
+        """(C, len(FEATURES)) what is known of each candidate when ``req`` is served."""
+        c = len(req.items)
+        s = np.clip(req.scores.astype(np.float64), 1e-6, 1 - 1e-6)
+        n, since = self.recur.counts(req)
+        past = [x for x in self.user_ts.get(req.user, []) if x < req.ts]
+        recent = sum(1 for x in past if req.ts - x <= self.ttl)
+        last = req.ts - past[-1] if past else 1e7
+        seen_by = req.ts - self.lag  # feedback reaches the policy lag_s after its request
+        day = np.zeros(c)
+        pair = np.zeros(c)
+        for j, it in enumerate(req.items.tolist()):
+            t = self.item_labels.get(it)
+            if t:
+                day[j] = bisect.bisect_right(t, seen_by) - bisect.bisect_left(t, req.ts - 86400)
+            p = self.pair_labels.get((req.user, it))
+            pair[j] = bool(p) and p[0] <= seen_by
+        rank = np.argsort(np.argsort(-s, kind="stable"), kind="stable") / c
+        return np.column_stack([np.log(s / (1 - s)), rank, np.arange(c) / c, np.log1p(n),
+                                np.log1p(np.minimum(since, self.ttl)),
+                                np.full(c, np.log1p(recent)), np.full(c, np.log1p(min(last, 1e7))),
+                                np.log1p(np.maximum(day, 0)), pair])
+
+    def _outcome(self, ts: float, user: int, items: np.ndarray) -> np.ndarray:
+        y = np.zeros(len(items))
+        for j, it in enumerate(items.tolist()):
+            t = self.pair_labels.get((user, it))
+            if t:
+                k = max(bisect.bisect_right(t, ts), bisect.bisect_left(t, ts + self.lag))
+                y[j] = k < len(t) and t[k] - ts <= self.ttl
+        return y
+
+    def _fit(self, now: float) -> None:
+        ripe = [r for r in self.rows if r[0] <= now - self.ttl - self.lag]
+        if not ripe:
+            return
+        X = np.concatenate([r[3] for r in ripe])[-self.max_rows:]
+        y = np.concatenate([self._outcome(r[0], r[1], r[2]) for r in ripe])[-self.max_rows:]
+        if y.sum() < self.min_positives or y.sum() == len(y):
+            return
+        mu, sd = X.mean(0), X.std(0)
+        sd = np.where(sd > 1e-6, sd, 1.0)  # a constant feature stays 0, never blows up
+        Z = np.column_stack([(X - mu) / sd, np.ones(len(X))])
+        w = np.zeros(Z.shape[1])
+        ridge = np.eye(len(w))
+        ridge[-1, -1] = 0.0  # the intercept is not shrunk
+        for _ in range(25):  # Newton's method on the L2-regularised logistic loss
+            p = 1.0 / (1.0 + np.exp(-np.clip(Z @ w, -30, 30)))
+            g = Z.T @ (p - y) + ridge @ w
+            h = (Z * (p * (1 - p))[:, None]).T @ Z + ridge
+            step = np.linalg.solve(h, g)
+            w -= step
+            if np.abs(step).max() < 1e-8:
+                break
+        self.w, self.mu, self.sd = w, mu, sd
+        self.fits += 1
+
+    def predict(self, X: np.ndarray) -> np.ndarray | None:
+        if self.w is None:
+            return None
+        z = np.column_stack([np.clip((X - self.mu) / self.sd, -10, 10), np.ones(len(X))]) @ self.w
+        return 1.0 / (1.0 + np.exp(-np.clip(z, -30, 30)))
+
+    def rank(self, req: Candidates, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+        if self.next_fit is None:
+            self.next_fit = req.ts + self.refit_s
+        elif req.ts >= self.next_fit:
+            self._fit(req.ts)
+            self.next_fit = req.ts + self.refit_s
+        X = self.features(req)
+        self._pending = X
+        p = self.predict(X)
+        k = top_count(len(req.items), fraction)
+        if p is None:  # no model yet: the verifier's bet
+            top = _by_score(req, k)
+            return top, req.scores[top]
+        top = np.lexsort((req.items, -p))[:k]
+        return top, p[top]
+
+    def observe(self, req: Candidates) -> None:
+        X = getattr(self, "_pending", None)
+        if X is None or len(X) != len(req.items):
+            X = self.features(req)
+        self._pending = None
+        self.rows.append((req.ts, req.user, req.items.copy(), X))
+        keep = 2 * self.max_rows // max(1, len(req.items)) + 1
+        if len(self.rows) > 4 * keep:  # bounded memory: the latest requests only
+            del self.rows[:len(self.rows) - keep]
+        self.recur.observe(req)
+        self.user_ts.setdefault(req.user, []).append(req.ts)
+        if req.labelled is not None:
+            for it in req.items[np.asarray(req.labelled, bool)].tolist():
+                self.item_labels.setdefault(it, []).append(req.ts)
+                self.pair_labels.setdefault((req.user, it), []).append(req.ts)
+
+
+POLICIES = ("verifier", "random", "recurrence", "learned", "oracle")
 
 
 def make_policy(name: str, *, seed: int = 0, read_ttl_s: float = 4 * 3600.0, lag_s: float = 0.0,
@@ -203,6 +339,8 @@ def make_policy(name: str, *, seed: int = 0, read_ttl_s: float = 4 * 3600.0, lag
         return RandomPolicy(seed)
     if name == "recurrence":
         return RecurrencePolicy(read_ttl_s)
+    if name == "learned":
+        return LearnedPolicy(read_ttl_s, lag_s)
     if name == "oracle":
         if request_log is None:
             raise ConfigError("policy 'oracle': needs the request log it foresees")

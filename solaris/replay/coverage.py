@@ -305,7 +305,8 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
                     fnd[j] = True
                     age[j] = t - hit[0]
                     read[hit[1]] = True
-            req = Candidates(int(request_log.user[i]), float(t), cand[i], s[i])
+            req = Candidates(int(request_log.user[i]), float(t), cand[i], s[i],
+                             request_log.labelled[i])
             top, prio = pol.rank(req, fraction)
             pol.observe(req)
             keep = admit(top, fnd, age, read_ttl_s, horizon_s)
