@@ -161,8 +161,12 @@ def policy_cost_plot(panels: dict[str, dict[str, list[dict]]], path: str | Path)
         raise DataError("policy_cost_plot: no runs")
     plt = _pyplot()
     n = len(panels)
-    fig, axes = plt.subplots(1, n, figsize=(4.6 * n, 4.0), squeeze=False)
-    for ax, (label, curves) in zip(axes[0], panels.items()):
+    cols = min(3, n)
+    rows_ = -(-n // cols)
+    fig, axes = plt.subplots(rows_, cols, figsize=(4.6 * cols, 3.8 * rows_), squeeze=False)
+    for ax in axes.ravel()[n:]:
+        ax.axis("off")
+    for ax, (label, curves) in zip(axes.ravel(), panels.items()):
         for name, rows in curves.items():
             rows = sorted(rows, key=lambda p: p["fm_evals_per_1k"])
             x = [p["fm_evals_per_1k"] for p in rows]
