@@ -15,6 +15,8 @@ schedule simulation with the run's lag, tick, TTL and budget, over a sweep of fr
   coverage (the other policies count only if it is within 0.005);
 * at the verifier's cost (its default fraction): every policy's coverage interpolated on its
   curve, ``verifier / random`` and the share of the verifier-to-oracle gap each policy closes;
+* the FM evaluations each policy needs to match the verifier's coverage, as a share of the
+  verifier's (``cost_to_match_verifier``);
 * candidate recurrence (share of candidates that were a candidate of the same user within
   the TTL before).
 
@@ -66,7 +68,8 @@ def load_log(run: Path, seed: int):
 
 
 def run_one(run: Path, seed: int, fractions: tuple[float, ...]) -> dict:
-    from solaris.replay.coverage import candidate_recurrence, coverage_at_cost, policy_curves
+    from solaris.replay.coverage import (candidate_recurrence, cost_at_coverage,
+                                         coverage_at_cost, policy_curves)
     from solaris.speculation import make_policy
 
     t0 = time.perf_counter()
@@ -98,6 +101,12 @@ def run_one(run: Path, seed: int, fractions: tuple[float, ...]) -> dict:
                              "fm_evals_per_1k": ver["fm_evals_per_1k"],
                              "pair": at,
                              "oracle": {"pair": orc["pair"], "fm_evals": orc["fm_evals"]}},
+        # the FM evaluations each policy needs to cover as much as the verifier does, as a
+        # share of the verifier's
+        "cost_to_match_verifier": {
+            name: (None if (x := cost_at_coverage(c, ver["pair"])) is None
+                   else x / ver["fm_evals"])
+            for name, c in curves.items() if name not in ("verifier", "oracle")},
         "verifier_over_random": (ver["pair"] / at["random"]
                                  if at.get("random") else None),
         "gap_closed": {name: ((at[name] - ver["pair"]) / gap
@@ -133,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         return "  n/a" if x is None else f"{x:.3f}"
 
     print(f"{'run':<26}{'live':>7}{'sim':>7}{'evals/1k':>9}{'verif':>7}{'random':>7}"
-          f"{'recur':>7}{'learn':>7}{'oracle':>7}{'v/rand':>7}{'lrn gap':>8}{'recur%':>7}")
+          f"{'recur':>7}{'learn':>7}{'oracle':>7}{'v/rand':>7}{'lrn gap':>8}{'lrn cost':>9}"
+          f"{'recur%':>7}")
     for r in out:
         c, at = r["live_check"], r["at_verifier_cost"]
         print(f"{Path(r['run']).name:<26}{f(c['live_pair']):>7}{f(c['simulated_pair']):>7}"
@@ -141,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{f(at['pair']['random']):>7}{f(at['pair']['recurrence']):>7}"
               f"{f(at['pair']['learned']):>7}"
               f"{f(at['oracle']['pair']):>7}{f(r['verifier_over_random']):>7}"
-              f"{f(r['gap_closed']['learned']):>8}{f(r['candidate_recurrence']):>7}")
+              f"{f(r['gap_closed']['learned']):>8}"
+              f"{f(r['cost_to_match_verifier']['learned']):>9}{f(r['candidate_recurrence']):>7}")
     print("oracle FM evals: " + ", ".join(f"{r['at_verifier_cost']['oracle']['fm_evals']}"
                                           for r in out))
     print(f"wrote {a.json} and {a.plot} ({res['seconds']} s)")

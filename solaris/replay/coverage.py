@@ -386,3 +386,14 @@ def coverage_at_cost(curve: list[dict], fm_evals: float) -> float | None:
         return None
     x, y = zip(*pts)
     return float(np.interp(fm_evals, x, y))
+
+
+def cost_at_coverage(curve: list[dict], pair: float) -> float | None:
+    """The FM evaluations at which a cost curve first reaches pair coverage ``pair``, linear
+    between its points (ordered by cost); None where it never does or starts above it."""
+    pts = sorted((float(p["fm_evals"]), float(p["pair"])) for p in curve
+                 if math.isfinite(p["pair"]))
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if y0 <= pair <= y1:
+            return x0 if y1 == y0 else x0 + (pair - y0) / (y1 - y0) * (x1 - x0)
+    return None

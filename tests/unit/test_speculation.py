@@ -163,3 +163,33 @@ def test_the_learned_policy_finds_what_gets_labelled_where_the_vm_score_cannot()
     assert learned.fits > 0
     assert got["pair"] > 2.0 * base["pair"]
     assert got["fm_evals"] <= 1.05 * base["fm_evals"]  # no more FM work for it
+
+
+def test_policy_curves_and_coverage_at_equal_cost(tmp_path):
+    from solaris.replay.coverage import cost_at_coverage, coverage_at_cost, policy_curves
+    from solaris.replay.plots import policy_cost_plot
+
+    curve = [{"fm_evals": 100, "pair": 0.1}, {"fm_evals": 300, "pair": 0.2}]
+    assert coverage_at_cost(curve, 200) == pytest.approx(0.15)
+    assert coverage_at_cost(curve, 100) == pytest.approx(0.1)
+    assert coverage_at_cost(curve, 99) is None and coverage_at_cost(curve, 301) is None
+    assert cost_at_coverage(curve, 0.15) == pytest.approx(200.0)
+    assert cost_at_coverage(curve, 0.25) is None and cost_at_coverage(curve, 0.05) is None
+    lg = request_log([(0, 0, [1, 2, 3], None), (0, 50, [1, 2, 3], None),
+                      (1, 60, [1, 4, 5], None), (0, 90, [2, 3, 4], None)])
+    scores = np.tile([0.9, 0.5, 0.1], (4, 1))
+    kw = dict(horizon_s=0.0, read_ttl_s=100.0, lag_s=0.0, tick_s=10.0, budget_per_hour=0.0)
+    curves = policy_curves(lg, scores, {
+        "verifier": VerifierPolicy,
+        "oracle": lambda: OraclePolicy.from_log(lg, read_ttl_s=100.0, lag_s=0.0)},
+        (0.3, 1.0), **kw)
+    assert [p["fraction"] for p in curves["verifier"]] == [0.3, 1.0]
+    assert [p["fraction"] for p in curves["oracle"]] == [0.0]  # its cost is its own
+    full = curves["verifier"][1]
+    assert full["fm_evals"] == simulate_pair_coverage(lg, scores, fraction=1.0, **kw)["fm_evals"]
+    assert full["fm_evals_per_1k"] == pytest.approx(1000.0 * full["fm_evals"] / 4)
+    # the oracle computes only what is read, and reaches the ceiling here
+    assert curves["oracle"][0]["pair"] == pytest.approx(coverage_ceiling(lg, 100.0, 0.0))
+    assert curves["oracle"][0]["fm_evals"] <= full["fm_evals"]
+    png = policy_cost_plot({"a": curves, "b": curves}, tmp_path / "p.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
