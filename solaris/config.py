@@ -232,6 +232,10 @@ class ResidualConfig:
     min_gain_z: float = 2.0
     # share of the training rows (the latest) that stops training on simulated serving early
     holdout_share: float = 0.2
+    # where the own pair's scale is chosen: "full" -- validation with every row carrying its
+    # pair; "served" -- the validation rows simulated serving covers (the verifier's rows),
+    # as the other tiers' scales are
+    pair_scale_on: str = "full"
 
     def __post_init__(self) -> None:
         _check(self.hidden >= 1, "residual.hidden", self.hidden, "must be >= 1")
@@ -244,6 +248,8 @@ class ResidualConfig:
         _check(self.min_gain_z >= 0, "residual.min_gain_z", self.min_gain_z, "must be >= 0")
         _check(0 < self.holdout_share < 1, "residual.holdout_share", self.holdout_share,
                "must be in (0, 1)")
+        _check(self.pair_scale_on in ("full", "served"), "residual.pair_scale_on",
+               self.pair_scale_on, "must be 'full' or 'served'")
 
 
 @dataclass(frozen=True)

@@ -318,6 +318,17 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
         b = train_slots.batch(tables, idx, read_ttl_s, None, agg)
         return lambda: _bce(model(b, base_logit=tr_b[idx]), tr_y[idx])
 
+    # 0. ``res.pair_scale_on == "served"``: the own pair's scale chosen again on the
+    # validation rows simulated serving covers, every other input off (the best scale of
+    # the grid, 0 unless it gains)
+    if res.pair_scale_on == "served":
+        own = np.flatnonzero(val_slots.pair_tier == int(Tier.PAIR))
+        info["own_pair_val_rows"] = int(len(own))
+        if len(own):
+            vb_own = val_slots.batch(tables, own, read_ttl_s, None, False)
+            g = choose_scale_guarded(model, "pair", int(Tier.PAIR), res.scales, vb_own,
+                                     va_b[own], va_y[own], 0.0, users[own])
+            curves["pair_served"], guard["pair"] = g["curve"], g
     # 1. the imputed tiers' gate, both at scale 1 while it learns (the aggregate off)
     for t in IMPUTED:
         model.set_scale("pair", int(t), 1.0)

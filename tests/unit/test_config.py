@@ -24,6 +24,7 @@ def test_yaml_and_overrides(tmp_path):
     ({"data.dataset": "generic"}, "data.data_dir=None"),
     ({"synthetic_typo": 1}, "synthetic_typo=1: unknown field"),
     ({"report.coverages": [0.0]}, "report.coverages"),
+    ({"residual.pair_scale_on": "test"}, "residual.pair_scale_on='test'"),
 ])
 def test_bad_values_name_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace("(", r"\(").replace(")", r"\)")):

@@ -182,3 +182,37 @@ def test_the_guard_s_standard_error_counts_a_user_once_not_once_per_row():
     assert clustered_se(shared, u) == pytest.approx(
         shared[::10].std(ddof=1) / np.sqrt(40), rel=1e-9)
     assert clustered_se(d, np.zeros(len(d))) == float("inf")  # one user: nothing to tell
+
+
+def test_the_own_pair_scale_can_be_chosen_on_the_rows_serving_covers(world):
+    """``residual.pair_scale_on = "served"``: the own pair's scale is the best of the grid on
+    the validation rows the schedule covers (curve ``pair_served``), 0 unless it gains;
+    "full" keeps the scale the pair correction came with."""
+    import dataclasses
+
+    from solaris.train.residual import fit_served_tiers
+
+    cfg, exp, _, base, _, _, _, served = world
+    ttl = float(cfg.cache.read_ttl_s)
+    pair = ResidualVM(base, served.pair_emb.shape[1], 8, use_pair=True, use_agg=False)
+    pair.set_scale("pair", int(Tier.PAIR), 0.25)
+    b = served.batch(exp.tables, np.arange(len(served.rows)), ttl)
+    with torch.no_grad():
+        bl = base(b).numpy()
+    own = served.pair_tier == Tier.PAIR
+    assert own.sum() > 0
+    fits = {}
+    for where in ("full", "served"):
+        res = dataclasses.replace(cfg.residual, hidden=8, epochs=1, pair_scale_on=where)
+        fits[where] = fit_served_tiers(pair, exp.tables, res, cfg.train, task=0,
+                                       train_slots=served, base_logits=bl, val_slots=served,
+                                       read_ttl_s=ttl, seed=0)
+    assert float(fits["full"].model.scale[0, Tier.PAIR]) == 0.25
+    assert "pair_served" not in fits["full"].scale_curves
+    f = fits["served"]
+    assert f.info["own_pair_val_rows"] == int(own.sum())
+    curve = f.scale_curves["pair_served"]
+    best = min(curve, key=lambda k: (curve[k], -float(k)))
+    gains = curve["0"] > curve[best]
+    assert float(f.model.scale[0, Tier.PAIR]) == (float(best) if gains else 0.0)
+    assert f.info["guard"]["pair"]["scale"] == float(f.model.scale[0, Tier.PAIR])
