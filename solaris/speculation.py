@@ -230,6 +230,7 @@ class LearnedPolicy:
         self.mu = self.sd = None
         self.next_fit: float | None = None
         self.fits = 0
+        self._pending: np.ndarray | None = None  # features of the request just ranked
 
     def features(self, req: Candidates) -> np.ndarray:
         """(C, len(FEATURES)) what is known of each candidate when ``req`` is served."""
@@ -311,7 +312,7 @@ class LearnedPolicy:
         return top, p[top]
 
     def observe(self, req: Candidates) -> None:
-        X = getattr(self, "_pending", None)
+        X = self._pending
         if X is None or len(X) != len(req.items):
             X = self.features(req)
         self._pending = None
