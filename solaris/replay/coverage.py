@@ -153,7 +153,8 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
       ``scores[r]`` (ties: smaller item id; ``random_picks``: a seeded uniform sample of as
       many; ``policy``: any ``solaris.speculation`` policy's bets, the verifier's by
       default), those not found or with age > ``read_ttl_s - horizon_s``. They are queued with
-      priority = score (``random_picks``: uniform random) and the request's ts. A pair
+      the policy's priority (the verifier's: the score; random picks': uniform random) and
+      the request's ts. A pair
       already pending is merged as the live queue does (the router sends no in-flight mask):
       the higher priority is kept and the pair moves to the later request (its ts and queue
       order). ``skip_pending=True`` drops pending pairs at the verifier instead;
@@ -368,8 +369,11 @@ def policy_curves(request_log: RequestLog, scores: np.ndarray, policies: dict,
     out: dict[str, list[dict]] = {}
     for name, make in policies.items():
         rows = []
-        for f in ((0.0,) if getattr(make(), "name", "") == "oracle" else fractions):
-            sim = simulate_pair_coverage(request_log, scores, fraction=f, policy=make(), **kw)
+        first = make()
+        fr = (0.0,) if getattr(first, "name", "") == "oracle" else fractions
+        for n, f in enumerate(fr):
+            pol = first if n == 0 else make()
+            sim = simulate_pair_coverage(request_log, scores, fraction=f, policy=pol, **kw)
             rows.append({"fraction": f, "pair": sim["pair"], "fm_evals": sim["fm_evals"],
                          "fm_evals_per_1k": 1000.0 * sim["fm_evals"] / r,
                          "precision": sim["precision"]})

@@ -111,20 +111,19 @@ def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_t
     out["all_slots_off"] = {"max_abs_diff_vs_alone": float(np.abs(p_off - p_alone).max())
                             if len(rows) else None,
                             "equal": bool(np.array_equal(p_off, p_alone))}
-    # calibration of the served scores: slope of the label on logit(score), where a SOLARIS
-    # input was present and where none was
-    # (missing rows score as the VM alone, so theirs is the VM alone's slope on the window);
-    # and on the second half after the VM alone's Platt fit on the first half is applied to
-    # every score -- what a calibration layer refitted on the window's feedback would serve
+    # calibration of the served scores: slope of the label on logit(score), with its
+    # interval, where a SOLARIS input was present and where none was (there the VM alone's
+    # own slope); and on the second half after the VM alone's Platt fit on the first half is
+    # applied to every score -- what a calibration layer refitted on feedback would serve
     present = (rows.tier != Tier.NONE) | rows.agg_present
-    ab_first = M.fit_platt(y[first], p_alone[first])
-    p_recal = M.apply_platt(p_served, ab_first)
+    p_recal = M.apply_platt(p_served, M.fit_platt(y[first], p_alone[first]))
+
+    def slope(m: np.ndarray, p: np.ndarray) -> dict:
+        return M.platt_slope_ci(y[m], p[m]) if m.sum() >= 50 else {"slope": None}
+
     out["calibration_slope"] = {
-        name: ({"rows": int(m.sum()), **M.platt_slope_ci(y[m], p_served[m]),
-                "base_calibrated_second_half": M.platt_slope_ci(y[m & second],
-                                                                p_recal[m & second])}
-               if m.sum() >= 50 and (m & second).sum() >= 50
-               else {"rows": int(m.sum()), "slope": None})
+        name: {"rows": int(m.sum()), **slope(m, p_served),
+               "base_calibrated_second_half": slope(m & second, p_recal)}
         for name, m in (("present", present), ("missing", ~present))}
     online = transfer(y, p_alone, p_served, p_fm, first, second)
     out["tr_online"] = online["tr_cal"]

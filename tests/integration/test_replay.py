@@ -73,7 +73,8 @@ def test_replay_is_independent_of_worker_count_and_matches_its_schedule(tmp_path
         for v in rep["calibration_slope"].values():
             if v["slope"] is not None:
                 assert v["ci_low"] < v["ci_high"]
-                assert v["base_calibrated_second_half"]["slope"] > 0
+                half = v["base_calibrated_second_half"]["slope"]
+                assert half is None or half > 0
         assert "calibration slope" in summary_table(rep)
 
     # one worker or two: the same pairs, served with the same tiers
