@@ -86,6 +86,16 @@ def admit(top: np.ndarray, found_fresh: np.ndarray, age_s: np.ndarray, read_ttl_
     return ~found_fresh[top] | (age_s[top] > read_ttl_s - horizon_s)
 
 
+def labelled_later(times: list[float] | None, ts: float, lag_s: float, ttl_s: float) -> bool:
+    """Whether a pair labelled at ``times`` (ascending) is labelled at a later request than
+    ``ts``, at least ``lag_s`` and at most ``ttl_s`` after it: what an entry written at ``ts``
+    would be read for (the oracle's bet, the learned policy's outcome)."""
+    if not times:
+        return False
+    k = max(bisect.bisect_right(times, ts), bisect.bisect_left(times, ts + lag_s))
+    return k < len(times) and times[k] - ts <= ttl_s
+
+
 def _by_score(req: Candidates, k: int) -> np.ndarray:
     return np.lexsort((req.items, -req.scores))[:k]  # best score first, then smaller id
 
@@ -188,12 +198,8 @@ class OraclePolicy:
     def rank(self, req: Candidates, fraction: float) -> tuple[np.ndarray, np.ndarray]:
         hit = np.zeros(len(req.items), bool)
         for j, it in enumerate(req.items.tolist()):
-            times = self.labelled.get((req.user, it))
-            if times:
-                # the first labelled time strictly later and at least the lag later
-                k = max(bisect.bisect_right(times, req.ts),
-                        bisect.bisect_left(times, req.ts + self.lag))
-                hit[j] = k < len(times) and times[k] - req.ts <= self.ttl
+            hit[j] = labelled_later(self.labelled.get((req.user, it)), req.ts, self.lag,
+                                    self.ttl)
         top = np.flatnonzero(hit)
         return top, np.ones(len(top))
 
@@ -258,10 +264,7 @@ class LearnedPolicy:
     def _outcome(self, ts: float, user: int, items: np.ndarray) -> np.ndarray:
         y = np.zeros(len(items))
         for j, it in enumerate(items.tolist()):
-            t = self.pair_labels.get((user, it))
-            if t:
-                k = max(bisect.bisect_right(t, ts), bisect.bisect_left(t, ts + self.lag))
-                y[j] = k < len(t) and t[k] - ts <= self.ttl
+            y[j] = labelled_later(self.pair_labels.get((user, it)), ts, self.lag, self.ttl)
         return y
 
     def _fit(self, now: float) -> None:
