@@ -59,6 +59,10 @@ class Events:
     imp: np.ndarray  # (R, M) int64 positions into cand of the impressed ones, ranker order
     click: np.ndarray  # (R, M) float32
     conv: np.ndarray  # (R, M) float32
+    # what the labels were drawn from (the closed loop draws its own from the same model)
+    interest: np.ndarray  # (R, d) float32 the user's unit interest on the request's surface
+    session: np.ndarray  # (R,) int64 global session id (window << 32 | session in window)
+    position: np.ndarray  # (R,) int32 the request's position in its session
 
     def take(self, idx: np.ndarray) -> "Events":
         return Events(**{f.name: getattr(self, f.name)[idx] for f in dataclasses.fields(self)})
@@ -159,7 +163,7 @@ def calibrate(world: World) -> World:
 
 
 def _window(world: World, rng: np.random.Generator, t0: int, t1: int, interest: np.ndarray,
-            order0: int) -> tuple[Events, np.ndarray]:
+            order0: int, window: int = 0) -> tuple[Events, np.ndarray]:
     """Requests whose sessions start in [t0, t1), and the interests drifted to t1."""
     cfg = world.cfg
     n_u, d = interest.shape
@@ -215,7 +219,9 @@ def _window(world: World, rng: np.random.Generator, t0: int, t1: int, interest: 
         clicked_keys = np.concatenate([clicked_keys, keys[c]])
     ev = Events(order=order0 + np.arange(n_req, dtype=np.int64), user=r_user.astype(np.int64),
                 ts=r_ts.astype(np.int64), surface=r_surf, cand=cand, imp=imp, click=click,
-                conv=conv)
+                conv=conv, interest=u_req.astype(np.float32),
+                session=(np.int64(window) << 32) + r_sess.astype(np.int64),
+                position=r_pos.astype(np.int32))
     return ev, drifted
 
 
@@ -265,26 +271,33 @@ def num_windows(world: World) -> int:
     return max(1, int(np.ceil(cfg.days)), int(np.ceil(candidates / MAX_WINDOW_CANDIDATES)))
 
 
-def iter_windows(world: World) -> Iterator[tuple[pa.Table, pa.Table]]:
-    """(interactions, requests) per window, globally sorted by (ts, seq) / (ts, request_id).
+def iter_events(world: World) -> Iterator[Events]:
+    """Each window's requests as ``Events``, globally sorted by (ts, generation order): the
+    n-th request over all windows is request id n.
 
     Sessions that run past a window's end are held back and merged into the next window's
-    output, so every emitted row is older than every later one.
+    output, so every emitted request is older than every later one.
     """
     n_win = num_windows(world)
     edges = np.arange(n_win + 1, dtype=np.int64) * world.horizon_s // n_win
     interest = world.user_vec0
     pending: Events | None = None
-    order = next_request = next_seq = 0
+    order = 0
     for w in range(n_win):
         ev, interest = _window(world, _rng(world.cfg.seed, 2, w), int(edges[w]),
-                               int(edges[w + 1]), interest, order)
+                               int(edges[w + 1]), interest, order, w)
         order += len(ev.ts)
         pending = ev if pending is None else Events.concat(pending, ev)
         due = pending.ts < edges[w + 1] if w < n_win - 1 else np.ones(len(pending.ts), bool)
         out = pending.take(np.flatnonzero(due))
         pending = pending.take(np.flatnonzero(~due))
-        out = out.take(np.lexsort((out.order, out.ts)))
+        yield out.take(np.lexsort((out.order, out.ts)))
+
+
+def iter_windows(world: World) -> Iterator[tuple[pa.Table, pa.Table]]:
+    """(interactions, requests) per window, globally sorted by (ts, seq) / (ts, request_id)."""
+    next_request = next_seq = 0
+    for out in iter_events(world):
         inter, req = to_tables(out, next_request, next_seq)
         next_request += req.num_rows
         next_seq += inter.num_rows

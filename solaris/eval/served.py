@@ -154,14 +154,27 @@ def write_vectors(fm: FoundationModel, encoder: PairEncoder, tables: FeatureTabl
                   version: str, writes: dict[str, np.ndarray], chunk: int = 512) -> np.ndarray:
     """z (W, d) float32 of each simulated write, computed as an FM worker computes it: one
     ``Group`` per (user, written_at, surface), the history as of ``written_at``."""
-    w = len(writes["user"])
-    out = np.zeros((w, encoder.width), np.float32)
-    if w == 0:
-        return out
+    if len(writes["user"]) == 0:
+        return np.zeros((0, encoder.width), np.float32)
     worker = PrecomputeWorker(fm, encoder, TableHistory(tables),
                               SideTables.from_features(tables), version)
-    key = np.stack([writes["user"].astype(np.float64), writes["written_at"],
-                    writes["surface"].astype(np.float64)], 1)
+    return worker_vectors(worker, writes, encoder.width, version, chunk=chunk)
+
+
+def worker_vectors(worker: PrecomputeWorker, writes: dict[str, np.ndarray], dim: int,
+                   version: str, lo: int = 0, hi: int | None = None, chunk: int = 512
+                   ) -> np.ndarray:
+    """z (hi - lo, dim) float32 of writes lo..hi-1 by ``worker`` (whose history provider
+    answers as of each write's ``written_at``): one ``Group`` per (user, written_at,
+    surface), as the FM workers group a queue lease."""
+    hi = len(writes["user"]) if hi is None else hi
+    w = hi - lo
+    out = np.zeros((max(w, 0), dim), np.float32)
+    if w <= 0:
+        return out
+    user, at = writes["user"][lo:hi], writes["written_at"][lo:hi]
+    surface, item = writes["surface"][lo:hi], writes["item"][lo:hi]
+    key = np.stack([user.astype(np.float64), at, surface.astype(np.float64)], 1)
     _, gid = np.unique(key, axis=0, return_inverse=True)
     gid = gid.ravel()
     order = np.argsort(gid, kind="stable")
@@ -170,13 +183,12 @@ def write_vectors(fm: FoundationModel, encoder: PairEncoder, tables: FeatureTabl
     for a, b in zip(bounds[:-1], bounds[1:]):
         m = order[a:b]
         j = int(m[0])
-        groups.append(Group(int(writes["user"][j]), float(writes["written_at"][j]),
-                            int(writes["surface"][j]), version, writes["item"][m],
+        groups.append(Group(int(user[j]), float(at[j]), int(surface[j]), version, item[m],
                             np.zeros(len(m))))
         members.append(m)
-    for lo in range(0, len(groups), chunk):
-        _, _, z, _ = worker.run(groups[lo:lo + chunk])
-        out[np.concatenate(members[lo:lo + chunk])] = z
+    for c0 in range(0, len(groups), chunk):
+        _, _, z, _ = worker.run(groups[c0:c0 + chunk])
+        out[np.concatenate(members[c0:c0 + chunk])] = z
     return out
 
 

@@ -1,0 +1,376 @@
+"""Closed-loop evaluation: each arm chooses what is shown, a ground-truth model labels it.
+
+The open-loop replay scores a fixed log: what was shown and labelled was decided by someone
+else's ranker. Here the requests (users, times, surfaces) and their candidates are the
+window's, identical across arms, but each arm ranks them with its own model, shows its top
+``shown`` plus ``explore`` slot(s) drawn uniformly from the ranks below (logged with their
+propensity), and only what it shows is labelled -- by the ground truth (the synthetic world's
+own click model, ``solaris.data.synthetic_truth``), with random numbers fixed per (request,
+item) so every arm meets the same noise. The labels go into the arm's own history store (as
+``POST /feedback`` writes them), so later requests read the arm's own past.
+
+Arms (all in process, through the serving code: ``VMScorer``, ``HistoryStore``,
+``PairStore``, ``enrich_local``, the FM workers' ``PrecomputeWorker``):
+
+* ``vm``: the VM alone. Its cache is still filled, looked up and logged but not used: this is
+  the *shadow* arm, on which coverage and the speculation policies are measured (a ranker that
+  favours covered items cannot inflate them);
+* ``solaris``: the served (residual) VM on its own cache's inputs;
+* ``fm``: the served VM with the FM's pair embedding computed inline for every candidate
+  (``InlineFM``, reading the arm's own history): the upper bound;
+* ``oracle``: the FM inline on the candidates that had a SOLARIS input (a pair-slot tier), the
+  VM alone elsewhere: what perfect embeddings at the achieved coverage would give.
+
+The speculation schedule is the key-level simulation (``simulate_pair_coverage``, which
+reproduces the live queue's pair coverage): the verifier ranks by the VM alone, whose scores
+read no history, so which pairs are computed and when is the same in every arm; each arm's
+vectors are computed from its own history as of the speculating request. KNN tables are
+built once, as of the window start.
+
+numpy, torch and the serving core; no Ray.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from solaris.cache.store import PairStore
+from solaris.config import SolarisConfig
+from solaris.data.synthetic_truth import Arrivals, SessionTruth, uniforms
+from solaris.enrich import NeighbourTable, enrich_local
+from solaris.errors import ConfigError
+from solaris.history import HistoryStore
+from solaris.replay.coverage import ceiling_mask, simulate_pair_coverage
+from solaris.replay.log import RequestLog
+from solaris.tiers import Tier
+
+ARMS = ("vm", "solaris", "fm", "oracle")
+_CLICK, _CONV, _EXPLORE = 0, 1, 2  # uniform streams
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    shown: int = 6  # top-ranked candidates shown per request
+    explore: int = 1  # extra slots drawn uniformly from the ranks below ``shown``
+    seed: int = 0  # the ground truth's random numbers and the schedule's
+    arms: tuple[str, ...] = ARMS
+
+    def __post_init__(self) -> None:
+        if self.shown < 1:
+            raise ConfigError(f"shown={self.shown!r}: must be >= 1")
+        if self.explore < 0:
+            raise ConfigError(f"explore={self.explore!r}: must be >= 0")
+        bad = [a for a in self.arms if a not in ARMS]
+        if bad or "vm" not in self.arms:
+            raise ConfigError(f"arms={self.arms!r}: a subset of {ARMS} holding 'vm'")
+
+
+def arrivals_log(arr: Arrivals, tasks: tuple[str, ...]) -> tuple[RequestLog, np.ndarray]:
+    """The arrivals as a request log in replay order (ts, user, request id), no labels yet,
+    and each log row's position in ``arr``."""
+    order = np.lexsort((arr.request_id, arr.user, arr.ts))
+    r, c = arr.candidates.shape
+    lg = RequestLog(user=arr.user[order], ts=arr.ts[order], surface=arr.surface[order],
+                    candidates=arr.candidates[order],
+                    labels=np.full((r, c, len(tasks)), np.nan, np.float32), tasks=tasks)
+    return lg, order
+
+
+def choose_shown(scores: np.ndarray, shown: int, explore: int, u: np.ndarray
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(positions (k + e,), propensities (k + e,)) of what a request shows: the top ``shown``
+    by ``scores`` (ties: earlier position), then ``explore`` slots drawn uniformly without
+    replacement from the ranks below, using the uniforms ``u`` (explore,); their propensity is
+    the chance of that draw, 1 for the top slots."""
+    c = len(scores)
+    order = np.argsort(-np.asarray(scores, np.float64), kind="stable")
+    k = min(shown, c)
+    rest = list(order[k:].tolist())
+    picked, prop = [], []
+    for j in range(min(explore, len(rest))):
+        i = min(int(u[j] * len(rest)), len(rest) - 1)
+        prop.append(1.0 / len(rest))
+        picked.append(rest.pop(i))
+    pos = np.concatenate([order[:k], np.asarray(picked, np.int64)]).astype(np.int64)
+    return pos, np.concatenate([np.ones(k), np.asarray(prop, np.float64)])
+
+
+@dataclass
+class ArmLog:
+    """What one arm showed and what happened, per log row (R, S) with S = shown + explore."""
+
+    pos: np.ndarray  # candidate positions shown
+    item: np.ndarray
+    propensity: np.ndarray
+    p_arm: np.ndarray  # the arm's predicted click probability of what it showed
+    p_true: np.ndarray  # the ground truth's click probability
+    click: np.ndarray  # bool
+    conv: np.ndarray  # bool
+    tier: np.ndarray  # int8 pair-slot tier of the shown items as looked up (-1: no lookup)
+    agg: np.ndarray  # bool aggregate present
+    cand_tier: np.ndarray | None = None  # (R, C) tiers of every candidate (the shadow arm)
+    fm_evals: int = 0
+
+    def save(self) -> dict[str, np.ndarray]:
+        out = {k: v for k, v in dataclasses.asdict(self).items() if isinstance(v, np.ndarray)}
+        return out
+
+
+@dataclass
+class LoopContext:
+    """Everything the arms share: the window's log, the VM, the FM, the schedule's writes."""
+
+    cfg: SolarisConfig
+    lg: RequestLog
+    request_id: np.ndarray  # (R,) per log row
+    arr_pos: np.ndarray  # (R,) position of each log row in the arrivals
+    base: np.ndarray  # (R, C) the VM alone's probabilities (what the verifier ranks by)
+    scorer: object  # VMScorer
+    make_inline: Callable[[HistoryStore], object]  # history -> InlineFM
+    make_worker: Callable[[HistoryStore], object]  # history -> PrecomputeWorker
+    make_truth: Callable[[], SessionTruth]
+    seed_history: tuple  # (users, items, surfaces, labels, ts) before the window
+    knn: tuple[NeighbourTable | None, NeighbourTable | None]
+    writes: dict[str, np.ndarray]
+    fm_evals: int
+    version: str
+    dim: int
+    info: dict = field(default_factory=dict)
+
+
+def run_arm(ctx: LoopContext, arm: str, opts: LoopOptions,
+            progress: Callable[[int], None] | None = None) -> ArmLog:
+    """One arm over the whole window, request by request in event order."""
+    from solaris.eval.served import select_slots, worker_vectors
+    from solaris.scoring import ScoreRequest
+
+    cfg, lg = ctx.cfg, ctx.lg
+    r, c = lg.candidates.shape
+    s_n = opts.shown + opts.explore
+    hist = HistoryStore(cfg.history)
+    hist.replay_log(*ctx.seed_history)
+    store = None if arm == "fm" else PairStore(dataclasses.replace(cfg.cache, dim=ctx.dim))
+    worker = ctx.make_worker(hist) if store is not None else None
+    inline = ctx.make_inline(hist) if arm in ("fm", "oracle") else None
+    truth = ctx.make_truth()
+    wr = ctx.writes
+    vis = wr["visible_at"]
+    user_knn, item_knn = ctx.knn
+    out = ArmLog(pos=np.zeros((r, s_n), np.int64), item=np.zeros((r, s_n), np.int64),
+                 propensity=np.zeros((r, s_n)), p_arm=np.zeros((r, s_n)),
+                 p_true=np.zeros((r, s_n)), click=np.zeros((r, s_n), bool),
+                 conv=np.zeros((r, s_n), bool), tier=np.full((r, s_n), -1, np.int8),
+                 agg=np.zeros((r, s_n), bool),
+                 cand_tier=np.full((r, c), -1, np.int8) if arm == "vm" else None)
+    nxt = 0
+    explore_u = uniforms(opts.seed, ctx.request_id[:, None],
+                         np.arange(max(opts.explore, 1))[None, :], _EXPLORE)
+    for i in range(r):
+        t = float(lg.ts[i])
+        user, items, surface = int(lg.user[i]), lg.candidates[i], int(lg.surface[i])
+        if store is not None:
+            stop = int(np.searchsorted(vis, t, side="right"))
+            if stop > nxt:
+                z = worker_vectors(worker, wr, ctx.dim, ctx.version, nxt, stop)
+                at = wr["written_at"][nxt:stop]
+                for w_at in np.unique(at):
+                    m = np.flatnonzero(at == w_at)
+                    store.put(wr["user"][nxt + m], wr["item"][nxt + m], z[m], ctx.version,
+                              float(w_at))
+                out.fm_evals += stop - nxt
+                nxt = stop
+        look = None
+        if store is not None:
+            look = enrich_local(store, user, items, t, ctx.version, user_knn, item_knn,
+                                cfg.enrich)
+        if arm == "vm":
+            p = ctx.base[i].astype(np.float64)
+        else:
+            if arm == "solaris":
+                slots = look
+            else:
+                full = inline.slots(user, items, surface, t)
+                if arm == "oracle":
+                    cov = look.pair_tier != Tier.NONE
+                    slots = select_slots(np.where(cov & full.pair_present, Tier.PAIR,
+                                                  Tier.NONE), full.pair_emb,
+                                         np.zeros(c), np.zeros_like(full.pair_emb),
+                                         np.zeros(c, bool), None, agg=False)
+                else:
+                    slots = full
+            p = ctx.scorer.score([ScoreRequest(user, items, surface, slots)])[0].astype(
+                np.float64)
+        pos, prop = choose_shown(p, opts.shown, opts.explore, explore_u[i])
+        shown = items[pos]
+        a = int(ctx.arr_pos[i])
+        pc, pv = truth.probs(a, shown)
+        rid = np.full(len(shown), ctx.request_id[i])
+        click = uniforms(opts.seed, rid, shown, _CLICK) < pc
+        conv = click & (uniforms(opts.seed, rid, shown, _CONV) < pv)
+        truth.observe(a, shown, click)
+        hist.record_labels(user, shown, np.stack([click, conv], 1).astype(np.float64), t)
+        n = len(pos)
+        out.pos[i, :n], out.item[i, :n], out.propensity[i, :n] = pos, shown, prop
+        out.p_arm[i, :n], out.p_true[i, :n] = p[pos], pc
+        out.click[i, :n], out.conv[i, :n] = click, conv
+        if look is not None:
+            out.tier[i, :n] = look.pair_tier[pos]
+            out.agg[i, :n] = look.agg_present[pos]
+            if out.cand_tier is not None:
+                out.cand_tier[i] = look.pair_tier
+        if progress is not None:
+            progress(1)
+    return out
+
+
+# ------------------------------------------------------------------------------ metrics
+def _bce(p: np.ndarray, y: np.ndarray) -> np.ndarray:
+    p = np.clip(p, 1e-7, 1 - 1e-7)
+    return -(y * np.log(p) + (1 - y) * np.log1p(-p))
+
+
+def shown_log(lg: RequestLog, arm: ArmLog) -> RequestLog:
+    """``lg`` with the arm's shown items labelled (click, conversion): the closed-loop log."""
+    labels = np.full(lg.labels.shape[:2] + (2,), np.nan, np.float32)
+    rows = np.repeat(np.arange(lg.num_requests), arm.pos.shape[1])
+    labels[rows, arm.pos.ravel(), 0] = arm.click.ravel()
+    labels[rows, arm.pos.ravel(), 1] = arm.conv.ravel()
+    return dataclasses.replace(lg, labels=labels[..., :len(lg.tasks)])
+
+
+def arm_metrics(arm: ArmLog) -> dict:
+    """Per-arm figures: expected clicks per request, BCE on shown items and its excess over
+    the ground truth's own (the Bayes BCE), coverage of shown items."""
+    y = arm.click.astype(np.float64)
+    bce = float(_bce(arm.p_arm, y).mean())
+    bayes = float(_bce(arm.p_true, y).mean())
+    looked = arm.tier >= 0
+    out = {"clicks_per_request": float(arm.p_true.sum(1).mean()),
+           "realised_clicks_per_request": float(y.sum(1).mean()),
+           "bce_shown": bce, "bayes_bce_shown": bayes, "excess_bce": bce - bayes,
+           "fm_evals": arm.fm_evals}
+    if looked.any():
+        out["coverage_shown_pair"] = float((arm.tier[looked] == Tier.PAIR).mean())
+        out["coverage_shown_any"] = float(((arm.tier[looked] != Tier.NONE)
+                                           | arm.agg[looked]).mean())
+        out["coverage_shown_slot"] = float((arm.tier[looked] != Tier.NONE).mean())
+    return out
+
+
+def paired_lift(clicks: dict[str, list[np.ndarray]], resamples: int = 2000,
+                alpha: float = 0.05, seed: int = 0) -> dict:
+    """Paired bootstrap over requests (resampled within each seed, the same draw for every
+    arm) of the expected clicks per request: each arm's gain over ``vm`` and, where both are
+    present, ``click_lift`` = (solaris - vm) / (fm - vm) and ``lift_oracle`` = (oracle - vm)
+    / (fm - vm). ``clicks``: arm -> per seed (R_s,) expected clicks of each request."""
+    rng = np.random.default_rng(seed)
+    arms = list(clicks)
+    n_seeds = len(clicks["vm"])
+    point = {a: np.mean([c.mean() for c in clicks[a]]) for a in arms}
+    draws = {a: np.zeros(resamples) for a in arms}
+    for s in range(n_seeds):
+        n = len(clicks["vm"][s])
+        idx = rng.integers(0, n, size=(resamples, n))
+        for a in arms:
+            draws[a] += clicks[a][s][idx].mean(1) / n_seeds
+    lo, hi = 100 * alpha / 2, 100 * (1 - alpha / 2)
+
+    def summary(pt: float, d: np.ndarray) -> dict:
+        d = d[np.isfinite(d)]
+        return {"point": float(pt), "ci": [float(np.percentile(d, lo)),
+                                           float(np.percentile(d, hi))] if len(d) else None}
+
+    out = {"clicks_per_request": {a: float(point[a]) for a in arms},
+           "gain_over_vm": {a: summary(point[a] - point["vm"], draws[a] - draws["vm"])
+                            for a in arms if a != "vm"}}
+    if "fm" in arms:
+        gap = out["gain_over_vm"]["fm"]
+        gap_ok = gap["ci"] is not None and (gap["ci"][0] > 0 or gap["ci"][1] < 0)
+        out["fm_gap_excludes_0"] = bool(gap_ok)
+        den_pt, den = point["fm"] - point["vm"], draws["fm"] - draws["vm"]
+        for name, a in (("click_lift", "solaris"), ("lift_oracle", "oracle")):
+            if a in arms:
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    ratio = (draws[a] - draws["vm"]) / den
+                out[name] = summary((point[a] - point["vm"]) / den_pt, ratio) if gap_ok \
+                    else None
+    return out
+
+
+def shadow_coverage(lg: RequestLog, shadow: ArmLog, read_ttl_s: float, lag_s: float) -> dict:
+    """Coverage of the shadow arm's shown items against its ceiling (shown items that were a
+    candidate of the same user within the TTL and after the lag)."""
+    log = shown_log(lg, shadow)
+    lab = log.labelled
+    ceil = ceiling_mask(log, read_ttl_s, lag_s)
+    pair = shadow.cand_tier == Tier.PAIR
+    ceiling = float(ceil[lab].mean())
+    cov = float(pair[lab].mean())
+    return {"pair": cov, "ceiling": ceiling,
+            "pair_over_ceiling": cov / ceiling if ceiling > 0 else math.nan,
+            "slot_any_tier": float((shadow.cand_tier[lab] != Tier.NONE).mean())}
+
+
+def schedule(cfg: SolarisConfig, lg: RequestLog, base: np.ndarray, seed: int,
+             policy=None, fraction: float | None = None) -> dict:
+    """The key-level speculation schedule over the window (the verifier by default)."""
+    s = cfg.schedule
+    return simulate_pair_coverage(
+        lg, base, fraction=cfg.verifier.fraction if fraction is None else fraction,
+        horizon_s=cfg.verifier.horizon_s, read_ttl_s=float(cfg.cache.read_ttl_s),
+        lag_s=s.lag_s, tick_s=s.tick_s, budget_per_hour=s.budget_per_hour, seed=seed,
+        record_writes=True, policy=policy)
+
+
+# ------------------------------------------------------------------------------ a world
+def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions) -> LoopContext:
+    """The shared part of a closed loop on the synthetic world of ``cfg.data.synthetic`` (which
+    must be the world ``ds`` was generated from): arrivals, the VM alone's scores, the
+    schedule's writes, KNN tables and the seed history, with artifacts from ``art_dir``
+    (trained on the periods before the window)."""
+    from solaris.data.synthetic import build
+    from solaris.data.synthetic_truth import arrivals
+    from solaris.eval.served import knn_tables_as_of
+    from solaris.features import FeatureTables
+    from solaris.precompute import PrecomputeWorker, load_models
+    from solaris.replay.prepare import seed_history, window
+    from solaris.scoring import Artifacts, InlineFM, ScoreRequest, VMScorer
+
+    if cfg.data.dataset != "synthetic":
+        raise ConfigError(f"data.dataset={cfg.data.dataset!r}: the closed loop needs a ground "
+                          "truth; only the synthetic world has one so far")
+    _, start = window(ds, cfg)
+    world = build(cfg.data.synthetic)
+    arr = arrivals(world, start)
+    lg, order = arrivals_log(arr, tuple(ds.tasks))
+    art = Artifacts.open(art_dir)
+    side = art.side_tables()
+    ttl = float(cfg.cache.read_ttl_s)
+    scorer = VMScorer(art, ds.tasks[0], side, read_ttl_s=ttl)
+    base = np.zeros(lg.candidates.shape)
+    step = 64
+    for lo in range(0, lg.num_requests, step):
+        reqs = [ScoreRequest(int(lg.user[i]), lg.candidates[i], int(lg.surface[i]), None)
+                for i in range(lo, min(lg.num_requests, lo + step))]
+        base[lo:lo + len(reqs)] = np.stack(scorer.score(reqs))
+    fm, enc, version = load_models(art_dir)
+    tables = FeatureTables(ds, cfg.features)
+    knn = knn_tables_as_of(fm, tables, float(start), cfg)
+    sim = schedule(cfg, lg, base, opts.seed)
+    return LoopContext(
+        cfg=cfg, lg=lg, request_id=arr.request_id[order], arr_pos=order, base=base,
+        scorer=scorer, make_inline=lambda h: InlineFM(art, side, h),
+        make_worker=lambda h: PrecomputeWorker(fm, enc, h, side, version),
+        make_truth=lambda: SessionTruth(world, arr),
+        seed_history=seed_history(ds, start, cfg.history.max_events), knn=knn,
+        writes=sim["writes"], fm_evals=int(sim["fm_evals"]), version=version,
+        dim=enc.width, info={"window_start": int(start), "requests": lg.num_requests,
+                             "candidates_per_request": lg.num_candidates,
+                             "fm_evals": int(sim["fm_evals"]),
+                             "fm_evals_per_1k_requests": 1000.0 * sim["fm_evals"]
+                             / max(1, lg.num_requests)})
