@@ -68,51 +68,24 @@ def load_log(run: Path, seed: int):
 
 
 def run_one(run: Path, seed: int, fractions: tuple[float, ...]) -> dict:
-    from solaris.replay.coverage import (candidate_recurrence, cost_at_coverage,
-                                         coverage_at_cost, policy_curves)
-    from solaris.speculation import make_policy
+    from solaris.replay.coverage import compare_policies
 
     t0 = time.perf_counter()
     lg, scores, rep, cfg, rebuilt = load_log(run, seed)
-    ttl, lag = float(rep["read_ttl_s"]), float(rep["lag_s"])
     frac = float(rep["fraction"])
-    kw = dict(horizon_s=float(cfg.verifier.horizon_s), read_ttl_s=ttl, lag_s=lag,
-              tick_s=float(rep["tick_s"]), budget_per_hour=float(rep["budget_per_hour"]),
-              seed=seed)
-    fr = tuple(sorted(set(fractions) | {frac}))
-    makers = {name: (lambda name=name: make_policy(name, seed=seed, read_ttl_s=ttl, lag_s=lag,
-                                                   request_log=lg))
-              for name in ("verifier", "random", "recurrence", "learned", "oracle")}
-    curves = policy_curves(lg, scores, makers, fr, **kw)
-    ver = next(p for p in curves["verifier"] if p["fraction"] == frac)
+    cmp = compare_policies(lg, scores, fraction=frac, fractions=fractions, seed=seed,
+                           horizon_s=float(cfg.verifier.horizon_s),
+                           read_ttl_s=float(rep["read_ttl_s"]), lag_s=float(rep["lag_s"]),
+                           tick_s=float(rep["tick_s"]),
+                           budget_per_hour=float(rep["budget_per_hour"]))
     live = float(rep["coverage"]["pair"])
-    at = {name: coverage_at_cost(c, ver["fm_evals"]) for name, c in curves.items()}
-    orc = curves["oracle"][0]
-    gap = orc["pair"] - ver["pair"]
+    sim = cmp["at_verifier_cost"]["pair"]["verifier"]
     return {
         "run": str(run), "seed": seed, "dataset": rep["dataset"], "log_rebuilt": rebuilt,
         "requests": int(lg.num_requests), "fraction": frac,
-        "live_check": {"live_pair": live, "simulated_pair": ver["pair"],
-                       "abs_diff": abs(live - ver["pair"]),
-                       "ok": abs(live - ver["pair"]) <= 0.005},
-        "candidate_recurrence": candidate_recurrence(lg, ttl),
-        "curves": curves,
-        "at_verifier_cost": {"fm_evals": ver["fm_evals"],
-                             "fm_evals_per_1k": ver["fm_evals_per_1k"],
-                             "pair": at,
-                             "oracle": {"pair": orc["pair"], "fm_evals": orc["fm_evals"]}},
-        # the FM evaluations each policy needs to cover as much as the verifier does, as a
-        # share of the verifier's
-        "cost_to_match_verifier": {
-            name: (None if (x := cost_at_coverage(c, ver["pair"])) is None
-                   else x / ver["fm_evals"])
-            for name, c in curves.items() if name not in ("verifier", "oracle")},
-        "verifier_over_random": (ver["pair"] / at["random"]
-                                 if at.get("random") else None),
-        "gap_closed": {name: ((at[name] - ver["pair"]) / gap
-                              if at.get(name) is not None and gap > 0 else None)
-                       for name in ("random", "recurrence", "learned")},
-        "seconds": round(time.perf_counter() - t0, 1)}
+        "live_check": {"live_pair": live, "simulated_pair": sim,
+                       "abs_diff": abs(live - sim), "ok": abs(live - sim) <= 0.005},
+        **cmp, "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -136,6 +136,79 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return _replay_module().run_from_args(args)
 
 
+def cmd_simulate(args: argparse.Namespace) -> int:
+    """The closed loop on the synthetic world: every arm ranks the window's requests itself
+    and the world's click model labels what it shows (``solaris.replay.closed_loop``)."""
+    import numpy as np
+    from tqdm import tqdm
+
+    from solaris.eval.render import to_json
+    from solaris.replay.closed_loop import LoopOptions, prepare, run_world
+    from solaris.replay.plots import closed_loop_plot
+    from solaris.train.artifacts import train_artifacts
+
+    cfg = _config(args)
+    ds = _load(cfg, False)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    art = Path(args.artifacts) if args.artifacts else out / "artifacts"
+    if not (art / "manifest.json").exists():
+        if args.artifacts:
+            raise SolarisError(f"--artifacts {art}: no manifest.json there")
+        print(f"training artifacts (seed {args.seed}) on the periods before the window")
+        train_artifacts(cfg, ds, art, seed=args.seed, evaluation=True)
+    opts = LoopOptions(shown=args.shown, explore=args.explore, seed=args.seed,
+                       arms=tuple(args.arms))
+    ctx = prepare(cfg, ds, art, opts)
+    bar = tqdm(total=ctx.lg.num_requests * len(opts.arms), desc="closed loop", unit="req",
+               dynamic_ncols=True)
+    try:
+        report, logs = run_world(ctx, opts, progress=bar.update)
+    finally:
+        bar.close()
+    report["artifacts"] = str(art)
+    np.savez_compressed(out / "arms.npz", request_id=ctx.request_id, user=ctx.lg.user,
+                        ts=ctx.lg.ts, candidates=ctx.lg.candidates, base=ctx.base,
+                        **{f"{a}/{k}": v for a, g in logs.items() for k, v in g.save().items()})
+    report["plot"] = str(closed_loop_plot(report, out / "closed_loop.png"))
+    (out / "closed_loop.json").write_text(to_json(report))
+    print(closed_loop_table(report))
+    print(f"wrote {out / 'closed_loop.json'}, {out / 'arms.npz'} and {report['plot']}")
+    return 0
+
+
+def closed_loop_table(report: dict) -> str:
+    """The closed loop's headline figures as text."""
+    lift, cov, pol = report["lift"], report["shadow_coverage"], report["policies"]
+
+    def ci(d: dict | None) -> str:
+        if not d:
+            return "n/a"
+        return f"{d['point']:.3f} [{d['ci'][0]:.3f}, {d['ci'][1]:.3f}]" if d["ci"] else \
+            f"{d['point']:.3f}"
+
+    lines = [f"{'arm':<9}{'clicks/req':>11}{'gain over vm [95%]':>26}{'excess BCE':>12}"
+             f"{'pair cov':>10}"]
+    for a, m in report["arms"].items():
+        g = "" if a == "vm" else ci(lift["gain_over_vm"][a])
+        pc = m.get("coverage_shown_pair")
+        lines.append(f"{a:<9}{m['clicks_per_request']:>11.3f}{g:>26}{m['excess_bce']:>12.4f}"
+                     f"{'' if pc is None else f'{pc:.3f}':>10}")
+    at = pol["at_verifier_cost"]
+    lines += [f"click_lift {ci(lift.get('click_lift'))}   lift_oracle "
+              f"{ci(lift.get('lift_oracle'))}   ratio "
+              f"{ci(lift.get('click_lift_over_lift_oracle'))}",
+              f"shadow: pair coverage {cov['pair']:.3f} of ceiling {cov['ceiling']:.3f} "
+              f"({cov['pair_over_ceiling']:.2f}); effective {cov['effective']:.3f} of oracle "
+              f"bound {cov['effective_oracle_bound']:.3f} ({cov['effective_over_bound']:.2f})",
+              f"policies at the verifier's cost ({at['fm_evals_per_1k']:.0f} FM evals per 1k "
+              "requests): " + ", ".join(f"{k} {v:.3f}" for k, v in at["pair"].items()
+                                        if v is not None)
+              + f"; oracle {at['oracle']['pair']:.3f} at {at['oracle']['fm_evals']} evals; "
+              f"verifier/random {pol['verifier_over_random']:.2f}"]
+    return "\n".join(lines)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """The README's main job: the event-time replay of the embedded synthetic data through
     the live system (Serve, cache shards, queue, FM workers, KNN job), with its report."""
@@ -199,6 +272,20 @@ def build_parser() -> argparse.ArgumentParser:
                         "(jobs/replay.py)")
     _replay_module().add_arguments(rp)
     rp.set_defaults(fn=cmd_replay)
+
+    sim = sub.add_parser("simulate", help="closed loop: each arm ranks, the synthetic world's "
+                         "click model labels what it shows")
+    common(sim, dataset=False)
+    sim.add_argument("--out", type=Path, default=Path("runs/simulate"))
+    sim.add_argument("--seed", type=int, default=0,
+                     help="training seed and the ground truth's random numbers")
+    sim.add_argument("--artifacts", type=Path,
+                     help="trained artifacts to serve (default: OUT/artifacts, trained if absent)")
+    sim.add_argument("--shown", type=int, default=6, help="top-ranked candidates shown")
+    sim.add_argument("--explore", type=int, default=1, help="uniform exploration slots")
+    sim.add_argument("--arms", nargs="+", default=["vm", "solaris", "fm", "oracle"],
+                     choices=["vm", "solaris", "fm", "oracle"])
+    sim.set_defaults(fn=cmd_simulate)
 
     demo = sub.add_parser("demo", help="end-to-end demo: the replay on the embedded synthetic "
                           "data")

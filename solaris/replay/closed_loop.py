@@ -264,18 +264,22 @@ def arm_metrics(arm: ArmLog) -> dict:
 
 def paired_lift(clicks: dict[str, list[np.ndarray]], resamples: int = 2000,
                 alpha: float = 0.05, seed: int = 0) -> dict:
-    """Paired bootstrap over requests (resampled within each seed, the same draw for every
-    arm) of the expected clicks per request: each arm's gain over ``vm`` and, where both are
-    present, ``click_lift`` = (solaris - vm) / (fm - vm) and ``lift_oracle`` = (oracle - vm)
-    / (fm - vm). ``clicks``: arm -> per seed (R_s,) expected clicks of each request."""
+    """Paired bootstrap over requests of the expected clicks per request: each arm's gain
+    over ``vm`` and, where the FM-VM gap's interval excludes 0, ``click_lift`` = (solaris -
+    vm) / (fm - vm) and ``lift_oracle`` = (oracle - vm) / (fm - vm). ``clicks``: arm -> per
+    seed (R_s,) expected clicks of each request. Every arm shares each draw; seeds of one
+    window (equal R) share one request draw, otherwise each seed draws its own."""
     rng = np.random.default_rng(seed)
     arms = list(clicks)
     n_seeds = len(clicks["vm"])
-    point = {a: np.mean([c.mean() for c in clicks[a]]) for a in arms}
+    point = {a: float(np.mean([c.mean() for c in clicks[a]])) for a in arms}
     draws = {a: np.zeros(resamples) for a in arms}
+    sizes = {len(c) for c in clicks["vm"]}
+    shared = rng.integers(0, sizes.pop(), size=(resamples, len(clicks["vm"][0]))) \
+        if len(sizes) == 1 else None
     for s in range(n_seeds):
         n = len(clicks["vm"][s])
-        idx = rng.integers(0, n, size=(resamples, n))
+        idx = shared if shared is not None else rng.integers(0, n, size=(resamples, n))
         for a in arms:
             draws[a] += clicks[a][s][idx].mean(1) / n_seeds
     lo, hi = 100 * alpha / 2, 100 * (1 - alpha / 2)
@@ -285,7 +289,7 @@ def paired_lift(clicks: dict[str, list[np.ndarray]], resamples: int = 2000,
         return {"point": float(pt), "ci": [float(np.percentile(d, lo)),
                                            float(np.percentile(d, hi))] if len(d) else None}
 
-    out = {"clicks_per_request": {a: float(point[a]) for a in arms},
+    out = {"clicks_per_request": point,
            "gain_over_vm": {a: summary(point[a] - point["vm"], draws[a] - draws["vm"])
                             for a in arms if a != "vm"}}
     if "fm" in arms:
@@ -299,6 +303,11 @@ def paired_lift(clicks: dict[str, list[np.ndarray]], resamples: int = 2000,
                     ratio = (draws[a] - draws["vm"]) / den
                 out[name] = summary((point[a] - point["vm"]) / den_pt, ratio) if gap_ok \
                     else None
+        if "solaris" in arms and "oracle" in arms and gap_ok:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                share = (draws["solaris"] - draws["vm"]) / (draws["oracle"] - draws["vm"])
+            out["click_lift_over_lift_oracle"] = summary(
+                (point["solaris"] - point["vm"]) / (point["oracle"] - point["vm"]), share)
     return out
 
 
@@ -313,7 +322,8 @@ def shadow_coverage(lg: RequestLog, shadow: ArmLog, read_ttl_s: float, lag_s: fl
     cov = float(pair[lab].mean())
     return {"pair": cov, "ceiling": ceiling,
             "pair_over_ceiling": cov / ceiling if ceiling > 0 else math.nan,
-            "slot_any_tier": float((shadow.cand_tier[lab] != Tier.NONE).mean())}
+            "slot_any_tier": float((shadow.tier != Tier.NONE).mean()),
+            "effective": float(((shadow.tier != Tier.NONE) | shadow.agg).mean())}
 
 
 def schedule(cfg: SolarisConfig, lg: RequestLog, base: np.ndarray, seed: int,
@@ -352,12 +362,12 @@ def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions) -> LoopContext:
     side = art.side_tables()
     ttl = float(cfg.cache.read_ttl_s)
     scorer = VMScorer(art, ds.tasks[0], side, read_ttl_s=ttl)
-    base = np.zeros(lg.candidates.shape)
-    step = 64
-    for lo in range(0, lg.num_requests, step):
-        reqs = [ScoreRequest(int(lg.user[i]), lg.candidates[i], int(lg.surface[i]), None)
-                for i in range(lo, min(lg.num_requests, lo + step))]
-        base[lo:lo + len(reqs)] = np.stack(scorer.score(reqs))
+    # one forward per request, as every arm scores: the VM alone's probabilities then equal,
+    # bit for bit, what a served VM with no SOLARIS input gives (another batch shape may
+    # round differently)
+    base = np.stack([scorer.score([ScoreRequest(int(lg.user[i]), lg.candidates[i],
+                                                int(lg.surface[i]), None)])[0]
+                     for i in range(lg.num_requests)]).astype(np.float64)
     fm, enc, version = load_models(art_dir)
     tables = FeatureTables(ds, cfg.features)
     knn = knn_tables_as_of(fm, tables, float(start), cfg)
@@ -374,3 +384,50 @@ def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions) -> LoopContext:
                              "fm_evals": int(sim["fm_evals"]),
                              "fm_evals_per_1k_requests": 1000.0 * sim["fm_evals"]
                              / max(1, lg.num_requests)})
+
+
+# ------------------------------------------------------------------------------ a whole run
+POLICY_FRACTIONS = (0.05, 0.1, 0.2, 0.3, 0.5)
+
+
+def run_world(ctx: LoopContext, opts: LoopOptions,
+              progress: Callable[[int], None] | None = None) -> tuple[dict, dict[str, ArmLog]]:
+    """Every arm of ``opts`` on ``ctx``'s window, then the report: per-arm figures, the
+    paired click lift, the shadow arm's coverage against its ceiling and oracle bound, and
+    the speculation policies at equal FM cost on the shadow arm's closed-loop log."""
+    from solaris.replay.bounds import effective_bounds
+    from solaris.replay.coverage import candidate_recurrence, compare_policies
+
+    cfg, lg = ctx.cfg, ctx.lg
+    logs = {a: run_arm(ctx, a, opts, progress) for a in opts.arms}
+    ttl, lag = float(cfg.cache.read_ttl_s), float(cfg.schedule.lag_s)
+    shadow = logs["vm"]
+    closed = shown_log(lg, shadow)
+    user_knn = ctx.knn[0]
+    neighbours = {} if user_knn is None else {
+        int(u): user_knn.neighbour_ids(np.asarray([u]), cfg.enrich.user_knn_probe)[0]
+        for u in np.unique(lg.user)}
+    bounds = effective_bounds(closed, neighbours, read_ttl_s=ttl,
+                              retention_s=float(cfg.cache.retention_s), lag_s=lag,
+                              probes=(cfg.enrich.user_knn_probe,))
+    cov = shadow_coverage(lg, shadow, ttl, lag)
+    oracle_eff = bounds["effective_oracle"][str(cfg.enrich.user_knn_probe)]
+    cov["effective_oracle_bound"] = oracle_eff
+    cov["effective_over_bound"] = cov["effective"] / oracle_eff if oracle_eff > 0 else None
+    s = cfg.schedule
+    policies = compare_policies(
+        closed, ctx.base, fraction=cfg.verifier.fraction, fractions=POLICY_FRACTIONS,
+        seed=opts.seed, horizon_s=float(cfg.verifier.horizon_s), read_ttl_s=ttl, lag_s=lag,
+        tick_s=s.tick_s, budget_per_hour=s.budget_per_hour)
+    report = {
+        **ctx.info, "options": dataclasses.asdict(opts), "lag_s": lag, "read_ttl_s": ttl,
+        "tick_s": s.tick_s, "budget_per_hour": s.budget_per_hour,
+        "arms": {a: arm_metrics(g) for a, g in logs.items()},
+        "lift": paired_lift({a: [g.p_true.sum(1)] for a, g in logs.items()}, seed=opts.seed),
+        "shadow_coverage": cov, "coverage_bounds": bounds,
+        "candidate_recurrence_closed_loop": candidate_recurrence(lg, ttl),
+        "policies": policies}
+    if "fm" in logs:
+        v, f = report["arms"]["vm"]["excess_bce"], report["arms"]["fm"]["excess_bce"]
+        report["fm_excess_over_vm_excess"] = f / v if v > 0 else None
+    return report, logs

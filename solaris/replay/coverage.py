@@ -401,3 +401,43 @@ def cost_at_coverage(curve: list[dict], pair: float) -> float | None:
         if y0 <= pair <= y1:
             return x0 if y1 == y0 else x0 + (pair - y0) / (y1 - y0) * (x1 - x0)
     return None
+
+
+POLICY_NAMES = ("verifier", "random", "recurrence", "learned", "oracle")
+
+
+def compare_policies(request_log: RequestLog, scores: np.ndarray, *, fraction: float,
+                     fractions: tuple[float, ...], seed: int, read_ttl_s: float, lag_s: float,
+                     **kw) -> dict:
+    """Every policy of ``solaris.speculation`` on the schedule simulation at equal FM cost:
+    cost curves over ``fractions`` (and ``fraction``, the verifier's own), each policy's
+    coverage interpolated at the verifier's cost, the FM evaluations each needs to match
+    the verifier (as a share of the verifier's), ``verifier_over_random`` and the share of
+    the verifier-to-oracle gap each closes; plus the log's candidate recurrence. ``kw``: the
+    other schedule arguments of ``simulate_pair_coverage``."""
+    from solaris.speculation import make_policy
+
+    fr = tuple(sorted(set(fractions) | {fraction}))
+    makers = {name: (lambda name=name: make_policy(name, seed=seed, read_ttl_s=read_ttl_s,
+                                                   lag_s=lag_s, request_log=request_log))
+              for name in POLICY_NAMES}
+    curves = policy_curves(request_log, scores, makers, fr, read_ttl_s=read_ttl_s,
+                           lag_s=lag_s, seed=seed, **kw)
+    ver = next(p for p in curves["verifier"] if p["fraction"] == fraction)
+    at = {name: coverage_at_cost(c, ver["fm_evals"]) for name, c in curves.items()}
+    orc = curves["oracle"][0]
+    gap = orc["pair"] - ver["pair"]
+    return {
+        "candidate_recurrence": candidate_recurrence(request_log, read_ttl_s),
+        "curves": curves,
+        "at_verifier_cost": {"fm_evals": ver["fm_evals"],
+                             "fm_evals_per_1k": ver["fm_evals_per_1k"], "pair": at,
+                             "oracle": {"pair": orc["pair"], "fm_evals": orc["fm_evals"]}},
+        "cost_to_match_verifier": {
+            name: (None if (x := cost_at_coverage(c, ver["pair"])) is None
+                   else x / ver["fm_evals"])
+            for name, c in curves.items() if name not in ("verifier", "oracle")},
+        "verifier_over_random": ver["pair"] / at["random"] if at.get("random") else None,
+        "gap_closed": {name: ((at[name] - ver["pair"]) / gap
+                              if at.get(name) is not None and gap > 0 else None)
+                       for name in ("random", "recurrence", "learned")}}

@@ -181,3 +181,34 @@ def policy_cost_plot(panels: dict[str, dict[str, list[dict]]], path: str | Path)
     out = _save(fig, path)
     plt.close(fig)
     return out
+
+
+def closed_loop_plot(report: dict, path: str | Path) -> Path:
+    """A closed loop at a glance: expected clicks per request per arm with its paired
+    interval against the VM alone (left), and the speculation policies' coverage of shown
+    items against FM evaluations per 1,000 requests on the shadow arm's log (right)."""
+    plt = _pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    lift = report["lift"]
+    arms = list(lift["clicks_per_request"])
+    vm = lift["clicks_per_request"]["vm"]
+    ys = [lift["clicks_per_request"][x] for x in arms]
+    lo = [0.0 if x == "vm" else ys[i] - (vm + lift["gain_over_vm"][x]["ci"][0])
+          for i, x in enumerate(arms)]
+    hi = [0.0 if x == "vm" else (vm + lift["gain_over_vm"][x]["ci"][1]) - ys[i]
+          for i, x in enumerate(arms)]
+    a.bar(arms, ys, yerr=[lo, hi], capsize=4,
+          color=["tab:gray", "tab:blue", "tab:green", "tab:orange"][:len(arms)])
+    a.axhline(vm, color="k", lw=0.8, ls=":")
+    a.set_ylabel("expected clicks per request")
+    cl = lift.get("click_lift")
+    a.set_title("closed loop" + (f": click_lift {cl['point']:.2f}" if cl else ""))
+    for name, rows in report["policies"]["curves"].items():
+        pts = sorted((p["fm_evals_per_1k"], p["pair"]) for p in rows)
+        b.plot(*zip(*pts), marker="o" if len(pts) > 1 else "*", ms=5 if len(pts) > 1 else 12,
+               label=name)
+    b.set_xlabel("FM evaluations per 1,000 requests")
+    b.set_ylabel("pair coverage of shown items (shadow)")
+    b.legend(fontsize=8)
+    b.grid(alpha=0.3)
+    return _save(fig, path)
