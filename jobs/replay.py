@@ -74,6 +74,9 @@ class ReplayOptions:
     seed: int = 0
     progress: bool = True
     rollover_at: float | None = None  # share of the window at which FM v2 is rolled out
+    closed_loop: bool = False  # rank, show and label with the ground truth (synthetic only)
+    shown: int = 6  # closed loop: top-ranked candidates shown per request
+    explore: int = 1  # closed loop: uniform exploration slots below them
     extra: dict[str, Any] = field(default_factory=dict)  # config overrides for the app
 
 
@@ -167,6 +170,22 @@ class LiveReplay:
                                      seed=o.seed)
         if o.max_requests is not None:
             self.log = self.log.slice(np.arange(min(o.max_requests, self.log.num_requests)))
+        if o.closed_loop:
+            from solaris.replay.closed_loop import LoopOptions, empty_log, explore_uniforms
+            from solaris.replay.closed_loop import prepare as loop_prepare
+
+            if o.rollover_at is not None:
+                raise SolarisError("--closed-loop with --rollover-at: not supported")
+            self.loop_opts = LoopOptions(shown=o.shown, explore=o.explore, seed=o.seed)
+            sched = with_overrides(cfg, {"schedule.tick_s": o.tick_s, "schedule.lag_s": o.lag_s,
+                                         "schedule.budget_per_hour": o.budget_per_hour})
+            self.loop = loop_prepare(sched, ds, self.art_dirs[0], self.loop_opts,
+                                     o.max_requests)
+            self.log = self.loop.lg  # the same requests and candidates, no labels yet
+            self.loop_truth = self.loop.make_truth()
+            self.loop_explore = explore_uniforms(self.loop, self.loop_opts)
+            self.loop_log = empty_log(self.log.num_requests,
+                                      self.loop_opts.shown + self.loop_opts.explore)
         self.data_dir = write_data_dir(ds, self.out / "data")
         self.knn_uri = str((self.out / "knn").resolve())
         overrides = {
@@ -361,6 +380,8 @@ class LiveReplay:
                 if k in by_tick:
                     a, b = by_tick[k]
                     list(pool.map(one, range(a, b)))
+                    if o.closed_loop:  # show, label with the ground truth, feed back
+                        self._label(a, b, scores, tiers, agg, client, pool)
                     router.flush_now.remote().result()
                     bar.update(b - a)
                     if o.rollover_at is not None:  # own-pair coverage of every version
@@ -405,6 +426,31 @@ class LiveReplay:
                 "curve": curve}
 
 
+    def _label(self, a: int, b: int, scores: np.ndarray, tiers: np.ndarray, agg: np.ndarray,
+               client: Client, pool: ThreadPoolExecutor) -> None:
+        """Closed loop: log rows a..b-1 (one tick, answered) show their top items plus the
+        exploration slot by the served scores, in event order the ground truth labels them,
+        and the labels go back through ``POST /feedback``."""
+        from solaris.replay.closed_loop import show_and_label
+
+        lg, out, bodies = self.log, self.loop_log, []
+        for r in range(a, b):
+            if not np.isfinite(scores[r]).all():  # not answered: counted as an error
+                continue
+            pos, prop, shown, pc, click, conv = show_and_label(
+                self.loop, self.loop_opts, self.loop_truth, r, scores[r].astype(np.float64),
+                self.loop_explore[r])
+            n = len(pos)
+            out.pos[r, :n], out.item[r, :n], out.propensity[r, :n] = pos, shown, prop
+            out.p_arm[r, :n], out.p_true[r, :n] = scores[r][pos], pc
+            out.click[r, :n], out.conv[r, :n] = click, conv
+            out.tier[r, :n], out.agg[r, :n] = tiers[r][pos], agg[r][pos]
+            bodies.append({"user_id": int(lg.user[r]), "items": shown.tolist(),
+                           "labels": np.stack([click, conv], 1).astype(int).tolist(),
+                           "now": float(lg.ts[r])})
+        list(pool.map(lambda body: client.post("/feedback", body), bodies))
+
+
 def _ledger_report(app_id: str) -> dict | None:
     import ray
 
@@ -444,6 +490,8 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
     lr = LiveReplay(cfg, ds, out, opts, say)
     prep = lr.prepare()
     live = lr.run()
+    if opts.closed_loop:
+        return closed_loop_report(lr, live, prep)
     lg, acfg = lr.log, lr.app_cfg
     live["base_scores"] = base_scores(lg, live, lr.art_dirs, ds.tasks[0])
     client = live["client"]
@@ -561,6 +609,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="roll out FM v2 at this share of the window (e.g. 0.5)")
     p.add_argument("--sweep", action="store_true",
                    help="also replay at other budgets and TTLs and plot coverage and TR")
+    p.add_argument("--closed-loop", action="store_true",
+                   help="synthetic: the system ranks, shows its top --shown plus --explore "
+                   "uniform slots, the world's click model labels them (solaris simulate's "
+                   "arms run beside it); writes OUT/closed_loop.json")
+    p.add_argument("--shown", type=int, default=d.shown)
+    p.add_argument("--explore", type=int, default=d.explore)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--evaluate-only", action="store_true",
                    help="recompute the transfer figures of OUT from its feature log (no replay)")
@@ -568,9 +622,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def options_from_args(args: argparse.Namespace) -> ReplayOptions:
     return ReplayOptions(tick_s=args.tick_s, lag_s=args.lag_s, budget_per_hour=args.budget,
-                         workers=args.workers, knn_every_h=args.knn_every_h,
+                         workers=args.workers,
                          max_requests=args.max_requests, port=args.port, seed=args.seed,
-                         rollover_at=args.rollover_at, progress=not args.no_progress)
+                         rollover_at=args.rollover_at, progress=not args.no_progress,
+                         closed_loop=args.closed_loop, shown=args.shown, explore=args.explore,
+                         # the KNN job reads the logged interactions: in a closed loop only
+                         # the initial build (as of the window start) is causal for the arm
+                         knn_every_h=0.0 if args.closed_loop else args.knn_every_h)
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -589,6 +647,10 @@ def run_from_args(args: argparse.Namespace) -> int:
     ds = load_dataset(cfg.data, fetch=args.fetch)
     opts = options_from_args(args)
     rep = replay(cfg, ds, args.out, opts)
+    if opts.closed_loop:
+        print(rep.pop("table"))
+        print(f"wrote {Path(args.out) / 'closed_loop.json'} and {', '.join(rep['plots'])}")
+        return 0
     print(summary_table(rep))
     if args.sweep:
         rep["sweep"] = sweep(cfg, ds, Path(args.out), opts, rep)
@@ -596,6 +658,50 @@ def run_from_args(args: argparse.Namespace) -> int:
                                                                default=json_default))
     print(f"wrote {Path(args.out) / 'replay.json'} and {', '.join(rep['plots'])}")
     return 0
+
+
+def closed_loop_report(lr: LiveReplay, live: dict, prep: dict) -> dict[str, Any]:
+    """The closed loop's report: the live system's arm (``solaris_live``) beside the
+    in-process arms of the same seed (the VM alone as the shadow arm, the served VM on the
+    simulated cache, the FM inline, the oracle), on the same arrivals and random numbers;
+    writes OUT/closed_loop.json, OUT/arms.npz and OUT/closed_loop.png."""
+    from solaris.eval.render import to_json
+    from solaris.replay.closed_loop import report_table, run_world
+    from solaris.replay.plots import closed_loop_plot
+
+    out, ctx, o = lr.out, lr.loop, lr.opts
+    live_log = lr.loop_log
+    live_log.fm_evals = int(live["evaluated"])
+    lr.say("running the in-process arms on the same arrivals")
+    bar = _bar(ctx.lg.num_requests * len(lr.loop_opts.arms), "in-process arms", o.progress)
+    try:
+        rep, logs = run_world(ctx, lr.loop_opts, progress=bar.update,
+                              extra={"solaris_live": live_log})
+    finally:
+        bar.close()
+    sim, lv = logs["solaris"], live_log
+    client = live["client"]
+    rep["live"] = {
+        "errors": client.errors, "retries": client.retries,
+        "error_samples": client.error_samples, "workers": o.workers,
+        "fm_evals_live": int(live["evaluated"]), "fm_evals_sim": ctx.fm_evals,
+        "pair_shown_live": float((lv.tier == Tier.PAIR).mean()),
+        "pair_shown_sim": float((sim.tier == Tier.PAIR).mean()),
+        "clicks_live": float(lv.p_true.sum(1).mean()),
+        "clicks_sim": float(sim.p_true.sum(1).mean()),
+        "same_shown": float((np.sort(lv.item, 1) == np.sort(sim.item, 1)).all(1).mean()),
+        "knn_rebuilds": [{k: r.get(k) for k in ("version", "as_of", "seconds")}
+                         for r in live["knn_runs"]],
+        "seconds": round(live["seconds"], 1), "artifacts_seconds": prep["artifacts_seconds"]}
+    rep["dataset"] = lr.ds.name
+    rep["artifacts"] = str(lr.art_dirs[0])
+    np.savez_compressed(out / "arms.npz", request_id=ctx.request_id, user=ctx.lg.user,
+                        ts=ctx.lg.ts, candidates=ctx.lg.candidates, base=ctx.base,
+                        **{f"{a}/{k}": v for a, g in logs.items() for k, v in g.save().items()})
+    rep["plots"] = [str(closed_loop_plot(rep, out / "closed_loop.png"))]
+    (out / "closed_loop.json").write_text(to_json(rep))
+    rep["table"] = report_table(rep)
+    return rep
 
 
 def base_scores(lg: Any, live: dict, art_dirs: list[Path], task: str) -> np.ndarray:

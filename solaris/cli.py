@@ -143,7 +143,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from solaris.eval.render import to_json
-    from solaris.replay.closed_loop import LoopOptions, prepare, run_world
+    from solaris.replay.closed_loop import LoopOptions, prepare, report_table, run_world
     from solaris.replay.plots import closed_loop_plot
     from solaris.train.artifacts import train_artifacts
 
@@ -172,41 +172,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                         **{f"{a}/{k}": v for a, g in logs.items() for k, v in g.save().items()})
     report["plot"] = str(closed_loop_plot(report, out / "closed_loop.png"))
     (out / "closed_loop.json").write_text(to_json(report))
-    print(closed_loop_table(report))
+    print(report_table(report))
     print(f"wrote {out / 'closed_loop.json'}, {out / 'arms.npz'} and {report['plot']}")
     return 0
-
-
-def closed_loop_table(report: dict) -> str:
-    """The closed loop's headline figures as text."""
-    lift, cov, pol = report["lift"], report["shadow_coverage"], report["policies"]
-
-    def ci(d: dict | None) -> str:
-        if not d:
-            return "n/a"
-        return f"{d['point']:.3f} [{d['ci'][0]:.3f}, {d['ci'][1]:.3f}]" if d["ci"] else \
-            f"{d['point']:.3f}"
-
-    lines = [f"{'arm':<9}{'clicks/req':>11}{'gain over vm [95%]':>26}{'excess BCE':>12}"
-             f"{'pair cov':>10}"]
-    for a, m in report["arms"].items():
-        g = "" if a == "vm" else ci(lift["gain_over_vm"][a])
-        pc = m.get("coverage_shown_pair")
-        lines.append(f"{a:<9}{m['clicks_per_request']:>11.3f}{g:>26}{m['excess_bce']:>12.4f}"
-                     f"{'' if pc is None else f'{pc:.3f}':>10}")
-    at = pol["at_verifier_cost"]
-    lines += [f"click_lift {ci(lift.get('click_lift'))}   lift_oracle "
-              f"{ci(lift.get('lift_oracle'))}   ratio "
-              f"{ci(lift.get('click_lift_over_lift_oracle'))}",
-              f"shadow: pair coverage {cov['pair']:.3f} of ceiling {cov['ceiling']:.3f} "
-              f"({cov['pair_over_ceiling']:.2f}); effective {cov['effective']:.3f} of oracle "
-              f"bound {cov['effective_oracle_bound']:.3f} ({cov['effective_over_bound']:.2f})",
-              f"policies at the verifier's cost ({at['fm_evals_per_1k']:.0f} FM evals per 1k "
-              "requests): " + ", ".join(f"{k} {v:.3f}" for k, v in at["pair"].items()
-                                        if v is not None)
-              + f"; oracle {at['oracle']['pair']:.3f} at {at['oracle']['fm_evals']} evals; "
-              f"verifier/random {pol['verifier_over_random']:.2f}"]
-    return "\n".join(lines)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

@@ -161,15 +161,9 @@ def run_arm(ctx: LoopContext, arm: str, opts: LoopOptions,
     wr = ctx.writes
     vis = wr["visible_at"]
     user_knn, item_knn = ctx.knn
-    out = ArmLog(pos=np.zeros((r, s_n), np.int64), item=np.zeros((r, s_n), np.int64),
-                 propensity=np.zeros((r, s_n)), p_arm=np.zeros((r, s_n)),
-                 p_true=np.zeros((r, s_n)), click=np.zeros((r, s_n), bool),
-                 conv=np.zeros((r, s_n), bool), tier=np.full((r, s_n), -1, np.int8),
-                 agg=np.zeros((r, s_n), bool),
-                 cand_tier=np.full((r, c), -1, np.int8) if arm == "vm" else None)
+    out = empty_log(r, s_n, c if arm == "vm" else None)
     nxt = 0
-    explore_u = uniforms(opts.seed, ctx.request_id[:, None],
-                         np.arange(max(opts.explore, 1))[None, :], _EXPLORE)
+    explore_u = explore_uniforms(ctx, opts)
     for i in range(r):
         t = float(lg.ts[i])
         user, items, surface = int(lg.user[i]), lg.candidates[i], int(lg.surface[i])
@@ -205,14 +199,8 @@ def run_arm(ctx: LoopContext, arm: str, opts: LoopOptions,
                     slots = full
             p = ctx.scorer.score([ScoreRequest(user, items, surface, slots)])[0].astype(
                 np.float64)
-        pos, prop = choose_shown(p, opts.shown, opts.explore, explore_u[i])
-        shown = items[pos]
-        a = int(ctx.arr_pos[i])
-        pc, pv = truth.probs(a, shown)
-        rid = np.full(len(shown), ctx.request_id[i])
-        click = uniforms(opts.seed, rid, shown, _CLICK) < pc
-        conv = click & (uniforms(opts.seed, rid, shown, _CONV) < pv)
-        truth.observe(a, shown, click)
+        pos, prop, shown, pc, click, conv = show_and_label(ctx, opts, truth, i, p,
+                                                           explore_u[i])
         hist.record_labels(user, shown, np.stack([click, conv], 1).astype(np.float64), t)
         n = len(pos)
         out.pos[i, :n], out.item[i, :n], out.propensity[i, :n] = pos, shown, prop
@@ -226,6 +214,39 @@ def run_arm(ctx: LoopContext, arm: str, opts: LoopOptions,
         if progress is not None:
             progress(1)
     return out
+
+
+def explore_uniforms(ctx: LoopContext, opts: LoopOptions) -> np.ndarray:
+    """(R, max(explore, 1)) the exploration draws of every request (shared by all arms)."""
+    return uniforms(opts.seed, ctx.request_id[:, None],
+                    np.arange(max(opts.explore, 1))[None, :], _EXPLORE)
+
+
+def show_and_label(ctx: LoopContext, opts: LoopOptions, truth: SessionTruth, i: int,
+                   scores: np.ndarray, explore_u: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Log row ``i`` ranked by ``scores``: what it shows and how the ground truth labels it.
+    Returns (positions, propensities, items, P(click), click, conversion); the arm's session
+    state (``truth``) takes the clicks."""
+    pos, prop = choose_shown(scores, opts.shown, opts.explore, explore_u)
+    shown = ctx.lg.candidates[i][pos]
+    a = int(ctx.arr_pos[i])
+    pc, pv = truth.probs(a, shown)
+    rid = np.full(len(shown), ctx.request_id[i])
+    click = uniforms(opts.seed, rid, shown, _CLICK) < pc
+    conv = click & (uniforms(opts.seed, rid, shown, _CONV) < pv)
+    truth.observe(a, shown, click)
+    return pos, prop, shown, pc, click, conv
+
+
+def empty_log(r: int, shown: int, candidates: int | None = None) -> ArmLog:
+    """An ``ArmLog`` for ``r`` requests showing ``shown`` items each, nothing filled yet."""
+    return ArmLog(pos=np.zeros((r, shown), np.int64), item=np.zeros((r, shown), np.int64),
+                  propensity=np.zeros((r, shown)), p_arm=np.zeros((r, shown)),
+                  p_true=np.zeros((r, shown)), click=np.zeros((r, shown), bool),
+                  conv=np.zeros((r, shown), bool), tier=np.full((r, shown), -1, np.int8),
+                  agg=np.zeros((r, shown), bool),
+                  cand_tier=None if candidates is None else np.full((r, candidates), -1,
+                                                                    np.int8))
 
 
 # ------------------------------------------------------------------------------ metrics
@@ -297,12 +318,17 @@ def paired_lift(clicks: dict[str, list[np.ndarray]], resamples: int = 2000,
         gap_ok = gap["ci"] is not None and (gap["ci"][0] > 0 or gap["ci"][1] < 0)
         out["fm_gap_excludes_0"] = bool(gap_ok)
         den_pt, den = point["fm"] - point["vm"], draws["fm"] - draws["vm"]
+        out["lift_by_arm"] = {}
+        for a in arms:
+            if a in ("vm", "fm"):
+                continue
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = (draws[a] - draws["vm"]) / den
+            out["lift_by_arm"][a] = summary((point[a] - point["vm"]) / den_pt, ratio) \
+                if gap_ok else None
         for name, a in (("click_lift", "solaris"), ("lift_oracle", "oracle")):
             if a in arms:
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    ratio = (draws[a] - draws["vm"]) / den
-                out[name] = summary((point[a] - point["vm"]) / den_pt, ratio) if gap_ok \
-                    else None
+                out[name] = out["lift_by_arm"][a]
         if "solaris" in arms and "oracle" in arms and gap_ok:
             with np.errstate(divide="ignore", invalid="ignore"):
                 share = (draws["solaris"] - draws["vm"]) / (draws["oracle"] - draws["vm"])
@@ -338,7 +364,8 @@ def schedule(cfg: SolarisConfig, lg: RequestLog, base: np.ndarray, seed: int,
 
 
 # ------------------------------------------------------------------------------ a world
-def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions) -> LoopContext:
+def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions,
+            max_requests: int | None = None) -> LoopContext:
     """The shared part of a closed loop on the synthetic world of ``cfg.data.synthetic`` (which
     must be the world ``ds`` was generated from): arrivals, the VM alone's scores, the
     schedule's writes, KNN tables and the seed history, with artifacts from ``art_dir``
@@ -358,6 +385,9 @@ def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions) -> LoopContext:
     world = build(cfg.data.synthetic)
     arr = arrivals(world, start)
     lg, order = arrivals_log(arr, tuple(ds.tasks))
+    if max_requests is not None:  # the window's first requests only (tests, quick looks)
+        order = order[:max_requests]
+        lg = lg.slice(np.arange(len(order)))
     art = Artifacts.open(art_dir)
     side = art.side_tables()
     ttl = float(cfg.cache.read_ttl_s)
@@ -391,15 +421,18 @@ POLICY_FRACTIONS = (0.05, 0.1, 0.2, 0.3, 0.5)
 
 
 def run_world(ctx: LoopContext, opts: LoopOptions,
-              progress: Callable[[int], None] | None = None) -> tuple[dict, dict[str, ArmLog]]:
-    """Every arm of ``opts`` on ``ctx``'s window, then the report: per-arm figures, the
-    paired click lift, the shadow arm's coverage against its ceiling and oracle bound, and
-    the speculation policies at equal FM cost on the shadow arm's closed-loop log."""
+              progress: Callable[[int], None] | None = None,
+              extra: dict[str, ArmLog] | None = None) -> tuple[dict, dict[str, ArmLog]]:
+    """Every arm of ``opts`` on ``ctx``'s window (plus the ``extra`` arms already run, e.g.
+    the live system's), then the report: per-arm figures, the paired click lift, the shadow
+    arm's coverage against its ceiling and oracle bound, and the speculation policies at
+    equal FM cost on the shadow arm's closed-loop log."""
     from solaris.replay.bounds import effective_bounds
     from solaris.replay.coverage import candidate_recurrence, compare_policies
 
     cfg, lg = ctx.cfg, ctx.lg
     logs = {a: run_arm(ctx, a, opts, progress) for a in opts.arms}
+    logs.update(extra or {})
     ttl, lag = float(cfg.cache.read_ttl_s), float(cfg.schedule.lag_s)
     shadow = logs["vm"]
     closed = shown_log(lg, shadow)
@@ -431,3 +464,43 @@ def run_world(ctx: LoopContext, opts: LoopOptions,
         v, f = report["arms"]["vm"]["excess_bce"], report["arms"]["fm"]["excess_bce"]
         report["fm_excess_over_vm_excess"] = f / v if v > 0 else None
     return report, logs
+
+
+def report_table(report: dict) -> str:
+    """The closed loop's headline figures as text."""
+    lift, cov, pol = report["lift"], report["shadow_coverage"], report["policies"]
+
+    def ci(d: dict | None) -> str:
+        if not d:
+            return "n/a"
+        return f"{d['point']:.3f} [{d['ci'][0]:.3f}, {d['ci'][1]:.3f}]" if d["ci"] else \
+            f"{d['point']:.3f}"
+
+    lines = [f"{'arm':<13}{'clicks/req':>11}{'gain over vm [95%]':>26}{'excess BCE':>12}"
+             f"{'pair cov':>10}"]
+    for a, m in report["arms"].items():
+        g = "" if a == "vm" else ci(lift["gain_over_vm"][a])
+        pc = m.get("coverage_shown_pair")
+        lines.append(f"{a:<13}{m['clicks_per_request']:>11.3f}{g:>26}{m['excess_bce']:>12.4f}"
+                     f"{'' if pc is None else f'{pc:.3f}':>10}")
+    at = pol["at_verifier_cost"]
+    lines += [f"click_lift {ci(lift.get('click_lift'))}   lift_oracle "
+              f"{ci(lift.get('lift_oracle'))}   ratio "
+              f"{ci(lift.get('click_lift_over_lift_oracle'))}",
+              f"shadow: pair coverage {cov['pair']:.3f} of ceiling {cov['ceiling']:.3f} "
+              f"({cov['pair_over_ceiling']:.2f}); effective {cov['effective']:.3f} of oracle "
+              f"bound {cov['effective_oracle_bound']:.3f} ({cov['effective_over_bound']:.2f})",
+              f"policies at the verifier's cost ({at['fm_evals_per_1k']:.0f} FM evals per 1k "
+              "requests): " + ", ".join(f"{k} {v:.3f}" for k, v in at["pair"].items()
+                                        if v is not None)
+              + f"; oracle {at['oracle']['pair']:.3f} at {at['oracle']['fm_evals']} evals; "
+              f"verifier/random {pol['verifier_over_random']:.2f}"]
+    live = report.get("live")
+    if live:
+        lines.append(f"live system: errors {live['errors']}, click_lift "
+                     f"{ci(lift.get('lift_by_arm', {}).get('solaris_live'))}; against the "
+                     f"in-process solaris arm: pair coverage of shown "
+                     f"{live['pair_shown_live']:.4f} vs {live['pair_shown_sim']:.4f}, clicks "
+                     f"per request {live['clicks_live']:.4f} vs {live['clicks_sim']:.4f}, "
+                     f"same items shown {live['same_shown']:.4f}")
+    return "\n".join(lines)
