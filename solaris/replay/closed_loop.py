@@ -33,8 +33,10 @@ numpy, torch and the serving core; no Ray.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -140,6 +142,7 @@ class LoopContext:
     fm_evals: int
     version: str
     dim: int
+    enrich: object = None  # EnrichConfig the router looks up with (tiers at scale 0 off)
     info: dict = field(default_factory=dict)
 
 
@@ -158,6 +161,9 @@ def run_arm(ctx: LoopContext, arm: str, opts: LoopOptions,
     worker = ctx.make_worker(hist) if store is not None else None
     inline = ctx.make_inline(hist) if arm in ("fm", "oracle") else None
     truth = ctx.make_truth()
+    # the serving arms look up what the router does (a tier at scale 0 in every VM of the
+    # version is not looked up); the shadow arm every tier the cache could serve
+    enrich = cfg.enrich if arm == "vm" or ctx.enrich is None else ctx.enrich
     wr = ctx.writes
     vis = wr["visible_at"]
     user_knn, item_knn = ctx.knn
@@ -181,7 +187,7 @@ def run_arm(ctx: LoopContext, arm: str, opts: LoopOptions,
         look = None
         if store is not None:
             look = enrich_local(store, user, items, t, ctx.version, user_knn, item_knn,
-                                cfg.enrich)
+                                enrich)
         if arm == "vm":
             p = ctx.base[i].astype(np.float64)
         else:
@@ -399,6 +405,10 @@ def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions,
                                                 int(lg.surface[i]), None)])[0]
                      for i in range(lg.num_requests)]).astype(np.float64)
     fm, enc, version = load_models(art_dir)
+    from solaris.scales import ScaleTable
+
+    manifest = json.loads((Path(art_dir) / "manifest.json").read_text())
+    enrich = ScaleTable({version: manifest}).enrich_for(version, cfg.enrich)
     tables = FeatureTables(ds, cfg.features)
     knn = knn_tables_as_of(fm, tables, float(start), cfg)
     sim = schedule(cfg, lg, base, opts.seed)
@@ -409,7 +419,7 @@ def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions,
         make_truth=lambda: SessionTruth(world, arr),
         seed_history=seed_history(ds, start, cfg.history.max_events), knn=knn,
         writes=sim["writes"], fm_evals=int(sim["fm_evals"]), version=version,
-        dim=enc.width, info={"window_start": int(start), "requests": lg.num_requests,
+        dim=enc.width, enrich=enrich, info={"window_start": int(start), "requests": lg.num_requests,
                              "candidates_per_request": lg.num_candidates,
                              "fm_evals": int(sim["fm_evals"]),
                              "fm_evals_per_1k_requests": 1000.0 * sim["fm_evals"]
