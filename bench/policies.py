@@ -67,6 +67,15 @@ def load_log(run: Path, seed: int):
     return lg, np.nan_to_num(s.astype(np.float64), nan=0.0), rep, cfg, rebuilt
 
 
+def _merge_rule(run: Path) -> str:
+    """The queue's merge rule the run served with (runs from before ``queue.merge`` existed
+    moved a pending pair to the later request)."""
+    import yaml
+
+    raw = yaml.safe_load((run / "replay-config.yaml").read_text()) or {}
+    return str((raw.get("queue") or {}).get("merge", "later"))
+
+
 def run_one(run: Path, seed: int, fractions: tuple[float, ...]) -> dict:
     from solaris.replay.coverage import compare_policies
 
@@ -77,7 +86,8 @@ def run_one(run: Path, seed: int, fractions: tuple[float, ...]) -> dict:
                            horizon_s=float(cfg.verifier.horizon_s),
                            read_ttl_s=float(rep["read_ttl_s"]), lag_s=float(rep["lag_s"]),
                            tick_s=float(rep["tick_s"]),
-                           budget_per_hour=float(rep["budget_per_hour"]))
+                           budget_per_hour=float(rep["budget_per_hour"]),
+                           merge=_merge_rule(run))
     live = float(rep["coverage"]["pair"])
     sim = cmp["at_verifier_cost"]["pair"]["verifier"]
     return {

@@ -427,9 +427,16 @@ class QueueConfig:
     lease_pairs: int = 256  # default pairs per lease (whole request groups, >= one group)
     snapshot_uri: str | None = None  # pyarrow.fs URI or local dir of queue snapshots
     snapshot_every_s: float = 5.0  # wall seconds between queue snapshots
+    # a pair already pending when another request bets on it: "earlier" keeps its place (it
+    # is computed as soon as it is due: in a session, requests a minute or two apart would
+    # otherwise push it back again and again), "later" moves it to the later request (its
+    # history is fresher). Either way the higher priority is kept.
+    merge: str = "earlier"
 
     def __post_init__(self) -> None:
         _check(self.capacity >= 1, "queue.capacity", self.capacity, "must be >= 1")
+        _check(self.merge in ("earlier", "later"), "queue.merge", self.merge,
+               "one of 'earlier', 'later'")
         _check(self.lease_timeout_s > 0, "queue.lease_timeout_s", self.lease_timeout_s,
                "must be > 0")
         _check(self.lease_pairs >= 1, "queue.lease_pairs", self.lease_pairs, "must be >= 1")

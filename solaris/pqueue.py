@@ -2,8 +2,9 @@
 
 What the queue actor wraps. Pairs arrive from the verifier in batches (``put``), each with
 its priority (the VM score) and the request it came from (user, event time, surface);
-identical (user, item, version) pairs are merged (the higher priority is kept; the pair
-moves to the later request, whose history is fresher). A worker ``lease``s whole request
+identical (user, item, version) pairs are merged: the higher priority is kept, and the pair
+keeps its place (``cfg.merge = "earlier"``: it is computed as soon as it is due) or moves to
+the later request, whose history is fresher (``"later"``). A worker ``lease``s whole request
 groups, highest priority first, so it runs the FM's request part once per group; it
 ``ack``s after its cache write. A lease not acked within ``cfg.lease_timeout_s`` wall
 seconds returns its pairs to the queue on the next call (pairs may then be evaluated twice;
@@ -168,7 +169,7 @@ class PrecomputeQueue:
             heapq.heappush(self._drop_heap, (prio, p.token, key))
             return "new"
         old = self._groups[p.gid]
-        if now > old.key[1]:  # the later request has the fresher history
+        if self.cfg.merge == "later" and now > old.key[1]:  # the fresher history
             self._group_remove(p.gid, key[1])
             p.gid = self._group_for(gkey)
         p.prio = max(p.prio, prio)

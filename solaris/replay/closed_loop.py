@@ -366,7 +366,7 @@ def schedule(cfg: SolarisConfig, lg: RequestLog, base: np.ndarray, seed: int,
         lg, base, fraction=cfg.verifier.fraction if fraction is None else fraction,
         horizon_s=cfg.verifier.horizon_s, read_ttl_s=float(cfg.cache.read_ttl_s),
         lag_s=s.lag_s, tick_s=s.tick_s, budget_per_hour=s.budget_per_hour, seed=seed,
-        record_writes=True, policy=policy)
+        record_writes=True, policy=policy, merge=cfg.queue.merge)
 
 
 # ------------------------------------------------------------------------------ a world
@@ -461,7 +461,7 @@ def run_world(ctx: LoopContext, opts: LoopOptions,
     policies = compare_policies(
         closed, ctx.base, fraction=cfg.verifier.fraction, fractions=POLICY_FRACTIONS,
         seed=opts.seed, horizon_s=float(cfg.verifier.horizon_s), read_ttl_s=ttl, lag_s=lag,
-        tick_s=s.tick_s, budget_per_hour=s.budget_per_hour)
+        tick_s=s.tick_s, budget_per_hour=s.budget_per_hour, merge=cfg.queue.merge)
     report = {
         **ctx.info, "options": dataclasses.asdict(opts), "lag_s": lag, "read_ttl_s": ttl,
         "tick_s": s.tick_s, "budget_per_hour": s.budget_per_hour,

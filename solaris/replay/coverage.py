@@ -141,7 +141,7 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
                            horizon_s: float, read_ttl_s: float, lag_s: float, tick_s: float,
                            budget_per_hour: float, seed: int = 0, random_picks: bool = False,
                            skip_pending: bool = False, record_writes: bool = False,
-                           policy: Policy | None = None) -> dict:
+                           policy: Policy | None = None, merge: str = "earlier") -> dict:
     """Pair coverage of the precompute schedule, simulated on (user, item) keys.
 
     Event time advances in ticks of ``tick_s`` from ``floor(ts[0] / tick_s) * tick_s``; the
@@ -156,8 +156,10 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
       the policy's priority (the verifier's: the score; random picks': uniform random) and
       the request's ts. A pair
       already pending is merged as the live queue does (the router sends no in-flight mask):
-      the higher priority is kept and the pair moves to the later request (its ts and queue
-      order). ``skip_pending=True`` drops pending pairs at the verifier instead;
+      the higher priority is kept and the pair keeps its place (``merge="earlier"``, the
+      queue's default) or moves to the later request, its ts and queue order
+      (``merge="later"``; ``QueueConfig.merge``).
+      ``skip_pending=True`` drops pending pairs at the verifier instead;
     * at the tick's end ``T_end = T + tick_s``: pending pairs whose request ts <=
       ``T_end - lag_s`` are eligible; ``budget_per_hour * tick_s / 3600`` evaluations are
       added to an allowance, its whole part is spent and lost if unused, its fraction
@@ -177,6 +179,8 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
     ``surface``, ``written_at`` (the request ts the entry holds z as of) and ``visible_at``
     (the end of the tick that released it: requests from then on read it).
     """
+    if merge not in ("later", "earlier"):
+        raise ConfigError(f"merge={merge!r}: 'later' or 'earlier'")
     r, c = request_log.candidates.shape
     s = np.asarray(scores, np.float64)
     if s.shape != (r, c):
@@ -230,7 +234,7 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
         else:
             state["merged"] += 1
             p.prio = max(p.prio, prio)
-            if req_ts > p.req_ts:
+            if merge == "later" and req_ts > p.req_ts:
                 p.req_ts, p.order, p.group = req_ts, order, group
             p.token = state["token"]
         heapq.heappush(waiting, (p.req_ts, p.token, key))

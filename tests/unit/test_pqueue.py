@@ -22,10 +22,12 @@ class FakeClock:
         return self.t
 
 
-def make_queue(capacity: int = 100, timeout: float = 10.0, lease_pairs: int = 16
+def make_queue(capacity: int = 100, timeout: float = 10.0, lease_pairs: int = 16,
+               merge: str = "earlier"
                ) -> tuple[PrecomputeQueue, FakeClock]:
     clock = FakeClock()
-    cfg = QueueConfig(capacity=capacity, lease_timeout_s=timeout, lease_pairs=lease_pairs)
+    cfg = QueueConfig(capacity=capacity, lease_timeout_s=timeout, lease_pairs=lease_pairs,
+                      merge=merge)
     return PrecomputeQueue(cfg, clock), clock
 
 
@@ -107,7 +109,7 @@ def test_flood_keeps_leased_work_and_the_bound():
 
 
 def test_identical_pairs_merge_keeping_the_max_priority_and_the_later_request():
-    q, _ = make_queue()
+    q, _ = make_queue(merge="later")
     assert put(q, 7, [1, 2], [0.3, 0.9], now=100.0) == 2
     assert put(q, 7, [1], [0.7], now=200.0, surface=1) == 0
     assert put(q, 7, [1, 1], [0.1, 0.2], now=150.0) == 0  # earlier request: stays at 200
@@ -122,6 +124,18 @@ def test_identical_pairs_merge_keeping_the_max_priority_and_the_later_request():
     assert put(q, 7, [2], [0.99], now=300.0) == 0
     assert q.contains(np.array([7, 7, 7]), np.array([2, 1, 3]), V).tolist() == [True, True, False]
     assert q.metrics()["depth"] == 1  # only the fm-v2 pair
+
+
+def test_by_default_a_merged_pair_keeps_its_place_with_the_max_priority():
+    q, _ = make_queue()
+    assert put(q, 7, [1, 2], [0.3, 0.9], now=100.0) == 2
+    assert put(q, 7, [1], [0.7], now=200.0, surface=1) == 0  # later request: stays at 100
+    ls = q.lease(10, version=V)
+    got = {(g.now, g.surface): dict(zip(g.items.tolist(), g.priorities.tolist()))
+           for g in ls.groups}
+    assert got == {(100.0, 0): {2: 0.9, 1: 0.7}}
+    with pytest.raises(Exception, match="queue.merge"):
+        QueueConfig(merge="newest")
 
 
 def test_lease_returns_whole_request_groups_best_first():

@@ -17,8 +17,9 @@ _log = request_log
 
 
 def _sim(lg, scores=None, **kw):
+    # the merge rule these cases spell out: a pending pair moves to the later request
     args = dict(fraction=1.0, horizon_s=0.0, read_ttl_s=100.0, lag_s=0.0, tick_s=10.0,
-                budget_per_hour=0.0)
+                budget_per_hour=0.0, merge="later")
     args.update(kw)
     if scores is None:
         scores = np.zeros(lg.candidates.shape)
@@ -137,6 +138,15 @@ def test_duplicates_merge_keeping_the_higher_priority_and_the_later_request():
     got = _sim(lg, scores, budget_per_hour=360, skip_pending=True)
     assert got["merged"] == 0 and got["per_request_enqueued"][1] == 1
     assert got["found"][2].tolist() == [False, False]
+    # the queue's default rule: item 1 keeps its place (ts 0) with priority 0.9, so it is
+    # written first, as of ts 0, and has expired by ts 104
+    got = _sim(lg, scores, budget_per_hour=360, merge="earlier", record_writes=True)
+    assert got["merged"] == 1
+    w = got["writes"]
+    assert w["item"][0] == 1 and w["written_at"][0] == 0.0 and w["visible_at"][0] == 10.0
+    assert got["found"][2].tolist() == [False, False]
+    with pytest.raises(ConfigError, match="merge="):
+        _sim(lg, scores, merge="newest")
 
 
 def test_random_picks_spend_the_same_evaluations_on_other_pairs():
