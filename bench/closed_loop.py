@@ -1,0 +1,106 @@
+"""Benchmark: the closed loop pooled over training seeds of one synthetic window.
+
+    python bench/closed_loop.py RUN_DIR [RUN_DIR ...] --json OUT.json [--resamples 2000]
+
+Each RUN_DIR is a finished ``solaris simulate`` or ``solaris replay --closed-loop`` (its
+``closed_loop.json`` and ``arms.npz``). The expected clicks per request of every arm are
+pooled over the runs with a paired bootstrap (one request draw shared by every arm and, the
+runs replaying the same window, by every seed): each arm's gain over the VM alone,
+``click_lift`` (SOLARIS's share of the FM inline's gain), ``lift_oracle`` (the share the FM
+inline on the covered candidates would get) and their ratio. Per run: the same figures, the
+shadow arm's coverage against its ceiling and oracle bound, the speculation policies at the
+verifier's cost, the FM's excess BCE over the VM alone's, and, for live runs, the live arm
+against the in-process one. Prints one table, writes every number as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from solaris.eval.render import to_json  # noqa: E402
+from solaris.replay.closed_loop import paired_lift  # noqa: E402
+
+
+def load(run: Path) -> tuple[dict, dict[str, np.ndarray], np.ndarray]:
+    rep = json.loads((run / "closed_loop.json").read_text())
+    with np.load(run / "arms.npz") as f:
+        clicks = {k.split("/")[0]: f[k].sum(1) for k in f.files if k.endswith("/p_true")}
+        rid = f["request_id"]
+    return rep, clicks, rid
+
+
+def per_run(run: Path, rep: dict) -> dict:
+    pol, cov, lift = rep["policies"], rep["shadow_coverage"], rep["lift"]
+    at = pol["at_verifier_cost"]
+    out = {"run": str(run), "seed": rep["options"]["seed"], "requests": rep["requests"],
+           "clicks_per_request": lift["clicks_per_request"],
+           "gain_over_vm": lift["gain_over_vm"], "click_lift": lift.get("click_lift"),
+           "lift_oracle": lift.get("lift_oracle"),
+           "click_lift_over_lift_oracle": lift.get("click_lift_over_lift_oracle"),
+           "lift_by_arm": lift.get("lift_by_arm"),
+           "shadow_pair": cov["pair"], "shadow_ceiling": cov["ceiling"],
+           "shadow_pair_over_ceiling": cov["pair_over_ceiling"],
+           "shadow_effective": cov["effective"],
+           "effective_oracle_bound": cov["effective_oracle_bound"],
+           "effective_over_bound": cov["effective_over_bound"],
+           "fm_evals_per_1k": at["fm_evals_per_1k"], "policy_pair_at_verifier_cost": at["pair"],
+           "oracle_policy": at["oracle"], "verifier_over_random": pol["verifier_over_random"],
+           "gap_closed": pol["gap_closed"], "cost_to_match_verifier": pol["cost_to_match_verifier"],
+           "candidate_recurrence": rep["candidate_recurrence_closed_loop"],
+           "excess_bce": {a: m["excess_bce"] for a, m in rep["arms"].items()},
+           "fm_excess_over_vm_excess": rep.get("fm_excess_over_vm_excess")}
+    if rep.get("live"):
+        out["live"] = rep["live"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("runs", nargs="+", type=Path)
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--resamples", type=int, default=2000)
+    a = p.parse_args(argv)
+    t0 = time.perf_counter()
+    reps, clicks, rids = zip(*(load(r) for r in a.runs))
+    if any(not np.array_equal(rids[0], r) for r in rids[1:]):
+        raise SystemExit("the runs did not replay the same requests: pool only one window")
+    arms = [k for k in clicks[0] if all(k in c for c in clicks)]
+    pooled = paired_lift({k: [c[k] for c in clicks] for k in arms}, resamples=a.resamples)
+    rows = [per_run(r, rep) for r, rep in zip(a.runs, reps)]
+    res = {"runs": rows, "pooled": pooled, "seconds": round(time.perf_counter() - t0, 1)}
+    a.json.parent.mkdir(parents=True, exist_ok=True)
+    a.json.write_text(to_json(res))
+
+    def ci(d: dict | None) -> str:
+        if not d:
+            return "n/a"
+        return f"{d['point']:.3f} [{d['ci'][0]:.3f}, {d['ci'][1]:.3f}]"
+
+    print(f"{'seed':<6}{'vm':>7}{'solaris':>9}{'fm':>7}{'oracle':>8}{'click_lift':>25}"
+          f"{'lift_oracle':>25}{'pair/ceil':>10}{'eff/bound':>10}{'ver/rand':>9}")
+    for r in rows:
+        c = r["clicks_per_request"]
+        print(f"{r['seed']:<6}{c['vm']:>7.3f}{c.get('solaris', float('nan')):>9.3f}"
+              f"{c.get('fm', float('nan')):>7.3f}{c.get('oracle', float('nan')):>8.3f}"
+              f"{ci(r['click_lift']):>25}{ci(r['lift_oracle']):>25}"
+              f"{r['shadow_pair_over_ceiling']:>10.3f}{r['effective_over_bound']:>10.3f}"
+              f"{r['verifier_over_random']:>9.2f}")
+    print("pooled: gain over vm " + ", ".join(f"{k} {ci(v)}" for k, v in
+                                               pooled["gain_over_vm"].items()))
+    print(f"pooled: click_lift {ci(pooled.get('click_lift'))}, lift_oracle "
+          f"{ci(pooled.get('lift_oracle'))}, ratio {ci(pooled.get('click_lift_over_lift_oracle'))}")
+    print(f"wrote {a.json} ({res['seconds']} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
