@@ -25,6 +25,9 @@ for every policy, so they differ only in the bet.
   the user's request rate and the time since the previous one, how often the item was
   labelled in the last day and whether this pair ever was -- in the spirit of learned cache
   admission (LRB, NSDI 2020). Until its first fit it bets as the verifier does.
+* ``allocated``: the learned model's bets allocated across requests -- every candidate whose
+  predicted probability reaches the threshold that admitted the top ``fraction`` of all
+  candidates over the last day -- so the FM cost goes to the users likely to come back.
 * ``oracle``: knows the future -- every candidate whose pair is labelled (shown) at a later
   request of the user, after the lag and within the TTL; the bound of any policy that only
   computes pairs it has seen as candidates. Built from a whole request log.
@@ -331,7 +334,46 @@ class LearnedPolicy:
                 self.pair_labels.setdefault((req.user, it), []).append(req.ts)
 
 
-POLICIES = ("verifier", "random", "recurrence", "learned", "oracle")
+class AllocatedPolicy(LearnedPolicy):
+    """The learned model's bets allocated across requests, not per request: every candidate
+    whose predicted probability reaches a threshold -- the one that, on the requests of the
+    last ``window_s`` before the latest refit, admits the top ``fraction`` of all candidates
+    -- so a request whose user is unlikely to come back within the TTL spends little or
+    nothing, and one whose user is in the middle of a busy day spends more. The same FM cost
+    as the per-request policies on average over that window; until the first fit, the
+    verifier's bet."""
+
+    name = "allocated"
+
+    def __init__(self, read_ttl_s: float, lag_s: float, refit_s: float = 6 * 3600.0,
+                 window_s: float = 86400.0, **kw) -> None:
+        super().__init__(read_ttl_s, lag_s, refit_s, **kw)
+        if not (math.isfinite(window_s) and window_s > 0):
+            raise ConfigError(f"window_s={window_s!r}: must be a finite number > 0")
+        self.window_s = float(window_s)
+        self._preds: np.ndarray | None = None  # sorted predictions over the last window
+
+    def _fit(self, now: float) -> None:
+        super()._fit(now)
+        if self.w is None:
+            return
+        recent = [r[3] for r in self.rows if r[0] >= now - self.window_s]
+        self._preds = np.sort(self.predict(np.concatenate(recent))) if recent else None
+
+    def rank(self, req: Candidates, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+        top, prio = super().rank(req, fraction)
+        if self.w is None or self._preds is None or not len(self._preds):
+            return top, prio
+        p = self.predict(self._pending)
+        n = len(self._preds)
+        k = min(n, top_count(n, fraction))
+        thr = self._preds[n - k] if k > 0 else np.inf
+        keep = np.flatnonzero(p >= thr)
+        order = keep[np.lexsort((req.items[keep], -p[keep]))]
+        return order, p[order]
+
+
+POLICIES = ("verifier", "random", "recurrence", "learned", "allocated", "oracle")
 
 
 def make_policy(name: str, *, seed: int = 0, read_ttl_s: float = 4 * 3600.0, lag_s: float = 0.0,
@@ -345,6 +387,8 @@ def make_policy(name: str, *, seed: int = 0, read_ttl_s: float = 4 * 3600.0, lag
         return RecurrencePolicy(read_ttl_s)
     if name == "learned":
         return LearnedPolicy(read_ttl_s, lag_s)
+    if name == "allocated":
+        return AllocatedPolicy(read_ttl_s, lag_s)
     if name == "oracle":
         if request_log is None:
             raise ConfigError("policy 'oracle': needs the request log it foresees")

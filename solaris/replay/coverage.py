@@ -407,7 +407,7 @@ def cost_at_coverage(curve: list[dict], pair: float) -> float | None:
     return None
 
 
-POLICY_NAMES = ("verifier", "random", "recurrence", "learned", "oracle")
+POLICY_NAMES = ("verifier", "random", "recurrence", "learned", "allocated", "oracle")
 
 
 def compare_policies(request_log: RequestLog, scores: np.ndarray, *, fraction: float,
@@ -444,4 +444,4 @@ def compare_policies(request_log: RequestLog, scores: np.ndarray, *, fraction: f
         "verifier_over_random": ver["pair"] / at["random"] if at.get("random") else None,
         "gap_closed": {name: ((at[name] - ver["pair"]) / gap
                               if at.get(name) is not None and gap > 0 else None)
-                       for name in ("random", "recurrence", "learned")}}
+                       for name in ("random", "recurrence", "learned", "allocated")}}
