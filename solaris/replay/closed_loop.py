@@ -465,6 +465,8 @@ def run_world(ctx: LoopContext, opts: LoopOptions,
     report = {
         **ctx.info, "options": dataclasses.asdict(opts), "lag_s": lag, "read_ttl_s": ttl,
         "tick_s": s.tick_s, "budget_per_hour": s.budget_per_hour,
+        "fraction": cfg.verifier.fraction, "horizon_s": cfg.verifier.horizon_s,
+        "queue_merge": cfg.queue.merge,
         "arms": {a: arm_metrics(g) for a, g in logs.items()},
         "lift": paired_lift({a: [g.p_true.sum(1)] for a, g in logs.items()}, seed=opts.seed),
         "shadow_coverage": cov, "coverage_bounds": bounds,
