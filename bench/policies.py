@@ -76,7 +76,7 @@ def _merge_rule(run: Path) -> str:
     return str((raw.get("queue") or {}).get("merge", "later"))
 
 
-def run_one(run: Path, seed: int, fractions: tuple[float, ...]) -> dict:
+def run_one(run: Path, seed: int, fractions: tuple[float, ...], merge: str = "run") -> dict:
     from solaris.replay.coverage import compare_policies
 
     t0 = time.perf_counter()
@@ -87,12 +87,13 @@ def run_one(run: Path, seed: int, fractions: tuple[float, ...]) -> dict:
                            read_ttl_s=float(rep["read_ttl_s"]), lag_s=float(rep["lag_s"]),
                            tick_s=float(rep["tick_s"]),
                            budget_per_hour=float(rep["budget_per_hour"]),
-                           merge=_merge_rule(run))
+                           merge=_merge_rule(run) if merge == "run" else merge)
     live = float(rep["coverage"]["pair"])
     sim = cmp["at_verifier_cost"]["pair"]["verifier"]
     return {
         "run": str(run), "seed": seed, "dataset": rep["dataset"], "log_rebuilt": rebuilt,
         "requests": int(lg.num_requests), "fraction": frac,
+        "merge": _merge_rule(run) if merge == "run" else merge,
         "live_check": {"live_pair": live, "simulated_pair": sim,
                        "abs_diff": abs(live - sim), "ok": abs(live - sim) <= 0.005},
         **cmp, "seconds": round(time.perf_counter() - t0, 1)}
@@ -108,12 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--plot", type=Path, required=True)
     p.add_argument("--fractions", type=float, nargs="+", default=list(FRACTIONS))
+    p.add_argument("--merge", choices=["run", "earlier", "later"], default="run",
+                   help="the queue's merge rule to simulate (run: the one the run served with)")
     a = p.parse_args(argv)
     t0 = time.perf_counter()
     out = []
     for spec in tqdm(a.runs, desc="runs"):
         run, _, seed = spec.partition(":")
-        out.append(run_one(Path(run), int(seed or 0), tuple(a.fractions)))
+        out.append(run_one(Path(run), int(seed or 0), tuple(a.fractions), a.merge))
     panels = {f"{r['dataset']} seed {r['seed']}": r["curves"] for r in out}
     policy_cost_plot(panels, a.plot)
     res = {"runs": out, "fractions": a.fractions, "plot": str(a.plot),
