@@ -38,6 +38,33 @@ def load(run: Path) -> tuple[dict, dict[str, np.ndarray], np.ndarray]:
     return rep, clicks, rid
 
 
+def recompute_policies(run: Path, rep: dict) -> dict:
+    """Every policy of ``solaris.speculation`` again on the run's shadow-arm log (runs made
+    before a policy existed), with the run's schedule."""
+    from solaris.config import QueueConfig, VerifierConfig
+    from solaris.replay.closed_loop import POLICY_FRACTIONS, shown_log
+    from solaris.replay.coverage import compare_policies
+    from solaris.replay.log import RequestLog
+
+    with np.load(run / "arms.npz") as f:
+        r, c = f["candidates"].shape
+        lg = RequestLog(user=f["user"], ts=f["ts"], surface=np.zeros(r, np.int32),
+                        candidates=f["candidates"],
+                        labels=np.full((r, c, 1), np.nan, np.float32), tasks=("click",))
+        pos = f["vm/pos"]
+        base = f["base"]
+    shadow = type("Shown", (), {"pos": pos, "click": np.zeros(pos.shape, bool),
+                                "conv": np.zeros(pos.shape, bool)})
+    closed = shown_log(lg, shadow)
+    return compare_policies(
+        closed, base, fraction=float(rep.get("fraction", VerifierConfig.fraction)),
+        fractions=POLICY_FRACTIONS, seed=int(rep["options"]["seed"]),
+        horizon_s=float(rep.get("horizon_s", VerifierConfig.horizon_s)),
+        read_ttl_s=float(rep["read_ttl_s"]), lag_s=float(rep["lag_s"]),
+        tick_s=float(rep["tick_s"]), budget_per_hour=float(rep["budget_per_hour"]),
+        merge=str(rep.get("queue_merge", QueueConfig.merge)))
+
+
 def per_run(run: Path, rep: dict) -> dict:
     pol, cov, lift = rep["policies"], rep["shadow_coverage"], rep["lift"]
     at = pol["at_verifier_cost"]
@@ -68,9 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runs", nargs="+", type=Path)
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--resamples", type=int, default=2000)
+    p.add_argument("--policies", action="store_true",
+                   help="recompute the policy comparison from each run's shadow-arm log")
     a = p.parse_args(argv)
     t0 = time.perf_counter()
     reps, clicks, rids = zip(*(load(r) for r in a.runs))
+    if a.policies:
+        for run, rep in zip(a.runs, reps):
+            rep["policies"] = recompute_policies(run, rep)
     if any(not np.array_equal(rids[0], r) for r in rids[1:]):
         raise SystemExit("the runs did not replay the same requests: pool only one window")
     arms = [k for k in clicks[0] if all(k in c for c in clicks)]
@@ -86,14 +118,17 @@ def main(argv: list[str] | None = None) -> int:
         return f"{d['point']:.3f} [{d['ci'][0]:.3f}, {d['ci'][1]:.3f}]"
 
     print(f"{'seed':<6}{'vm':>7}{'solaris':>9}{'fm':>7}{'oracle':>8}{'click_lift':>25}"
-          f"{'lift_oracle':>25}{'pair/ceil':>10}{'eff/bound':>10}{'ver/rand':>9}")
+          f"{'lift_oracle':>25}{'pair/ceil':>10}{'eff/bound':>10}{'ver/rand':>9}"
+          f"{'best gap':>9}{'best cost':>10}")
     for r in rows:
         c = r["clicks_per_request"]
         print(f"{r['seed']:<6}{c['vm']:>7.3f}{c.get('solaris', float('nan')):>9.3f}"
               f"{c.get('fm', float('nan')):>7.3f}{c.get('oracle', float('nan')):>8.3f}"
               f"{ci(r['click_lift']):>25}{ci(r['lift_oracle']):>25}"
               f"{r['shadow_pair_over_ceiling']:>10.3f}{r['effective_over_bound']:>10.3f}"
-              f"{r['verifier_over_random']:>9.2f}")
+              f"{r['verifier_over_random']:>9.2f}"
+              f"{max(v for v in r['gap_closed'].values() if v is not None):>9.2f}"
+              f"{min(v for v in r['cost_to_match_verifier'].values() if v is not None):>10.2f}")
     print("pooled: gain over vm " + ", ".join(f"{k} {ci(v)}" for k, v in
                                                pooled["gain_over_vm"].items()))
     print(f"pooled: click_lift {ci(pooled.get('click_lift'))}, lift_oracle "
