@@ -42,7 +42,7 @@ def recompute_policies(run: Path, rep: dict) -> dict:
     """Every policy of ``solaris.speculation`` again on the run's shadow-arm log (runs made
     before a policy existed), with the run's schedule."""
     from solaris.config import QueueConfig, VerifierConfig
-    from solaris.replay.closed_loop import POLICY_FRACTIONS, shown_log
+    from solaris.replay.closed_loop import POLICY_FRACTIONS, empty_log, shown_log
     from solaris.replay.coverage import compare_policies
     from solaris.replay.log import RequestLog
 
@@ -51,11 +51,10 @@ def recompute_policies(run: Path, rep: dict) -> dict:
         lg = RequestLog(user=f["user"], ts=f["ts"], surface=np.zeros(r, np.int32),
                         candidates=f["candidates"],
                         labels=np.full((r, c, 1), np.nan, np.float32), tasks=("click",))
-        pos = f["vm/pos"]
+        shadow = empty_log(r, f["vm/pos"].shape[1])
+        shadow.pos = f["vm/pos"]
         base = f["base"]
-    shadow = type("Shown", (), {"pos": pos, "click": np.zeros(pos.shape, bool),
-                                "conv": np.zeros(pos.shape, bool)})
-    closed = shown_log(lg, shadow)
+    closed = shown_log(lg, shadow)  # the policies read only which items were shown
     return compare_policies(
         closed, base, fraction=float(rep.get("fraction", VerifierConfig.fraction)),
         fractions=POLICY_FRACTIONS, seed=int(rep["options"]["seed"]),

@@ -665,9 +665,7 @@ def closed_loop_report(lr: LiveReplay, live: dict, prep: dict) -> dict[str, Any]
     in-process arms of the same seed (the VM alone as the shadow arm, the served VM on the
     simulated cache, the FM inline, the oracle), on the same arrivals and random numbers;
     writes OUT/closed_loop.json, OUT/arms.npz and OUT/closed_loop.png."""
-    from solaris.eval.render import to_json
-    from solaris.replay.closed_loop import report_table, run_world
-    from solaris.replay.plots import closed_loop_plot
+    from solaris.replay.closed_loop import report_table, run_world, write_outputs
 
     out, ctx, o = lr.out, lr.loop, lr.opts
     live_log = lr.loop_log
@@ -695,11 +693,7 @@ def closed_loop_report(lr: LiveReplay, live: dict, prep: dict) -> dict[str, Any]
         "seconds": round(live["seconds"], 1), "artifacts_seconds": prep["artifacts_seconds"]}
     rep["dataset"] = lr.ds.name
     rep["artifacts"] = str(lr.art_dirs[0])
-    np.savez_compressed(out / "arms.npz", request_id=ctx.request_id, user=ctx.lg.user,
-                        ts=ctx.lg.ts, candidates=ctx.lg.candidates, base=ctx.base,
-                        **{f"{a}/{k}": v for a, g in logs.items() for k, v in g.save().items()})
-    rep["plots"] = [str(closed_loop_plot(rep, out / "closed_loop.png"))]
-    (out / "closed_loop.json").write_text(to_json(rep))
+    write_outputs(out, ctx, logs, rep)
     rep["table"] = report_table(rep)
     return rep
 

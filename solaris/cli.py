@@ -139,12 +139,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     """The closed loop on the synthetic world: every arm ranks the window's requests itself
     and the world's click model labels what it shows (``solaris.replay.closed_loop``)."""
-    import numpy as np
     from tqdm import tqdm
 
-    from solaris.eval.render import to_json
-    from solaris.replay.closed_loop import LoopOptions, prepare, report_table, run_world
-    from solaris.replay.plots import closed_loop_plot
+    from solaris.replay.closed_loop import (LoopOptions, prepare, report_table, run_world,
+                                            write_outputs)
     from solaris.train.artifacts import train_artifacts
 
     cfg = _config(args)
@@ -167,13 +165,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     report["artifacts"] = str(art)
-    np.savez_compressed(out / "arms.npz", request_id=ctx.request_id, user=ctx.lg.user,
-                        ts=ctx.lg.ts, candidates=ctx.lg.candidates, base=ctx.base,
-                        **{f"{a}/{k}": v for a, g in logs.items() for k, v in g.save().items()})
-    report["plot"] = str(closed_loop_plot(report, out / "closed_loop.png"))
-    (out / "closed_loop.json").write_text(to_json(report))
+    write_outputs(out, ctx, logs, report)
     print(report_table(report))
-    print(f"wrote {out / 'closed_loop.json'}, {out / 'arms.npz'} and {report['plot']}")
+    print(f"wrote {out / 'closed_loop.json'}, {out / 'arms.npz'} and {report['plots'][0]}")
     return 0
 
 

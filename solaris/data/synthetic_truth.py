@@ -37,15 +37,6 @@ class Arrivals:
     interest: np.ndarray  # (R, d) float32
     session: np.ndarray  # (R,) int64
 
-    def index_of(self, request_ids: np.ndarray) -> np.ndarray:
-        """Positions of ``request_ids`` here; DataError-free: every id must be present."""
-        pos = np.searchsorted(self.request_id, request_ids)
-        pos = np.minimum(pos, len(self.request_id) - 1)
-        if len(request_ids) and not (self.request_id[pos] == request_ids).all():
-            missing = np.asarray(request_ids)[self.request_id[pos] != request_ids][:5]
-            raise KeyError(f"request ids not in the window's arrivals: {missing.tolist()}")
-        return pos
-
 
 def arrivals(world: World, start_ts: int) -> Arrivals:
     """Requests with absolute ts >= ``start_ts``, regenerated from the world's seed."""

@@ -115,12 +115,10 @@ class ArmLog:
     conv: np.ndarray  # bool
     tier: np.ndarray  # int8 pair-slot tier of the shown items as looked up (-1: no lookup)
     agg: np.ndarray  # bool aggregate present
-    cand_tier: np.ndarray | None = None  # (R, C) tiers of every candidate (the shadow arm)
     fm_evals: int = 0
 
     def save(self) -> dict[str, np.ndarray]:
-        out = {k: v for k, v in dataclasses.asdict(self).items() if isinstance(v, np.ndarray)}
-        return out
+        return {k: v for k, v in dataclasses.asdict(self).items() if isinstance(v, np.ndarray)}
 
 
 @dataclass
@@ -167,7 +165,7 @@ def run_arm(ctx: LoopContext, arm: str, opts: LoopOptions,
     wr = ctx.writes
     vis = wr["visible_at"]
     user_knn, item_knn = ctx.knn
-    out = empty_log(r, s_n, c if arm == "vm" else None)
+    out = empty_log(r, s_n)
     nxt = 0
     explore_u = explore_uniforms(ctx, opts)
     for i in range(r):
@@ -215,8 +213,6 @@ def run_arm(ctx: LoopContext, arm: str, opts: LoopOptions,
         if look is not None:
             out.tier[i, :n] = look.pair_tier[pos]
             out.agg[i, :n] = look.agg_present[pos]
-            if out.cand_tier is not None:
-                out.cand_tier[i] = look.pair_tier
         if progress is not None:
             progress(1)
     return out
@@ -244,15 +240,13 @@ def show_and_label(ctx: LoopContext, opts: LoopOptions, truth: SessionTruth, i: 
     return pos, prop, shown, pc, click, conv
 
 
-def empty_log(r: int, shown: int, candidates: int | None = None) -> ArmLog:
+def empty_log(r: int, shown: int) -> ArmLog:
     """An ``ArmLog`` for ``r`` requests showing ``shown`` items each, nothing filled yet."""
     return ArmLog(pos=np.zeros((r, shown), np.int64), item=np.zeros((r, shown), np.int64),
                   propensity=np.zeros((r, shown)), p_arm=np.zeros((r, shown)),
                   p_true=np.zeros((r, shown)), click=np.zeros((r, shown), bool),
                   conv=np.zeros((r, shown), bool), tier=np.full((r, shown), -1, np.int8),
-                  agg=np.zeros((r, shown), bool),
-                  cand_tier=None if candidates is None else np.full((r, candidates), -1,
-                                                                    np.int8))
+                  agg=np.zeros((r, shown), bool))
 
 
 # ------------------------------------------------------------------------------ metrics
@@ -347,26 +341,44 @@ def shadow_coverage(lg: RequestLog, shadow: ArmLog, read_ttl_s: float, lag_s: fl
     """Coverage of the shadow arm's shown items against its ceiling (shown items that were a
     candidate of the same user within the TTL and after the lag)."""
     log = shown_log(lg, shadow)
-    lab = log.labelled
-    ceil = ceiling_mask(log, read_ttl_s, lag_s)
-    pair = shadow.cand_tier == Tier.PAIR
-    ceiling = float(ceil[lab].mean())
-    cov = float(pair[lab].mean())
+    ceiling = float(ceil_of_shown(log, read_ttl_s, lag_s, shadow.pos).mean())
+    cov = float((shadow.tier == Tier.PAIR).mean())
     return {"pair": cov, "ceiling": ceiling,
             "pair_over_ceiling": cov / ceiling if ceiling > 0 else math.nan,
             "slot_any_tier": float((shadow.tier != Tier.NONE).mean()),
             "effective": float(((shadow.tier != Tier.NONE) | shadow.agg).mean())}
 
 
-def schedule(cfg: SolarisConfig, lg: RequestLog, base: np.ndarray, seed: int,
-             policy=None, fraction: float | None = None) -> dict:
-    """The key-level speculation schedule over the window (the verifier by default)."""
+def ceil_of_shown(log: RequestLog, read_ttl_s: float, lag_s: float, pos: np.ndarray
+                  ) -> np.ndarray:
+    """(R, S) whether each shown item (positions ``pos``) is within the pair ceiling: a
+    candidate of the same user within the TTL before, and at least the lag before."""
+    return np.take_along_axis(ceiling_mask(log, read_ttl_s, lag_s), pos, axis=1)
+
+
+def schedule(cfg: SolarisConfig, lg: RequestLog, base: np.ndarray, seed: int) -> dict:
+    """The verifier's key-level speculation schedule over the window, with its writes."""
     s = cfg.schedule
     return simulate_pair_coverage(
-        lg, base, fraction=cfg.verifier.fraction if fraction is None else fraction,
-        horizon_s=cfg.verifier.horizon_s, read_ttl_s=float(cfg.cache.read_ttl_s),
-        lag_s=s.lag_s, tick_s=s.tick_s, budget_per_hour=s.budget_per_hour, seed=seed,
-        record_writes=True, policy=policy, merge=cfg.queue.merge)
+        lg, base, fraction=cfg.verifier.fraction, horizon_s=cfg.verifier.horizon_s,
+        read_ttl_s=float(cfg.cache.read_ttl_s), lag_s=s.lag_s, tick_s=s.tick_s,
+        budget_per_hour=s.budget_per_hour, seed=seed, record_writes=True,
+        merge=cfg.queue.merge)
+
+
+def write_outputs(out: Path, ctx: LoopContext, logs: dict[str, ArmLog], report: dict) -> None:
+    """``out``/arms.npz (the window's requests and every arm's log), closed_loop.png and
+    closed_loop.json (``report``, with the plot's path added)."""
+    from solaris.eval.render import to_json
+    from solaris.replay.plots import closed_loop_plot
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out / "arms.npz", request_id=ctx.request_id, user=ctx.lg.user,
+                        ts=ctx.lg.ts, candidates=ctx.lg.candidates, base=ctx.base,
+                        **{f"{a}/{k}": v for a, g in logs.items() for k, v in g.save().items()})
+    report["plots"] = [str(closed_loop_plot(report, out / "closed_loop.png"))]
+    (out / "closed_loop.json").write_text(to_json(report))
 
 
 # ------------------------------------------------------------------------------ a world
