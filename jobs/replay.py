@@ -440,11 +440,7 @@ class LiveReplay:
             pos, prop, shown, pc, click, conv = show_and_label(
                 self.loop, self.loop_opts, self.loop_truth, r, scores[r].astype(np.float64),
                 self.loop_explore[r])
-            n = len(pos)
-            out.pos[r, :n], out.item[r, :n], out.propensity[r, :n] = pos, shown, prop
-            out.p_arm[r, :n], out.p_true[r, :n] = scores[r][pos], pc
-            out.click[r, :n], out.conv[r, :n] = click, conv
-            out.tier[r, :n], out.agg[r, :n] = tiers[r][pos], agg[r][pos]
+            out.record(r, pos, prop, shown, scores[r], pc, click, conv, tiers[r], agg[r])
             bodies.append({"user_id": int(lg.user[r]), "items": shown.tolist(),
                            "labels": np.stack([click, conv], 1).astype(int).tolist(),
                            "now": float(lg.ts[r])})

@@ -310,11 +310,16 @@ class LearnedPolicy:
         X = self.features(req)
         self._pending = X
         p = self.predict(X)
-        k = top_count(len(req.items), fraction)
         if p is None:  # no model yet: the verifier's bet
-            top = _by_score(req, k)
+            top = _by_score(req, top_count(len(req.items), fraction))
             return top, req.scores[top]
-        top = np.lexsort((req.items, -p))[:k]
+        return self._select(req, p, fraction)
+
+    def _select(self, req: Candidates, p: np.ndarray, fraction: float
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """The bets among the candidates given their predicted probabilities ``p``: the top
+        ``fraction`` of this request (ties: smaller item id)."""
+        top = np.lexsort((req.items, -p))[:top_count(len(req.items), fraction)]
         return top, p[top]
 
     def observe(self, req: Candidates) -> None:
@@ -360,11 +365,10 @@ class AllocatedPolicy(LearnedPolicy):
         recent = [r[3] for r in self.rows if r[0] >= now - self.window_s]
         self._preds = np.sort(self.predict(np.concatenate(recent))) if recent else None
 
-    def rank(self, req: Candidates, fraction: float) -> tuple[np.ndarray, np.ndarray]:
-        top, prio = super().rank(req, fraction)
-        if self.w is None or self._preds is None or not len(self._preds):
-            return top, prio
-        p = self.predict(self._pending)
+    def _select(self, req: Candidates, p: np.ndarray, fraction: float
+                ) -> tuple[np.ndarray, np.ndarray]:
+        if self._preds is None or not len(self._preds):  # nothing recent to set it on
+            return super()._select(req, p, fraction)
         n = len(self._preds)
         k = min(n, top_count(n, fraction))
         thr = self._preds[n - k] if k > 0 else np.inf

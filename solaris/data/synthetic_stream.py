@@ -62,7 +62,6 @@ class Events:
     # what the labels were drawn from (the closed loop draws its own from the same model)
     interest: np.ndarray  # (R, d) float32 the user's unit interest on the request's surface
     session: np.ndarray  # (R,) int64 global session id (window << 32 | session in window)
-    position: np.ndarray  # (R,) int32 the request's position in its session
 
     def take(self, idx: np.ndarray) -> "Events":
         return Events(**{f.name: getattr(self, f.name)[idx] for f in dataclasses.fields(self)})
@@ -220,8 +219,7 @@ def _window(world: World, rng: np.random.Generator, t0: int, t1: int, interest: 
     ev = Events(order=order0 + np.arange(n_req, dtype=np.int64), user=r_user.astype(np.int64),
                 ts=r_ts.astype(np.int64), surface=r_surf, cand=cand, imp=imp, click=click,
                 conv=conv, interest=u_req.astype(np.float32),
-                session=(np.int64(window) << 32) + r_sess.astype(np.int64),
-                position=r_pos.astype(np.int32))
+                session=(np.int64(window) << 32) + r_sess.astype(np.int64))
     return ev, drifted
 
 

@@ -227,7 +227,7 @@ def simulate_serving(cfg: SolarisConfig, ds: Dataset, tables: FeatureTables, lg:
         t = float(lg.ts[i])
         stop = int(np.searchsorted(vis, t, side="right"))
         if stop > nxt:
-            _put(store, wr, z, nxt, stop, version)
+            put_writes(store, wr, z[nxt:stop], nxt, stop, version)
             nxt = stop
         ci = np.flatnonzero(lab[i])
         if len(ci) == 0:
@@ -259,13 +259,14 @@ def simulate_serving(cfg: SolarisConfig, ds: Dataset, tables: FeatureTables, lg:
     return out
 
 
-def _put(store: PairStore, wr: dict[str, np.ndarray], z: np.ndarray, lo: int, hi: int,
-         version: str) -> None:
-    """Writes lo..hi-1 into ``store``, each at its own ``written_at`` (one put per time)."""
+def put_writes(store: PairStore, wr: dict[str, np.ndarray], z: np.ndarray, lo: int, hi: int,
+               version: str) -> None:
+    """Writes lo..hi-1 (their vectors ``z``, hi - lo rows) into ``store``, each at its own
+    ``written_at`` (one put per time)."""
     at = wr["written_at"][lo:hi]
     for t in np.unique(at):
-        m = lo + np.flatnonzero(at == t)
-        store.put(wr["user"][m], wr["item"][m], z[m], version, float(t))
+        m = np.flatnonzero(at == t)
+        store.put(wr["user"][lo + m], wr["item"][lo + m], z[m], version, float(t))
 
 
 def simulate_period(cfg: SolarisConfig, ds: Dataset, tables: FeatureTables, periods,

@@ -117,6 +117,19 @@ class ArmLog:
     agg: np.ndarray  # bool aggregate present
     fm_evals: int = 0
 
+    def record(self, i: int, pos: np.ndarray, prop: np.ndarray, shown: np.ndarray,
+               scores: np.ndarray, p_true: np.ndarray, click: np.ndarray, conv: np.ndarray,
+               tiers: np.ndarray | None, agg: np.ndarray | None) -> None:
+        """Row ``i``: what was shown (positions, propensities, items), the arm's ``scores``
+        of all candidates, the truth's probabilities and labels, and, where the arm looked
+        its cache up, the candidates' ``tiers`` and aggregate presence (``agg``)."""
+        n = len(pos)
+        self.pos[i, :n], self.item[i, :n], self.propensity[i, :n] = pos, shown, prop
+        self.p_arm[i, :n], self.p_true[i, :n] = scores[pos], p_true
+        self.click[i, :n], self.conv[i, :n] = click, conv
+        if tiers is not None:
+            self.tier[i, :n], self.agg[i, :n] = tiers[pos], agg[pos]
+
     def save(self) -> dict[str, np.ndarray]:
         return {k: v for k, v in dataclasses.asdict(self).items() if isinstance(v, np.ndarray)}
 
@@ -147,7 +160,7 @@ class LoopContext:
 def run_arm(ctx: LoopContext, arm: str, opts: LoopOptions,
             progress: Callable[[int], None] | None = None) -> ArmLog:
     """One arm over the whole window, request by request in event order."""
-    from solaris.eval.served import select_slots, worker_vectors
+    from solaris.eval.served import put_writes, select_slots, worker_vectors
     from solaris.scoring import ScoreRequest
 
     cfg, lg = ctx.cfg, ctx.lg
@@ -174,12 +187,8 @@ def run_arm(ctx: LoopContext, arm: str, opts: LoopOptions,
         if store is not None:
             stop = int(np.searchsorted(vis, t, side="right"))
             if stop > nxt:
-                z = worker_vectors(worker, wr, ctx.dim, ctx.version, nxt, stop)
-                at = wr["written_at"][nxt:stop]
-                for w_at in np.unique(at):
-                    m = np.flatnonzero(at == w_at)
-                    store.put(wr["user"][nxt + m], wr["item"][nxt + m], z[m], ctx.version,
-                              float(w_at))
+                put_writes(store, wr, worker_vectors(worker, wr, ctx.dim, ctx.version, nxt,
+                                                     stop), nxt, stop, ctx.version)
                 out.fm_evals += stop - nxt
                 nxt = stop
         look = None
@@ -206,13 +215,9 @@ def run_arm(ctx: LoopContext, arm: str, opts: LoopOptions,
         pos, prop, shown, pc, click, conv = show_and_label(ctx, opts, truth, i, p,
                                                            explore_u[i])
         hist.record_labels(user, shown, np.stack([click, conv], 1).astype(np.float64), t)
-        n = len(pos)
-        out.pos[i, :n], out.item[i, :n], out.propensity[i, :n] = pos, shown, prop
-        out.p_arm[i, :n], out.p_true[i, :n] = p[pos], pc
-        out.click[i, :n], out.conv[i, :n] = click, conv
-        if look is not None:
-            out.tier[i, :n] = look.pair_tier[pos]
-            out.agg[i, :n] = look.agg_present[pos]
+        out.record(i, pos, prop, shown, p, pc, click, conv,
+                   None if look is None else look.pair_tier, None if look is None else
+                   look.agg_present)
         if progress is not None:
             progress(1)
     return out

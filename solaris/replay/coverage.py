@@ -407,9 +407,6 @@ def cost_at_coverage(curve: list[dict], pair: float) -> float | None:
     return None
 
 
-POLICY_NAMES = ("verifier", "random", "recurrence", "learned", "allocated", "oracle")
-
-
 def compare_policies(request_log: RequestLog, scores: np.ndarray, *, fraction: float,
                      fractions: tuple[float, ...], seed: int, read_ttl_s: float, lag_s: float,
                      **kw) -> dict:
@@ -419,12 +416,12 @@ def compare_policies(request_log: RequestLog, scores: np.ndarray, *, fraction: f
     the verifier (as a share of the verifier's), ``verifier_over_random`` and the share of
     the verifier-to-oracle gap each closes; plus the log's candidate recurrence. ``kw``: the
     other schedule arguments of ``simulate_pair_coverage``."""
-    from solaris.speculation import make_policy
+    from solaris.speculation import POLICIES, make_policy
 
     fr = tuple(sorted(set(fractions) | {fraction}))
     makers = {name: (lambda name=name: make_policy(name, seed=seed, read_ttl_s=read_ttl_s,
                                                    lag_s=lag_s, request_log=request_log))
-              for name in POLICY_NAMES}
+              for name in POLICIES}
     curves = policy_curves(request_log, scores, makers, fr, read_ttl_s=read_ttl_s,
                            lag_s=lag_s, seed=seed, **kw)
     ver = next(p for p in curves["verifier"] if p["fraction"] == fraction)

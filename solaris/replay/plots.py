@@ -211,4 +211,6 @@ def closed_loop_plot(report: dict, path: str | Path) -> Path:
     b.set_ylabel("pair coverage of shown items (shadow)")
     b.legend(fontsize=8)
     b.grid(alpha=0.3)
-    return _save(fig, path)
+    out = _save(fig, path)
+    plt.close(fig)
+    return out
