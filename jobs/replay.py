@@ -74,8 +74,8 @@ class ReplayOptions:
     seed: int = 0
     progress: bool = True
     rollover_at: float | None = None  # share of the window at which FM v2 is rolled out
-    closed_loop: bool = False  # rank, show and label with the ground truth (synthetic only)
-    shown: int = 6  # closed loop: top-ranked candidates shown per request
+    closed_loop: bool = False  # rank, show and label with the ground truth
+    shown: int = 6  # closed loop: top-ranked candidates shown per request (MovieLens: 10)
     explore: int = 1  # closed loop: uniform exploration slots below them
     extra: dict[str, Any] = field(default_factory=dict)  # config overrides for the app
 
@@ -137,8 +137,9 @@ class LiveReplay:
     """One replay run: prepare, serve, drive, collect. ``run`` returns the served arrays."""
 
     def __init__(self, cfg: SolarisConfig, ds: Any, out: Path, opts: ReplayOptions,
-                 say: Callable[[str], None] = print) -> None:
+                 say: Callable[[str], None] = print, truth: Any = None) -> None:
         self.cfg, self.ds, self.out, self.opts, self.say = cfg, ds, Path(out), opts, say
+        self.truth = truth  # the closed loop's MovieLens ground truth
         self.out.mkdir(parents=True, exist_ok=True)
 
     # -- preparation (no Ray)
@@ -176,11 +177,12 @@ class LiveReplay:
 
             if o.rollover_at is not None:
                 raise SolarisError("--closed-loop with --rollover-at: not supported")
-            self.loop_opts = LoopOptions(shown=o.shown, explore=o.explore, seed=o.seed)
+            self.loop_opts = LoopOptions(shown=o.shown, explore=o.explore, seed=o.seed,
+                                         candidates=o.num_candidates)
             sched = with_overrides(cfg, {"schedule.tick_s": o.tick_s, "schedule.lag_s": o.lag_s,
                                          "schedule.budget_per_hour": o.budget_per_hour})
             self.loop = loop_prepare(sched, ds, self.art_dirs[0], self.loop_opts,
-                                     o.max_requests)
+                                     o.max_requests, truth=self.truth)
             self.log = self.loop.lg  # the same requests and candidates, no labels yet
             self.loop_truth = self.loop.make_truth()
             self.loop_explore = explore_uniforms(self.loop, self.loop_opts)
@@ -473,8 +475,9 @@ def _bar(total: int, desc: str, on: bool):
 
 
 def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
-           say: Callable[[str], None] = print) -> dict[str, Any]:
-    """One replay: prepare, serve, drive, measure; writes OUT/replay.json and the plots."""
+           say: Callable[[str], None] = print, truth: Any = None) -> dict[str, Any]:
+    """One replay: prepare, serve, drive, measure; writes OUT/replay.json and the plots.
+    ``truth``: the closed loop's MovieLens ground truth (``ds`` relabelled by it)."""
     from solaris.replay.coverage import coverage_over_time
     from solaris.replay.plots import coverage_time_plot, rollover_plot
     from solaris.knn import load_current
@@ -483,7 +486,7 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
                                        transfer_from_log)
 
     out = Path(out)
-    lr = LiveReplay(cfg, ds, out, opts, say)
+    lr = LiveReplay(cfg, ds, out, opts, say, truth)
     prep = lr.prepare()
     live = lr.run()
     if opts.closed_loop:
@@ -606,10 +609,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sweep", action="store_true",
                    help="also replay at other budgets and TTLs and plot coverage and TR")
     p.add_argument("--closed-loop", action="store_true",
-                   help="synthetic: the system ranks, shows its top --shown plus --explore "
-                   "uniform slots, the world's click model labels them (solaris simulate's "
-                   "arms run beside it); writes OUT/closed_loop.json")
-    p.add_argument("--shown", type=int, default=d.shown)
+                   help="the system ranks, shows its top --shown plus --explore uniform "
+                   "slots, a ground truth labels them (synthetic: the world's click model; "
+                   "movielens: a like-model fitted on every period, OUT/ground_truth.npz, by "
+                   "which the log before the window is relabelled); solaris simulate's arms "
+                   "run beside it; writes OUT/closed_loop.json")
+    p.add_argument("--shown", type=int,
+                   help=f"closed loop: top-ranked candidates shown (default {d.shown}; "
+                   "movielens 10)")
     p.add_argument("--explore", type=int, default=d.explore)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--evaluate-only", action="store_true",
@@ -621,7 +628,9 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
                          workers=args.workers,
                          max_requests=args.max_requests, port=args.port, seed=args.seed,
                          rollover_at=args.rollover_at, progress=not args.no_progress,
-                         closed_loop=args.closed_loop, shown=args.shown, explore=args.explore,
+                         closed_loop=args.closed_loop, explore=args.explore,
+                         shown=args.shown if args.shown is not None else (
+                             10 if args.dataset == "movielens" else ReplayOptions.shown),
                          # the KNN job reads the logged interactions: in a closed loop only
                          # the initial build (as of the window start) is causal for the arm
                          knn_every_h=0.0 if args.closed_loop else args.knn_every_h)
@@ -642,7 +651,13 @@ def run_from_args(args: argparse.Namespace) -> int:
         return evaluate_only(Path(args.out))
     ds = load_dataset(cfg.data, fetch=args.fetch)
     opts = options_from_args(args)
-    rep = replay(cfg, ds, args.out, opts)
+    truth = None
+    if opts.closed_loop and args.dataset == "movielens":
+        from solaris.data.rating_truth import relabel, truth_at
+
+        truth = truth_at(ds, Path(args.out) / "ground_truth.npz")
+        ds = relabel(ds, truth, opts.seed)
+    rep = replay(cfg, ds, args.out, opts, truth=truth)
     if opts.closed_loop:
         print(rep.pop("table"))
         print(f"wrote {Path(args.out) / 'closed_loop.json'} and {', '.join(rep['plots'])}")

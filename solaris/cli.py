@@ -137,8 +137,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    """The closed loop on the synthetic world: every arm ranks the window's requests itself
-    and the world's click model labels what it shows (``solaris.replay.closed_loop``)."""
+    """The closed loop: every arm ranks the window's requests itself and a ground truth labels
+    what it shows (``solaris.replay.closed_loop``): the synthetic world's click model, or on
+    MovieLens a like-model fitted on every period (``solaris.data.rating_truth``), by which
+    the periods before the window are relabelled before the models train."""
     from tqdm import tqdm
 
     from solaris.replay.closed_loop import (LoopOptions, prepare, report_table, run_world,
@@ -146,18 +148,31 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from solaris.train.artifacts import train_artifacts
 
     cfg = _config(args)
-    ds = _load(cfg, False)
+    if cfg.data.dataset == "generic":
+        raise SolarisError("--dataset generic: a closed loop needs a ground truth; use "
+                           "synthetic or movielens")
+    ds = _load(cfg, getattr(args, "fetch", False))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    truth = None
+    if cfg.data.dataset == "movielens":
+        from solaris.data.rating_truth import relabel, truth_at
+
+        if args.truth and not Path(args.truth).exists():
+            raise SolarisError(f"--truth {args.truth}: no such file")
+        truth = truth_at(ds, args.truth or out / "ground_truth.npz")
+        ds = relabel(ds, truth, args.seed)
     art = Path(args.artifacts) if args.artifacts else out / "artifacts"
     if not (art / "manifest.json").exists():
         if args.artifacts:
             raise SolarisError(f"--artifacts {art}: no manifest.json there")
         print(f"training artifacts (seed {args.seed}) on the periods before the window")
         train_artifacts(cfg, ds, art, seed=args.seed, evaluation=True)
-    opts = LoopOptions(shown=args.shown, explore=args.explore, seed=args.seed,
-                       arms=tuple(args.arms))
-    ctx = prepare(cfg, ds, art, opts)
+    shown = args.shown if args.shown is not None else (
+        10 if cfg.data.dataset == "movielens" else 6)
+    opts = LoopOptions(shown=shown, explore=args.explore, seed=args.seed,
+                       arms=tuple(args.arms), candidates=args.candidates)
+    ctx = prepare(cfg, ds, art, opts, truth=truth)
     bar = tqdm(total=ctx.lg.num_requests * len(opts.arms), desc="closed loop", unit="req",
                dynamic_ncols=True)
     try:
@@ -165,6 +180,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     finally:
         bar.close()
     report["artifacts"] = str(art)
+    report["dataset"] = ds.name
+    if truth is not None:
+        report["ground_truth"] = truth.info
     write_outputs(out, ctx, logs, report)
     print(report_table(report))
     print(f"wrote {out / 'closed_loop.json'}, {out / 'arms.npz'} and {report['plots'][0]}")
@@ -235,15 +253,22 @@ def build_parser() -> argparse.ArgumentParser:
     _replay_module().add_arguments(rp)
     rp.set_defaults(fn=cmd_replay)
 
-    sim = sub.add_parser("simulate", help="closed loop: each arm ranks, the synthetic world's "
-                         "click model labels what it shows")
-    common(sim, dataset=False)
+    sim = sub.add_parser("simulate", help="closed loop: each arm ranks, a ground truth (the "
+                         "synthetic world's click model, or a like-model fitted on MovieLens) "
+                         "labels what it shows")
+    common(sim)
     sim.add_argument("--out", type=Path, default=Path("runs/simulate"))
     sim.add_argument("--seed", type=int, default=0,
                      help="training seed and the ground truth's random numbers")
     sim.add_argument("--artifacts", type=Path,
                      help="trained artifacts to serve (default: OUT/artifacts, trained if absent)")
-    sim.add_argument("--shown", type=int, default=6, help="top-ranked candidates shown")
+    sim.add_argument("--shown", type=int,
+                     help="top-ranked candidates shown (default 6 synthetic, 10 movielens)")
+    sim.add_argument("--candidates", type=int, default=100,
+                     help="candidates per request (movielens: the replay's retrieval)")
+    sim.add_argument("--truth", type=Path,
+                     help="movielens: a fitted ground truth (default: OUT/ground_truth.npz, "
+                          "fitted if absent)")
     sim.add_argument("--explore", type=int, default=1, help="uniform exploration slots")
     sim.add_argument("--arms", nargs="+", default=["vm", "solaris", "fm", "oracle"],
                      choices=["vm", "solaris", "fm", "oracle"])

@@ -89,3 +89,40 @@ def request_log(rows: list) -> Any:
                     tasks=("click",))
     lg.validate()
     return lg
+
+
+def tiny_movielens(root: Path, users: int = 80, items: int = 200, seed: int = 0) -> Path:
+    """A MovieLens-shaped directory (RecBole atomic files) of made-up ratings: users rate in
+    bursts of a few items minutes apart over 40 days, ratings from a planted taste model.
+    Not MovieLens' data (which may not be redistributed), only its format."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    taste_u, taste_i = rng.normal(0, 1, (users, 3)), rng.normal(0, 1, (items, 3))
+    pop = rng.dirichlet(np.full(items, 0.5))
+    rows = []
+    for u in range(users):
+        t = int(rng.integers(0, 10 * 86400))
+        seen: set[int] = set()
+        while t < 40 * 86400 and len(seen) < items - 130:  # retrieval finds 100 unseen
+            for _ in range(int(rng.integers(1, 5))):  # a burst of ratings
+                i = int(rng.choice(items, p=pop))
+                if i in seen:
+                    continue
+                seen.add(i)
+                z = taste_u[u] @ taste_i[i] + rng.normal(0, 0.5)
+                rating = int(np.clip(np.round(3.2 + 0.9 * z), 1, 5))
+                rows.append((u + 1, i + 1, rating, 880_000_000 + t))
+                t += int(rng.integers(20, 400))
+            t += int(rng.integers(3600, 4 * 86400))
+    root.mkdir(parents=True, exist_ok=True)
+    inter = ["user_id:token\titem_id:token\trating:float\ttimestamp:float"]
+    inter += [f"{u}\t{i}\t{r}\t{t}" for u, i, r, t in rows]
+    user = ["user_id:token\tage:token\tgender:token\toccupation:token\tzip_code:token"]
+    user += [f"{u + 1}\t{20 + u % 40}\t{'MF'[u % 2]}\tother\t{10000 + u}" for u in range(users)]
+    item = ["item_id:token\tmovie_title:token_seq\trelease_year:token\tclass:token_seq"]
+    item += [f"{i + 1}\tFilm {i + 1}\t{1950 + i % 50}\t{['Drama', 'Comedy', 'Action'][i % 3]}"
+             for i in range(items)]
+    for ext, lines in (("inter", inter), ("user", user), ("item", item)):
+        (root / f"ml-100k.{ext}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root

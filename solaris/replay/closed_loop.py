@@ -5,8 +5,9 @@ else's ranker. Here the requests (users, times, surfaces) and their candidates a
 window's, identical across arms, but each arm ranks them with its own model, shows its top
 ``shown`` plus ``explore`` slot(s) drawn uniformly from the ranks below (logged with their
 propensity), and only what it shows is labelled -- by the ground truth (the synthetic world's
-own click model, ``solaris.data.synthetic_truth``), with random numbers fixed per (request,
-item) so every arm meets the same noise. The labels go into the arm's own history store (as
+own click model, ``solaris.data.synthetic_truth``; on MovieLens a like-model fitted on every
+period, ``solaris.data.rating_truth``), with random numbers fixed per (request, item) so
+every arm meets the same noise. The labels go into the arm's own history store (as
 ``POST /feedback`` writes them), so later requests read the arm's own past.
 
 Arms (all in process, through the serving code: ``VMScorer``, ``HistoryStore``,
@@ -61,12 +62,15 @@ class LoopOptions:
     explore: int = 1  # extra slots drawn uniformly from the ranks below ``shown``
     seed: int = 0  # the ground truth's random numbers and the schedule's
     arms: tuple[str, ...] = ARMS
+    candidates: int = 100  # candidates per request where the arrivals are built from a log
 
     def __post_init__(self) -> None:
         if self.shown < 1:
             raise ConfigError(f"shown={self.shown!r}: must be >= 1")
         if self.explore < 0:
             raise ConfigError(f"explore={self.explore!r}: must be >= 0")
+        if self.candidates < 1:
+            raise ConfigError(f"candidates={self.candidates!r}: must be >= 1")
         bad = [a for a in self.arms if a not in ARMS]
         if bad or "vm" not in self.arms:
             raise ConfigError(f"arms={self.arms!r}: a subset of {ARMS} holding 'vm'")
@@ -388,26 +392,50 @@ def write_outputs(out: Path, ctx: LoopContext, logs: dict[str, ArmLog], report: 
 
 # ------------------------------------------------------------------------------ a world
 def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions,
-            max_requests: int | None = None) -> LoopContext:
-    """The shared part of a closed loop on the synthetic world of ``cfg.data.synthetic`` (which
-    must be the world ``ds`` was generated from): arrivals, the VM alone's scores, the
-    schedule's writes, KNN tables and the seed history, with artifacts from ``art_dir``
-    (trained on the periods before the window)."""
-    from solaris.data.synthetic import build
-    from solaris.data.synthetic_truth import arrivals
+            max_requests: int | None = None, truth=None) -> LoopContext:
+    """The shared part of a closed loop: arrivals, the VM alone's scores, the schedule's
+    writes, KNN tables and the seed history, with artifacts from ``art_dir`` (trained on the
+    periods before the window).
+
+    Synthetic: ``cfg.data.synthetic`` must be the world ``ds`` was generated from; its click
+    model is the ground truth and its requests the arrivals. MovieLens: ``truth`` is the
+    fitted ``GroundTruth`` and ``ds`` the log relabelled by it (``rating_truth.relabel``); the
+    arrivals are the replay's requests (``build_request_log``: the real per-user request
+    times, the causal retrieval of the real log), unlabelled."""
     from solaris.eval.served import knn_tables_as_of
     from solaris.features import FeatureTables
     from solaris.precompute import PrecomputeWorker, load_models
     from solaris.replay.prepare import seed_history, window
     from solaris.scoring import Artifacts, InlineFM, ScoreRequest, VMScorer
 
-    if cfg.data.dataset != "synthetic":
-        raise ConfigError(f"data.dataset={cfg.data.dataset!r}: the closed loop needs a ground "
-                          "truth; only the synthetic world has one so far")
     _, start = window(ds, cfg)
-    world = build(cfg.data.synthetic)
-    arr = arrivals(world, start)
-    lg, order = arrivals_log(arr, tuple(ds.tasks))
+    if cfg.data.dataset == "synthetic":
+        from solaris.data.synthetic import build
+        from solaris.data.synthetic_truth import arrivals
+
+        world = build(cfg.data.synthetic)
+        arr = arrivals(world, start)
+        lg, order = arrivals_log(arr, tuple(ds.tasks))
+        request_id = arr.request_id
+
+        def make_truth():
+            return SessionTruth(world, arr)
+    elif cfg.data.dataset == "movielens" and truth is not None:
+        from solaris.data.rating_truth import RatingTruth
+        from solaris.replay.log import build_request_log
+
+        lg = build_request_log(ds, start, num_candidates=opts.candidates,
+                               granularity_s=cfg.features.request_granularity_s,
+                               seed=opts.seed)
+        lg = dataclasses.replace(lg, labels=np.full_like(lg.labels, np.nan))
+        order = np.arange(lg.num_requests)
+        request_id = order.copy()
+
+        def make_truth():
+            return RatingTruth(truth, lg.user, lg.ts)
+    else:
+        raise ConfigError(f"data.dataset={cfg.data.dataset!r}: the closed loop needs a ground "
+                          "truth: the synthetic world's, or MovieLens with a fitted one")
     if max_requests is not None:  # the window's first requests only (tests, quick looks)
         order = order[:max_requests]
         lg = lg.slice(np.arange(len(order)))
@@ -430,10 +458,10 @@ def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions,
     knn = knn_tables_as_of(fm, tables, float(start), cfg)
     sim = schedule(cfg, lg, base, opts.seed)
     return LoopContext(
-        cfg=cfg, lg=lg, request_id=arr.request_id[order], arr_pos=order, base=base,
+        cfg=cfg, lg=lg, request_id=request_id[order], arr_pos=order, base=base,
         scorer=scorer, make_inline=lambda h: InlineFM(art, side, h),
         make_worker=lambda h: PrecomputeWorker(fm, enc, h, side, version),
-        make_truth=lambda: SessionTruth(world, arr),
+        make_truth=make_truth,
         seed_history=seed_history(ds, start, cfg.history.max_events), knn=knn,
         writes=sim["writes"], fm_evals=int(sim["fm_evals"]), version=version,
         dim=enc.width, enrich=enrich, info={"window_start": int(start), "requests": lg.num_requests,
