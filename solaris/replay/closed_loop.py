@@ -63,6 +63,9 @@ class LoopOptions:
     seed: int = 0  # the ground truth's random numbers and the schedule's
     arms: tuple[str, ...] = ARMS
     candidates: int = 100  # candidates per request where the arrivals are built from a log
+    # the shadow arm also scores every candidate as SOLARIS and the FM inline would have (on
+    # its own history and cache), for the off-policy estimates (``solaris.replay.offpolicy``)
+    counterfactual: bool = True
 
     def __post_init__(self) -> None:
         if self.shown < 1:
@@ -120,6 +123,10 @@ class ArmLog:
     tier: np.ndarray  # int8 pair-slot tier of the shown items as looked up (-1: no lookup)
     agg: np.ndarray  # bool aggregate present
     fm_evals: int = 0
+    # the shadow arm's counterfactual scores of every candidate (R, C): what the served VM
+    # on this arm's cache ("solaris") and with the FM inline ("fm") would have ranked by, and
+    # the truth's click probabilities ("p_true")
+    cf: dict[str, np.ndarray] = field(default_factory=dict)
 
     def record(self, i: int, pos: np.ndarray, prop: np.ndarray, shown: np.ndarray,
                scores: np.ndarray, p_true: np.ndarray, click: np.ndarray, conv: np.ndarray,
@@ -135,7 +142,9 @@ class ArmLog:
             self.tier[i, :n], self.agg[i, :n] = tiers[pos], agg[pos]
 
     def save(self) -> dict[str, np.ndarray]:
-        return {k: v for k, v in dataclasses.asdict(self).items() if isinstance(v, np.ndarray)}
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if isinstance(getattr(self, f.name), np.ndarray)}
+        return {**out, **{f"cf_{k}": v for k, v in self.cf.items()}}
 
 
 @dataclass
@@ -174,7 +183,8 @@ def run_arm(ctx: LoopContext, arm: str, opts: LoopOptions,
     hist.replay_log(*ctx.seed_history)
     store = None if arm == "fm" else PairStore(dataclasses.replace(cfg.cache, dim=ctx.dim))
     worker = ctx.make_worker(hist) if store is not None else None
-    inline = ctx.make_inline(hist) if arm in ("fm", "oracle") else None
+    cf = opts.counterfactual and arm == "vm"
+    inline = ctx.make_inline(hist) if arm in ("fm", "oracle") or cf else None
     truth = ctx.make_truth()
     # the serving arms look up what the router does (a tier at scale 0 in every VM of the
     # version is not looked up); the shadow arm every tier the cache could serve
@@ -183,6 +193,8 @@ def run_arm(ctx: LoopContext, arm: str, opts: LoopOptions,
     vis = wr["visible_at"]
     user_knn, item_knn = ctx.knn
     out = empty_log(r, s_n)
+    if cf:
+        out.cf = {k: np.zeros((r, c), np.float32) for k in ("solaris", "fm", "p_true")}
     nxt = 0
     explore_u = explore_uniforms(ctx, opts)
     for i in range(r):
@@ -201,6 +213,18 @@ def run_arm(ctx: LoopContext, arm: str, opts: LoopOptions,
                                 enrich)
         if arm == "vm":
             p = ctx.base[i].astype(np.float64)
+            if cf:
+                served = look if ctx.enrich is None or ctx.enrich == enrich else enrich_local(
+                    store, user, items, t, ctx.version, user_knn, item_knn, ctx.enrich)
+                # one forward each, as the serving arms score (another batch shape may round
+                # differently)
+                for name, slots in (("solaris", served),
+                                    ("fm", inline.slots(user, items, surface, t))):
+                    out.cf[name][i] = ctx.scorer.score(
+                        [ScoreRequest(user, items, surface, slots)])[0]
+                # the truth's click probability of every candidate (what any ranking of this
+                # request would earn), before this request's clicks move the session
+                out.cf["p_true"][i] = truth.probs(int(ctx.arr_pos[i]), items)[0]
         else:
             if arm == "solaris":
                 slots = look
@@ -517,10 +541,65 @@ def run_world(ctx: LoopContext, opts: LoopOptions,
         "shadow_coverage": cov, "coverage_bounds": bounds,
         "candidate_recurrence_closed_loop": candidate_recurrence(lg, ttl),
         "policies": policies}
+    if shadow.cf:
+        report["off_policy"] = off_policy_report(shadow, ctx.base, opts, report["lift"])
     if "fm" in logs:
         v, f = report["arms"]["vm"]["excess_bce"], report["arms"]["fm"]["excess_bce"]
         report["fm_excess_over_vm_excess"] = f / v if v > 0 else None
     return report, logs
+
+
+def counterfactual_clicks(scores: np.ndarray, p_true: np.ndarray, opts: LoopOptions
+                          ) -> np.ndarray:
+    """(R,) the expected clicks a ranking by ``scores`` (R, C) earns on requests whose
+    candidates' true click probabilities are ``p_true`` (R, C): its top ``shown`` plus
+    ``explore`` times the mean of the ranks below."""
+    order = np.argsort(-np.asarray(scores, np.float64), axis=1, kind="stable")
+    ranked = np.take_along_axis(np.asarray(p_true, np.float64), order, axis=1)
+    below = ranked[:, opts.shown:]
+    return ranked[:, :opts.shown].sum(1) + (
+        opts.explore * below.mean(1) if below.shape[1] else 0.0)
+
+
+def off_policy_report(shadow: ArmLog, base: np.ndarray, opts: LoopOptions, lift: dict
+                      ) -> dict:
+    """The off-policy estimates from the shadow arm's log (IPS, SNIPS) of SOLARIS's and the
+    FM inline's clicks, gains and ``click_lift``; beside them what they estimate, exactly
+    (the truth's expected clicks of those rankings on the logged requests, against the VM
+    alone's ranking ``base``), and the simulator's on-policy figures (each arm on its own
+    history), with whether each lies in the SNIPS interval."""
+    from solaris.replay.offpolicy import off_policy_lift
+
+    est = off_policy_lift(shadow.click, shadow.pos, shadow.propensity,
+                          {k: shadow.cf[k] for k in ("solaris", "fm")}, opts.shown,
+                          opts.explore, seed=opts.seed)
+    p = shadow.cf["p_true"]
+    own = counterfactual_clicks(base, p, opts)
+    gain = {k: float((counterfactual_clicks(shadow.cf[k], p, opts) - own).mean())
+            for k in ("solaris", "fm")}
+    exact = {"gain_solaris": gain["solaris"], "gain_fm": gain["fm"],
+             "click_lift": gain["solaris"] / gain["fm"] if gain["fm"] != 0 else None}
+    g = lift.get("gain_over_vm", {})
+    cl = lift.get("click_lift")
+    on_policy = {"gain_solaris": g.get("solaris", {}).get("point"),
+                 "gain_fm": g.get("fm", {}).get("point"),
+                 "click_lift": None if not cl else cl["point"]}
+
+    def inside(d: dict | None, v: float | None) -> bool | None:
+        if d is None or d.get("ci") is None or v is None or d["point"] is None:
+            return None
+        return bool(d["ci"][0] <= v <= d["ci"][1])
+
+    snips = est.get("click_lift_snips")
+    gs = est["targets"]["solaris"]["gain_snips"]
+    est["exact_counterfactual"] = exact
+    est["on_policy"] = on_policy
+    est["within_snips_interval"] = {
+        "click_lift_exact": inside(snips, exact["click_lift"]),
+        "click_lift_on_policy": inside(snips, on_policy["click_lift"]),
+        "gain_solaris_exact": inside(gs, exact["gain_solaris"]),
+        "gain_solaris_on_policy": inside(gs, on_policy["gain_solaris"])}
+    return est
 
 
 def report_table(report: dict) -> str:
@@ -528,7 +607,7 @@ def report_table(report: dict) -> str:
     lift, cov, pol = report["lift"], report["shadow_coverage"], report["policies"]
 
     def ci(d: dict | None) -> str:
-        if not d:
+        if not d or d["point"] is None:
             return "n/a"
         return f"{d['point']:.3f} [{d['ci'][0]:.3f}, {d['ci'][1]:.3f}]" if d["ci"] else \
             f"{d['point']:.3f}"
@@ -552,6 +631,17 @@ def report_table(report: dict) -> str:
                                         if v is not None)
               + f"; oracle {at['oracle']['pair']:.3f} at {at['oracle']['fm_evals']} evals; "
               f"verifier/random {pol['verifier_over_random']:.2f}"]
+    ope = report.get("off_policy")
+    if ope:
+        ex, on = ope["exact_counterfactual"], ope["on_policy"]
+
+        def num(v: float | None) -> str:
+            return "n/a" if v is None else f"{v:.3f}"
+        lines.append(f"off-policy from the shadow log (SNIPS): SOLARIS gain "
+                     f"{ci(ope['targets']['solaris']['gain_snips'])} (exact "
+                     f"{num(ex['gain_solaris'])}, on-policy {num(on['gain_solaris'])}); "
+                     f"click_lift {ci(ope.get('click_lift_snips'))} (exact "
+                     f"{num(ex['click_lift'])}, on-policy {num(on['click_lift'])})")
     live = report.get("live")
     if live:
         lines.append(f"live system: errors {live['errors']}, click_lift "

@@ -54,8 +54,11 @@ def test_with_every_correction_off_solaris_is_the_vm_alone(world) -> None:
     try:
         scale.zero_()
         off = run_arm(ctx, "solaris", opts)
+        shadow_off = run_arm(ctx, "vm", opts)
     finally:
         scale.copy_(own)
+    # the shadow arm's counterfactual SOLARIS scores are then the VM alone's, bit for bit
+    assert np.array_equal(shadow_off.cf["solaris"], ctx.base.astype(np.float32))
     # (what each looked up differs: the shadow arm every tier, the served VM the router's)
     assert _same(vm, off, SHOWN)
     # the VM alone's shown items are its own top scores, plus one exploration slot
@@ -92,6 +95,13 @@ def test_simulate_writes_report_arrays_and_plot(world, tmp_path) -> None:
     assert (tmp_path / "closed_loop.png").stat().st_size > 0
     with np.load(tmp_path / "arms.npz") as f:
         assert f["vm/pos"].shape == (rep["requests"], 5)
+        assert f["vm/cf_solaris"].shape == f["vm/cf_fm"].shape == f["candidates"].shape
+        # the truth's probabilities of the shown items are those of every candidate
+        assert np.allclose(np.take_along_axis(f["vm/cf_p_true"], f["vm/pos"], 1),
+                           f["vm/p_true"], atol=1e-6)
+    ope = rep["off_policy"]
+    assert set(ope["targets"]) == {"solaris", "fm"}
+    assert ope["exact_counterfactual"]["gain_fm"] is not None
     # the same report from the same seed
     again = tmp_path / "again"
     assert main(["simulate", "--out", str(again), "--artifacts", str(art), "--seed", "3",
