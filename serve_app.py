@@ -200,6 +200,7 @@ class _Backend:
     """The app's handles on the actors: cache group, queue, ledger (created or attached)."""
 
     def __init__(self, cfg: SolarisConfig, settings: dict[str, Any]):
+        from actors import names
         from actors.cache import CacheGroup
         from actors.ledger import LedgerActor
         from actors.queue import create_queue
@@ -207,9 +208,9 @@ class _Backend:
         app_id = settings["app_id"]
         detached = cfg.serve.detached_state  # outlive the replica (a redeploy keeps them)
         self.group = CacheGroup.create(cfg.cache, group_id=app_id, detached=detached)
-        self.queue = create_queue(cfg.queue, queue_id=app_id, name=f"solaris-queue-{app_id}",
+        self.queue = create_queue(cfg.queue, queue_id=app_id, name=names.queue(app_id),
                                   detached=detached)
-        self.ledger = LedgerActor.options(name=f"solaris-ledger-{app_id}", get_if_exists=True,
+        self.ledger = LedgerActor.options(name=names.ledger(app_id), get_if_exists=True,
                                           lifetime="detached" if detached else None).remote()
 
     def history_provider(self, timeout_s: float) -> Any:

@@ -8,6 +8,7 @@ from typing import Any
 
 import ray
 
+from actors import names
 from solaris.config import KnnConfig
 from solaris.serving import KnnTables, knn_version, load_knn
 
@@ -42,7 +43,7 @@ class KnnHolder:
 def create_knn_holder(cfg: KnnConfig, app_id: str, detached: bool = False) -> Any:
     """Start (or attach to) the app's holder, named after ``app_id``; ``detached``: it
     outlives the process that starts it."""
-    return KnnHolder.options(name=f"solaris-knn-{app_id}", get_if_exists=True,
+    return KnnHolder.options(name=names.knn_holder(app_id), get_if_exists=True,
                              lifetime="detached" if detached else None).remote(cfg)
 
 

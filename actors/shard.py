@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow.fs as pafs
 import ray
 
+from actors import names
 from solaris.cache import wire
 from solaris.cache.snapshot import read_snapshot, snapshot_location, write_snapshot
 from solaris.cache.store import PairStore
@@ -323,4 +324,4 @@ class CacheShard:
 
 def shard_name(group_id: str, shard: int) -> str:
     """The Ray actor name of one shard; the group id keeps two groups apart."""
-    return f"solaris-cache-{group_id}-{shard}"
+    return names.cache_shard(group_id, shard)

@@ -1,4 +1,4 @@
-"""Benchmark: the closed loop pooled over training seeds of one synthetic window.
+"""Benchmark: the closed loop pooled over training seeds of one window.
 
     python bench/closed_loop.py RUN_DIR [RUN_DIR ...] --json OUT.json [--resamples 2000]
 
@@ -9,8 +9,10 @@ runs replaying the same window, by every seed): each arm's gain over the VM alon
 ``click_lift`` (SOLARIS's share of the FM inline's gain), ``lift_oracle`` (the share the FM
 inline on the covered candidates would get) and their ratio. Per run: the same figures, the
 shadow arm's coverage against its ceiling and oracle bound, the speculation policies at the
-verifier's cost, the FM's excess BCE over the VM alone's, and, for live runs, the live arm
-against the in-process one. Prints one table, writes every number as JSON.
+verifier's cost, the FM's excess BCE over the VM alone's, for live runs the live arm against
+the in-process one, and, where the run has them, the off-policy (SNIPS) estimates of the
+click lift from the shadow arm's log beside the exact counterfactual and the on-policy lift.
+Prints one table, writes every number as JSON.
 """
 
 from __future__ import annotations
@@ -86,6 +88,8 @@ def per_run(run: Path, rep: dict) -> dict:
            "fm_excess_over_vm_excess": rep.get("fm_excess_over_vm_excess")}
     if rep.get("live"):
         out["live"] = rep["live"]
+    if rep.get("off_policy"):
+        out["off_policy"] = rep["off_policy"]
     return out
 
 
@@ -112,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     a.json.write_text(to_json(res))
 
     def ci(d: dict | None) -> str:
-        if not d:
+        if not d or d.get("point") is None or not d.get("ci"):
             return "n/a"
         return f"{d['point']:.3f} [{d['ci'][0]:.3f}, {d['ci'][1]:.3f}]"
 
@@ -132,6 +136,21 @@ def main(argv: list[str] | None = None) -> int:
                                                pooled["gain_over_vm"].items()))
     print(f"pooled: click_lift {ci(pooled.get('click_lift'))}, lift_oracle "
           f"{ci(pooled.get('lift_oracle'))}, ratio {ci(pooled.get('click_lift_over_lift_oracle'))}")
+    ope = [r for r in rows if r.get("off_policy")]
+    for r in ope:
+        o = r["off_policy"]
+        ex, on, inside = o["exact_counterfactual"], o["on_policy"], o["within_snips_interval"]
+        print(f"seed {r['seed']}: off-policy (SNIPS) SOLARIS gain "
+              f"{ci(o['targets']['solaris']['gain_snips'])} (exact {ex['gain_solaris']:.3f}, "
+              f"on-policy {on['gain_solaris']:.3f}); click_lift {ci(o.get('click_lift_snips'))}"
+              f" (exact {ex['click_lift'] if ex['click_lift'] is None else round(ex['click_lift'], 3)}"
+              f" in: {inside['click_lift_exact']}; on-policy "
+              f"{on['click_lift'] if on['click_lift'] is None else round(on['click_lift'], 3)}"
+              f" in: {inside['click_lift_on_policy']})")
+    if ope:
+        k = sum(bool(r["off_policy"]["within_snips_interval"]["click_lift_on_policy"])
+                for r in ope)
+        print(f"the on-policy click_lift lies in the SNIPS interval in {k} of {len(ope)} runs")
     print(f"wrote {a.json} ({res['seconds']} s)")
     return 0
 

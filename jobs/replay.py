@@ -285,6 +285,7 @@ class LiveReplay:
     def _serve_and_drive(self, t_start: float) -> dict[str, Any]:
         from ray import serve
 
+        from actors import names
         from actors.cache import CacheGroup
         from solaris.replay.prepare import seed_history
 
@@ -301,8 +302,8 @@ class LiveReplay:
 
         group = CacheGroup.create(cfg.cache, group_id=app_id)
         self._owned = [  # held for the whole run
-            create_queue(cfg.queue, queue_id=app_id, name=f"solaris-queue-{app_id}"),
-            LedgerActor.options(name=f"solaris-ledger-{app_id}", get_if_exists=True).remote(),
+            create_queue(cfg.queue, queue_id=app_id, name=names.queue(app_id)),
+            LedgerActor.options(name=names.ledger(app_id), get_if_exists=True).remote(),
             create_knn_holder(cfg.knn, app_id)]
         group.wait_ready()
         self._deploy(self.art_dirs[:1], app_id)
@@ -452,8 +453,10 @@ class LiveReplay:
 def _ledger_report(app_id: str) -> dict | None:
     import ray
 
+    from actors import names
+
     try:
-        return ray.get(ray.get_actor(f"solaris-ledger-{app_id}").report.remote(), timeout=30)
+        return ray.get(ray.get_actor(names.ledger(app_id)).report.remote(), timeout=30)
     except Exception:
         return None
 
