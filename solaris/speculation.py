@@ -332,10 +332,21 @@ class LearnedPolicy:
         if len(self.rows) > 4 * keep:  # bounded memory: the latest requests only
             del self.rows[:len(self.rows) - keep]
         self.recur.observe(req)
-        self.user_ts.setdefault(req.user, []).append(req.ts)
+        # bounded by time (requests come in event order): a user's request times within the
+        # TTL plus the latest one before it (all ``features`` reads), an item's label times
+        # of the last day
+        ts = self.user_ts.setdefault(req.user, [])
+        ts.append(req.ts)
+        cut = bisect.bisect_left(ts, req.ts - self.ttl)
+        if cut > 1:
+            del ts[:cut - 1]
         if req.labelled is not None:
             for it in req.items[np.asarray(req.labelled, bool)].tolist():
-                self.item_labels.setdefault(it, []).append(req.ts)
+                t = self.item_labels.setdefault(it, [])
+                t.append(req.ts)
+                old = bisect.bisect_left(t, req.ts - 86400)
+                if old:
+                    del t[:old]
                 self.pair_labels.setdefault((req.user, it), []).append(req.ts)
 
 

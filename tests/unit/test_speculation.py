@@ -222,3 +222,35 @@ def test_policy_curves_and_coverage_at_equal_cost(tmp_path):
     assert curves["oracle"][0]["fm_evals"] <= full["fm_evals"]
     png = policy_cost_plot({"a": curves, "b": curves}, tmp_path / "p.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_learned_policy_keeps_bounded_state_with_the_same_features() -> None:
+    """Its per-user request times and per-item label times are pruned by time; the features
+    that read them (requests in the TTL, time since the last, labels of the last day) are
+    those of the whole stream."""
+    rng = np.random.default_rng(5)
+    ttl, lag = 3600.0, 300.0
+    pol = LearnedPolicy(read_ttl_s=ttl, lag_s=lag)
+    ts, seen_req, seen_lab = 0.0, {}, {}
+    cols = {name: FEATURES.index(name) for name in ("user_requests", "since_user_request",
+                                                   "item_labels_day")}
+    for _ in range(400):
+        ts += float(rng.choice([0.0, 60.0, 900.0, 5000.0, 40000.0]))
+        user = int(rng.integers(0, 4))
+        items = rng.choice(30, size=6, replace=False).astype(np.int64)
+        req = Candidates(user, ts, items, rng.random(6), rng.random(6) < 0.3)
+        x = pol.features(req)
+        past = [t for t in seen_req.get(user, []) if t < ts]
+        recent = sum(1 for t in past if ts - t <= ttl)
+        last = ts - past[-1] if past else 1e7
+        assert np.allclose(x[:, cols["user_requests"]], np.log1p(recent))
+        assert np.allclose(x[:, cols["since_user_request"]], np.log1p(min(last, 1e7)))
+        day = [sum(1 for t in seen_lab.get(int(it), []) if ts - 86400 <= t <= ts - lag)
+               for it in items]
+        assert np.allclose(x[:, cols["item_labels_day"]], np.log1p(day))
+        pol.observe(req)
+        seen_req.setdefault(user, []).append(ts)
+        for it in items[req.labelled]:
+            seen_lab.setdefault(int(it), []).append(ts)
+    assert max(len(v) for v in pol.user_ts.values()) < max(len(v) for v in seen_req.values())
+    assert all(v[-1] - v[0] <= 86400 for v in pol.item_labels.values())
