@@ -549,18 +549,6 @@ def run_world(ctx: LoopContext, opts: LoopOptions,
     return report, logs
 
 
-def counterfactual_clicks(scores: np.ndarray, p_true: np.ndarray, opts: LoopOptions
-                          ) -> np.ndarray:
-    """(R,) the expected clicks a ranking by ``scores`` (R, C) earns on requests whose
-    candidates' true click probabilities are ``p_true`` (R, C): its top ``shown`` plus
-    ``explore`` times the mean of the ranks below."""
-    order = np.argsort(-np.asarray(scores, np.float64), axis=1, kind="stable")
-    ranked = np.take_along_axis(np.asarray(p_true, np.float64), order, axis=1)
-    below = ranked[:, opts.shown:]
-    return ranked[:, :opts.shown].sum(1) + (
-        opts.explore * below.mean(1) if below.shape[1] else 0.0)
-
-
 def off_policy_report(shadow: ArmLog, base: np.ndarray, opts: LoopOptions, lift: dict
                       ) -> dict:
     """The off-policy estimates from the shadow arm's log (IPS, SNIPS) of SOLARIS's and the
@@ -568,14 +556,15 @@ def off_policy_report(shadow: ArmLog, base: np.ndarray, opts: LoopOptions, lift:
     (the truth's expected clicks of those rankings on the logged requests, against the VM
     alone's ranking ``base``), and the simulator's on-policy figures (each arm on its own
     history), with whether each lies in the SNIPS interval."""
-    from solaris.replay.offpolicy import off_policy_lift
+    from solaris.replay.offpolicy import counterfactual_clicks, off_policy_lift
 
     est = off_policy_lift(shadow.click, shadow.pos, shadow.propensity,
                           {k: shadow.cf[k] for k in ("solaris", "fm")}, opts.shown,
                           opts.explore, seed=opts.seed)
     p = shadow.cf["p_true"]
-    own = counterfactual_clicks(base, p, opts)
-    gain = {k: float((counterfactual_clicks(shadow.cf[k], p, opts) - own).mean())
+    k_e = (opts.shown, opts.explore)
+    own = counterfactual_clicks(base, p, *k_e)
+    gain = {k: float((counterfactual_clicks(shadow.cf[k], p, *k_e) - own).mean())
             for k in ("solaris", "fm")}
     exact = {"gain_solaris": gain["solaris"], "gain_fm": gain["fm"],
              "click_lift": gain["solaris"] / gain["fm"] if gain["fm"] != 0 else None}

@@ -47,6 +47,18 @@ def target_exposure(scores: np.ndarray, pos: np.ndarray, shown: int, explore: in
     return np.where(top, 1.0, below)
 
 
+def counterfactual_clicks(scores: np.ndarray, p_true: np.ndarray, shown: int, explore: int
+                          ) -> np.ndarray:
+    """(R,) what the estimates estimate, where the truth is known: the expected clicks a
+    ranking by ``scores`` (R, C) earns on requests whose candidates' true click probabilities
+    are ``p_true`` (R, C) -- its top ``shown`` plus ``explore`` times the mean of the ranks
+    below (ties: earlier position)."""
+    order = np.argsort(-np.asarray(scores, np.float64), axis=1, kind="stable")
+    ranked = np.take_along_axis(np.asarray(p_true, np.float64), order, axis=1)
+    below = ranked[:, shown:]
+    return ranked[:, :shown].sum(1) + (explore * below.mean(1) if below.shape[1] else 0.0)
+
+
 def estimate_clicks(y: np.ndarray, propensity: np.ndarray, exposure: np.ndarray,
                     slots: int) -> dict[str, np.ndarray]:
     """Per request (R,): the IPS terms ``sum_j w y`` and the weights' sums ``sum_j w`` (SNIPS

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from solaris.replay.closed_loop import LoopOptions, choose_shown, counterfactual_clicks
-from solaris.replay.offpolicy import off_policy_lift, target_exposure
+from solaris.replay.closed_loop import choose_shown
+from solaris.replay.offpolicy import counterfactual_clicks, off_policy_lift, target_exposure
 
 K, E, C = 3, 1, 12
 
@@ -48,9 +48,8 @@ def test_ips_and_snips_find_the_counterfactual_clicks_of_a_better_and_a_worse_ra
     r = 20_000
     p, logging, targets, pos, prop, y = _log(1, r)
     est = off_policy_lift(y, pos, prop, targets, K, E, resamples=300)
-    opts = LoopOptions(shown=K, explore=E)
     for name, scores in targets.items():
-        exact = counterfactual_clicks(scores, p, opts).mean()
+        exact = counterfactual_clicks(scores, p, K, E).mean()
         t = est["targets"][name]
         for kind in ("ips", "snips"):
             lo, hi = t[kind]["ci"]
@@ -66,5 +65,5 @@ def test_ips_and_snips_find_the_counterfactual_clicks_of_a_better_and_a_worse_ra
 def test_counterfactual_clicks_are_the_top_slots_plus_the_exploration_expectation() -> None:
     p = np.array([[0.5, 0.1, 0.3, 0.2]])
     scores = np.array([[0.0, 3.0, 2.0, 1.0]])  # ranks positions 1, 2, 3, 0
-    got = counterfactual_clicks(scores, p, LoopOptions(shown=2, explore=1, candidates=4))
+    got = counterfactual_clicks(scores, p, shown=2, explore=1)
     assert got[0] == pytest.approx(0.1 + 0.3 + (0.2 + 0.5) / 2)
