@@ -455,8 +455,12 @@ def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions,
         order = np.arange(lg.num_requests)
         request_id = order.copy()
 
+        inter = ds.interactions
+        n0 = int(np.searchsorted(inter.column("ts").to_numpy(), start, side="left"))
+        before = tuple(inter.column(c).to_numpy()[:n0] for c in ("user_id", "item_id", "like"))
+
         def make_truth():
-            return RatingTruth(truth, lg.user, lg.ts)
+            return RatingTruth(truth, lg.user, lg.ts, before)
     else:
         raise ConfigError(f"data.dataset={cfg.data.dataset!r}: the closed loop needs a ground "
                           "truth: the synthetic world's, or MovieLens with a fitted one")
