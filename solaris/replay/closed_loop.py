@@ -44,6 +44,7 @@ import numpy as np
 
 from solaris.cache.store import PairStore
 from solaris.config import SolarisConfig
+from solaris.data.schema import ITEM, TS, USER
 from solaris.data.synthetic_truth import Arrivals, SessionTruth, uniforms
 from solaris.enrich import NeighbourTable, enrich_local
 from solaris.errors import ConfigError
@@ -455,9 +456,10 @@ def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions,
         order = np.arange(lg.num_requests)
         request_id = order.copy()
 
+        # the truth's history state at the window start: the likes of the relabelled log
         inter = ds.interactions
-        n0 = int(np.searchsorted(inter.column("ts").to_numpy(), start, side="left"))
-        before = tuple(inter.column(c).to_numpy()[:n0] for c in ("user_id", "item_id", "like"))
+        n0 = int(np.searchsorted(inter.column(TS).to_numpy(), start, side="left"))
+        before = tuple(inter.column(c).to_numpy()[:n0] for c in (USER, ITEM, "like"))
 
         def make_truth():
             return RatingTruth(truth, lg.user, lg.ts, before)

@@ -59,12 +59,12 @@ def counterfactual_clicks(scores: np.ndarray, p_true: np.ndarray, shown: int, ex
     return ranked[:, :shown].sum(1) + (explore * below.mean(1) if below.shape[1] else 0.0)
 
 
-def estimate_clicks(y: np.ndarray, propensity: np.ndarray, exposure: np.ndarray,
-                    slots: int) -> dict[str, np.ndarray]:
+def estimate_clicks(y: np.ndarray, propensity: np.ndarray, exposure: np.ndarray
+                    ) -> dict[str, np.ndarray]:
     """Per request (R,): the IPS terms ``sum_j w y`` and the weights' sums ``sum_j w`` (SNIPS
     is ``slots * sum(terms) / sum(weights)`` over any set of requests)."""
     w = exposure / propensity
-    return {"ips": (w * y).sum(1), "weight": w.sum(1), "slots": np.full(len(y), slots)}
+    return {"ips": (w * y).sum(1), "weight": w.sum(1)}
 
 
 def _snips(ips: np.ndarray, weight: np.ndarray, slots: int) -> float:
@@ -85,7 +85,7 @@ def off_policy_lift(y: np.ndarray, pos: np.ndarray, propensity: np.ndarray,
     r = len(y)
     slots = shown + explore
     logged = y.sum(1)
-    parts = {t: estimate_clicks(y, propensity, target_exposure(s, pos, shown, explore), slots)
+    parts = {t: estimate_clicks(y, propensity, target_exposure(s, pos, shown, explore))
              for t, s in targets.items()}
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, r, size=(resamples, r))
