@@ -126,23 +126,37 @@ class GroundTruth:
             raise DataError(f"{path}: not a ground-truth file ({e})") from e
 
 
+class LikeHistory:
+    """Each user's last ``k`` liked items, the latest last: the history part of the state."""
+
+    def __init__(self, k: int = HISTORY) -> None:
+        self.k = k
+        self._items: dict[int, deque] = {}
+
+    def add(self, user: int, items) -> None:
+        """The user liked ``items`` (in this order)."""
+        self._items.setdefault(int(user), deque(maxlen=self.k)).extend(int(i) for i in items)
+
+    def liked(self, user: int) -> np.ndarray:
+        """(k,) the user's latest likes, the latest last, -1 padded at the front."""
+        h = list(self._items.get(int(user), ()))
+        return np.asarray([-1] * (self.k - len(h)) + h, np.int64)
+
+
 def liked_before(users: np.ndarray, items: np.ndarray, ts: np.ndarray, like: np.ndarray,
                  k: int = HISTORY) -> np.ndarray:
     """(N, k) for each row, the items its user liked (``like`` > 0.5) in rows strictly
     earlier in time, the latest last, -1 padded at the front. Rows must be in event order."""
-    n = len(users)
-    out = np.full((n, k), -1, np.int64)
-    hist: dict[int, deque] = {}
+    out = np.full((len(users), k), -1, np.int64)
+    hist = LikeHistory(k)
     pending: dict[int, list[int]] = {}  # likes of the user's current timestamp
     cur: dict[int, float] = {}
-    for r in range(n):
+    for r in range(len(users)):
         u, t = int(users[r]), float(ts[r])
-        h = hist.setdefault(u, deque(maxlen=k))
         if cur.get(u) != t:
-            h.extend(pending.pop(u, []))
+            hist.add(u, pending.pop(u, []))
             cur[u] = t
-        if h:
-            out[r, k - len(h):] = list(h)
+        out[r] = hist.liked(u)
         if like[r] > 0.5:
             pending.setdefault(u, []).append(int(items[r]))
     return out
@@ -262,15 +276,13 @@ def relabel(ds: Dataset, truth: GroundTruth, seed: int) -> Dataset:
     # a user's rows of one time form a group: their histories are the likes drawn before it
     order = np.lexsort((np.arange(len(users)), ts, users))
     cut = np.flatnonzero((np.diff(users[order]) != 0) | (np.diff(ts[order]) != 0)) + 1
-    hist: dict[int, deque] = {}
+    hist = LikeHistory()
     for g in np.split(order, cut):
         u = int(users[g[0]])
-        h = hist.setdefault(u, deque(maxlen=HISTORY))
-        liked = np.asarray(list(h) if h else [-1], np.int64)
-        pl, pv = truth.probs(u, items[g], ts[g], liked[None, :])
+        pl, pv = truth.probs(u, items[g], ts[g], hist.liked(u)[None, :])
         like[g] = u_like[g] < pl
         love[g] = like[g] & (u_love[g] < pv)
-        h.extend(items[g][like[g]].tolist())
+        hist.add(u, items[g][like[g]])
     inter = t
     for name, y in (("like", like), ("love", love)):
         j = inter.schema.get_field_index(name)
@@ -280,24 +292,22 @@ def relabel(ds: Dataset, truth: GroundTruth, seed: int) -> Dataset:
 
 class RatingTruth:
     """One arm's ground truth over a closed-loop log: P(like) and P(love | like) of items shown
-    at a log row (the user's, at the row's time), the user's history state built from the
-    likes of the log before the window (``seed``: the relabelled dataset's users, items,
-    labels and times in event order) and then this arm's own likes. Rows must be
-    ``observe``d in event order."""
+    at a log row (the user's, at the row's time). The users' history states start from
+    ``seed`` -- (users, items, like) of the relabelled log before the window, in event order
+    -- and then take this arm's own likes. Rows must be ``observe``d in event order."""
 
     def __init__(self, truth: GroundTruth, users: np.ndarray, ts: np.ndarray,
                  seed: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None) -> None:
         self.truth, self.users, self.ts = truth, np.asarray(users), np.asarray(ts)
-        self._liked: dict[int, deque] = {}
+        self.history = LikeHistory()
         if seed is not None:
             for u, i, y in zip(*(np.asarray(a) for a in seed)):
                 if y > 0.5:
-                    self._liked.setdefault(int(u), deque(maxlen=HISTORY)).append(int(i))
+                    self.history.add(u, (i,))
 
     def liked(self, user: int) -> np.ndarray:
         """(HISTORY,) the user's latest likes, the latest last, -1 padded at the front."""
-        h = list(self._liked.get(int(user), ()))
-        return np.asarray([-1] * (HISTORY - len(h)) + h, np.int64)
+        return self.history.liked(user)
 
     def probs(self, r: int, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         u = int(self.users[r])
@@ -307,8 +317,7 @@ class RatingTruth:
     def observe(self, r: int, items: np.ndarray, clicks: np.ndarray) -> None:
         c = np.asarray(clicks, bool)
         if c.any():
-            self._liked.setdefault(int(self.users[r]), deque(maxlen=HISTORY)).extend(
-                int(i) for i in np.asarray(items, np.int64)[c])
+            self.history.add(int(self.users[r]), np.asarray(items, np.int64)[c])
 
 
 def truth_at(ds: Dataset, path: str | Path, say=print) -> GroundTruth:

@@ -82,6 +82,17 @@ def fit_platt_logits(y: np.ndarray, x: np.ndarray, iters: int = 50) -> tuple[flo
     return float(a), float(b)
 
 
+def point_ci(point: float, draws: np.ndarray, alpha: float = 0.05) -> dict:
+    """{"point", "ci": [lo, hi]}: a figure and the percentile interval of its bootstrap
+    ``draws`` (non-finite draws dropped; a non-finite point or no finite draw gives None)."""
+    d = np.asarray(draws, np.float64)
+    d = d[np.isfinite(d)]
+    lo, hi = 100 * alpha / 2, 100 * (1 - alpha / 2)
+    return {"point": float(point) if np.isfinite(point) else None,
+            "ci": [float(np.percentile(d, lo)), float(np.percentile(d, hi))] if len(d)
+            else None}
+
+
 def platt_slope_ci(y: np.ndarray, p: np.ndarray, resamples: int = 200, alpha: float = 0.05,
                    seed: int = 0) -> dict[str, float]:
     """Platt's slope of the label on logit(p) (1: calibrated; < 1: overconfident) with a

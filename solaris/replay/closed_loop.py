@@ -34,6 +34,7 @@ numpy, torch and the serving core; no Ray.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -44,10 +45,12 @@ import numpy as np
 
 from solaris.cache.store import PairStore
 from solaris.config import SolarisConfig
+from solaris.data.rating_truth import RatingTruth
 from solaris.data.schema import ITEM, TS, USER
 from solaris.data.synthetic_truth import Arrivals, SessionTruth, uniforms
 from solaris.enrich import NeighbourTable, enrich_local
 from solaris.errors import ConfigError
+from solaris.eval.metrics import point_ci
 from solaris.history import HistoryStore
 from solaris.replay.coverage import ceiling_mask, simulate_pair_coverage
 from solaris.replay.log import RequestLog
@@ -160,7 +163,8 @@ class LoopContext:
     scorer: object  # VMScorer
     make_inline: Callable[[HistoryStore], object]  # history -> InlineFM
     make_worker: Callable[[HistoryStore], object]  # history -> PrecomputeWorker
-    make_truth: Callable[[], SessionTruth]
+    # a fresh ground truth per arm: SessionTruth or RatingTruth (probs, observe)
+    make_truth: Callable[[], SessionTruth | RatingTruth]
     seed_history: tuple  # (users, items, surfaces, labels, ts) before the window
     knn: tuple[NeighbourTable | None, NeighbourTable | None]
     writes: dict[str, np.ndarray]
@@ -337,12 +341,8 @@ def paired_lift(clicks: dict[str, list[np.ndarray]], resamples: int = 2000,
         idx = shared if shared is not None else rng.integers(0, n, size=(resamples, n))
         for a in arms:
             draws[a] += clicks[a][s][idx].mean(1) / n_seeds
-    lo, hi = 100 * alpha / 2, 100 * (1 - alpha / 2)
 
-    def summary(pt: float, d: np.ndarray) -> dict:
-        d = d[np.isfinite(d)]
-        return {"point": float(pt), "ci": [float(np.percentile(d, lo)),
-                                           float(np.percentile(d, hi))] if len(d) else None}
+    summary = functools.partial(point_ci, alpha=alpha)
 
     out = {"clicks_per_request": point,
            "gain_over_vm": {a: summary(point[a] - point["vm"], draws[a] - draws["vm"])
@@ -446,7 +446,6 @@ def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions,
         def make_truth():
             return SessionTruth(world, arr)
     elif cfg.data.dataset == "movielens" and truth is not None:
-        from solaris.data.rating_truth import RatingTruth
         from solaris.replay.log import build_request_log
 
         lg = build_request_log(ds, start, num_candidates=opts.candidates,

@@ -29,7 +29,11 @@ numpy only; no Ray.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+
+from solaris.eval.metrics import point_ci
 
 
 def target_exposure(scores: np.ndarray, pos: np.ndarray, shown: int, explore: int
@@ -85,17 +89,12 @@ def off_policy_lift(y: np.ndarray, pos: np.ndarray, propensity: np.ndarray,
     r = len(y)
     slots = shown + explore
     logged = y.sum(1)
-    parts = {t: estimate_clicks(y, propensity, target_exposure(s, pos, shown, explore))
-             for t, s in targets.items()}
+    exposure = {t: target_exposure(s, pos, shown, explore) for t, s in targets.items()}
+    parts = {t: estimate_clicks(y, propensity, e) for t, e in exposure.items()}
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, r, size=(resamples, r))
-    lo, hi = 100 * alpha / 2, 100 * (1 - alpha / 2)
 
-    def summ(point: float, draws: np.ndarray) -> dict:
-        d = draws[np.isfinite(draws)]
-        return {"point": float(point) if np.isfinite(point) else None,
-                "ci": [float(np.percentile(d, lo)), float(np.percentile(d, hi))] if len(d)
-                else None}
+    summ = functools.partial(point_ci, alpha=alpha)
 
     out: dict = {"logged_clicks_per_request": float(logged.mean()), "requests": r,
                  "targets": {}}
@@ -112,8 +111,7 @@ def off_policy_lift(y: np.ndarray, pos: np.ndarray, propensity: np.ndarray,
             "gain_ips": summ(ips_pt - float(logged.mean()), b_ips - boot_logged),
             "gain_snips": summ(*gains[t]),
             "mean_weight_per_slot": float(p["weight"].mean() / slots),
-            "explored_differently": int(((propensity < 1) & (
-                target_exposure(targets[t], pos, shown, explore) == 1)).sum())}
+            "explored_differently": int(((propensity < 1) & (exposure[t] == 1)).sum())}
     if "solaris" in gains and "fm" in gains:
         with np.errstate(divide="ignore", invalid="ignore"):
             out["click_lift_snips"] = summ(
