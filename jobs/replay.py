@@ -53,6 +53,7 @@ if str(ROOT) not in sys.path:  # `python jobs/replay.py` from anywhere
 from solaris.config import (ScheduleConfig, SolarisConfig, config_to_dict,  # noqa: E402
                             load_config, parse_overrides, with_overrides)
 from solaris.errors import SolarisError  # noqa: E402
+from solaris.replay.closed_loop import SHOWN  # noqa: E402
 from solaris.tiers import Tier  # noqa: E402
 
 log = logging.getLogger("jobs.replay")
@@ -618,8 +619,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "which the log before the window is relabelled); solaris simulate's arms "
                    "run beside it; writes OUT/closed_loop.json")
     p.add_argument("--shown", type=int,
-                   help=f"closed loop: top-ranked candidates shown (default {d.shown}; "
-                   "movielens 10)")
+                   help="closed loop: top-ranked candidates shown (default: synthetic "
+                   f"{SHOWN['synthetic']}, movielens {SHOWN['movielens']})")
     p.add_argument("--explore", type=int, default=d.explore)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--evaluate-only", action="store_true",
@@ -632,8 +633,7 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
                          max_requests=args.max_requests, port=args.port, seed=args.seed,
                          rollover_at=args.rollover_at, progress=not args.no_progress,
                          closed_loop=args.closed_loop, explore=args.explore,
-                         shown=args.shown if args.shown is not None else (
-                             10 if args.dataset == "movielens" else ReplayOptions.shown),
+                         shown=args.shown if args.shown is not None else SHOWN[args.dataset],
                          # the KNN job reads the logged interactions: in a closed loop only
                          # the initial build (as of the window start) is causal for the arm
                          knn_every_h=0.0 if args.closed_loop else args.knn_every_h)
@@ -656,10 +656,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     opts = options_from_args(args)
     truth = None
     if opts.closed_loop and args.dataset == "movielens":
-        from solaris.data.rating_truth import relabel, truth_at
+        from solaris.data.rating_truth import relabelled
 
-        truth = truth_at(ds, Path(args.out) / "ground_truth.npz")
-        ds = relabel(ds, truth, opts.seed)
+        truth, ds = relabelled(ds, Path(args.out) / "ground_truth.npz", opts.seed)
     rep = replay(cfg, ds, args.out, opts, truth=truth)
     if opts.closed_loop:
         print(rep.pop("table"))

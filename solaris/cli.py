@@ -143,8 +143,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     the periods before the window are relabelled before the models train."""
     from tqdm import tqdm
 
-    from solaris.replay.closed_loop import (LoopOptions, prepare, report_table, run_world,
-                                            write_outputs)
+    from solaris.replay.closed_loop import (SHOWN, LoopOptions, prepare, report_table,
+                                            run_world, write_outputs)
     from solaris.train.artifacts import train_artifacts
 
     cfg = _config(args)
@@ -156,20 +156,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     truth = None
     if cfg.data.dataset == "movielens":
-        from solaris.data.rating_truth import relabel, truth_at
+        from solaris.data.rating_truth import relabelled
 
         if args.truth and not Path(args.truth).exists():
             raise SolarisError(f"--truth {args.truth}: no such file")
-        truth = truth_at(ds, args.truth or out / "ground_truth.npz")
-        ds = relabel(ds, truth, args.seed)
+        truth, ds = relabelled(ds, args.truth or out / "ground_truth.npz", args.seed)
     art = Path(args.artifacts) if args.artifacts else out / "artifacts"
     if not (art / "manifest.json").exists():
         if args.artifacts:
             raise SolarisError(f"--artifacts {art}: no manifest.json there")
         print(f"training artifacts (seed {args.seed}) on the periods before the window")
         train_artifacts(cfg, ds, art, seed=args.seed, evaluation=True)
-    shown = args.shown if args.shown is not None else (
-        10 if cfg.data.dataset == "movielens" else 6)
+    shown = args.shown if args.shown is not None else SHOWN[cfg.data.dataset]
     opts = LoopOptions(shown=shown, explore=args.explore, seed=args.seed,
                        arms=tuple(args.arms), candidates=args.candidates)
     ctx = prepare(cfg, ds, art, opts, truth=truth)

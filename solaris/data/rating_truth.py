@@ -330,3 +330,10 @@ def truth_at(ds: Dataset, path: str | Path, say=print) -> GroundTruth:
     path.parent.mkdir(parents=True, exist_ok=True)
     truth.save(path)
     return truth
+
+
+def relabelled(ds: Dataset, path: str | Path, seed: int) -> tuple[GroundTruth, Dataset]:
+    """The closed loop's MovieLens world: the ground truth at ``path`` (fitted there if
+    absent) and ``ds`` relabelled by it with ``seed``."""
+    truth = truth_at(ds, path)
+    return truth, relabel(ds, truth, seed)

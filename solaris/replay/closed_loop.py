@@ -57,6 +57,7 @@ from solaris.replay.log import RequestLog
 from solaris.tiers import Tier
 
 ARMS = ("vm", "solaris", "fm", "oracle")
+SHOWN = {"synthetic": 6, "movielens": 10}  # top-ranked candidates shown, by dataset
 _CLICK, _CONV, _EXPLORE = 0, 1, 2  # uniform streams
 
 
