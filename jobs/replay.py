@@ -76,6 +76,7 @@ class ReplayOptions:
     progress: bool = True
     rollover_at: float | None = None  # share of the window at which FM v2 is rolled out
     closed_loop: bool = False  # rank, show and label with the ground truth
+    predict: bool = True  # predict TR, coverage and FM cost from the data before the window
     shown: int = 6  # closed loop: top-ranked candidates shown per request (MovieLens: 10)
     explore: int = 1  # closed loop: uniform exploration slots below them
     extra: dict[str, Any] = field(default_factory=dict)  # config overrides for the app
@@ -492,6 +493,16 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
     out = Path(out)
     lr = LiveReplay(cfg, ds, out, opts, say, truth)
     prep = lr.prepare()
+    pred = None
+    if opts.predict and not opts.closed_loop:
+        from solaris.replay.predict import predict
+
+        say("predicting the window's TR, coverage and FM cost from the data before it")
+        sched = with_overrides(cfg, {"schedule.tick_s": opts.tick_s,
+                                     "schedule.lag_s": opts.lag_s,
+                                     "schedule.budget_per_hour": opts.budget_per_hour})
+        pred = predict(lr.art_dirs[0], ds, start_ts=lr.start,
+                       num_candidates=opts.num_candidates, seed=opts.seed, cfg=sched)
     live = lr.run()
     if opts.closed_loop:
         return closed_loop_report(lr, live, prep)
@@ -568,6 +579,13 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
                            "mixed_version_requests": mixed}
         plots.append(rollover_plot({"t": ts, "old": old, "new": new, "switch_t": switch_t},
                                    out / "rollover.png"))
+    if pred is not None:
+        from solaris.replay.plots import estimate_plot
+        from solaris.replay.predict import compare
+
+        rep["prediction"] = pred
+        rep["prediction_check"] = compare(pred, rep)
+        plots.append(estimate_plot(pred, out / "estimate.png", rep))
     rep["plots"] = [str(p) for p in plots]
     # the verifier's scores and the log's candidates too: bench/policies.py replays other
     # speculation policies on them
@@ -588,8 +606,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = ReplayOptions()
-    p.add_argument("--dataset", choices=["synthetic", "movielens"], default="synthetic")
-    p.add_argument("--data-dir", type=Path, help="MovieLens-100K directory")
+    p.add_argument("--dataset", choices=["synthetic", "movielens", "generic"],
+                   default="synthetic")
+    p.add_argument("--data-dir", type=Path, help="MovieLens-100K directory; generic: the "
+                   "mapping YAML (or its directory)")
     p.add_argument("--fetch", action="store_true", help="movielens without --data-dir: fetch it")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--config", help="YAML config tree")
@@ -623,6 +643,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"{SHOWN['synthetic']}, movielens {SHOWN['movielens']})")
     p.add_argument("--explore", type=int, default=d.explore)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-predict", action="store_true",
+                   help="skip the prediction from the data before the window")
     p.add_argument("--evaluate-only", action="store_true",
                    help="recompute the transfer figures of OUT from its feature log (no replay)")
 
@@ -633,7 +655,8 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
                          max_requests=args.max_requests, port=args.port, seed=args.seed,
                          rollover_at=args.rollover_at, progress=not args.no_progress,
                          closed_loop=args.closed_loop, explore=args.explore,
-                         shown=args.shown if args.shown is not None else SHOWN[args.dataset],
+                         predict=not args.no_predict,
+                         shown=args.shown if args.shown is not None else SHOWN.get(args.dataset, 10),
                          # the KNN job reads the logged interactions: in a closed loop only
                          # the initial build (as of the window start) is causal for the arm
                          knn_every_h=0.0 if args.closed_loop else args.knn_every_h)
@@ -652,6 +675,9 @@ def run_from_args(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, ov)
     if args.evaluate_only:
         return evaluate_only(Path(args.out))
+    if args.closed_loop and args.dataset == "generic":
+        raise SolarisError("--dataset generic --closed-loop: a closed loop needs a ground "
+                           "truth; use synthetic or movielens")
     ds = load_dataset(cfg.data, fetch=args.fetch)
     opts = options_from_args(args)
     truth = None

@@ -122,6 +122,21 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """A dataset (synthetic, MovieLens or generic) written as a generic log directory: an
+    impression log where it has requests, else an interaction log, the side tables and the
+    mapping YAML that `--dataset generic --data-dir OUT` loads back to the same dataset."""
+    from solaris.data.export import export_generic
+
+    ds = _load(_config(args), getattr(args, "fetch", False))
+    path = export_generic(ds, args.out)
+    kind = "impression" if ds.requests is not None else "interaction"
+    print(f"wrote {ds.name} as a generic {kind} log: {path} "
+          f"({ds.interactions.num_rows} interactions"
+          + ("" if ds.requests is None else f", {ds.requests.num_rows} requests") + ")")
+    return 0
+
+
 def _replay_module():
     """``jobs/replay.py`` (it drives Ray; imported only when a replay runs)."""
     root = str(Path(__file__).resolve().parents[1])
@@ -187,6 +202,58 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_estimate(args: argparse.Namespace) -> int:
+    """Before deploying: the online TR, coverage and FM evaluations per 1,000 requests of a
+    replay window predicted from the data before it, with the shipped artifacts
+    (``solaris.replay.predict``); beside a finished replay's figures with ``--replay``."""
+    from solaris.config import config_from_dict, with_overrides
+    from solaris.eval.render import to_json
+    from solaris.replay.plots import estimate_plot
+    from solaris.replay.predict import compare, predict, prediction_table
+
+    art = Path(args.artifacts)
+    if not (art / "manifest.json").exists():
+        raise SolarisError(f"--artifacts {art}: no manifest.json there (train with "
+                           "`solaris train`)")
+    online = None
+    if args.replay is not None:
+        path = Path(args.replay)
+        path = path / "replay.json" if path.is_dir() else path
+        if not path.is_file():
+            raise SolarisError(f"--replay {args.replay}: no replay.json there")
+        online = json.loads(path.read_text())
+    ds = _load(_config(args), getattr(args, "fetch", False))
+    manifest = json.loads((art / "manifest.json").read_text())
+    cfg = with_overrides(config_from_dict(manifest["config"]),
+                         parse_overrides(args.set or []))
+    from tqdm import tqdm
+
+    bar = tqdm(total=3, desc="estimate", unit="step", dynamic_ncols=True)
+
+    def step(msg: str) -> None:
+        bar.set_postfix_str(msg[:60])
+        bar.update(1)
+
+    try:
+        pred = predict(art, ds, start_ts=args.start, num_candidates=args.candidates,
+                       seed=args.seed, cfg=cfg, say=step)
+    finally:
+        bar.close()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"dataset": ds.name, "artifacts": str(art), "prediction": pred}
+    if online is not None:
+        report["online"] = {k: online.get(k) for k in (
+            "tr_online", "tr_online_raw", "tr_online_base_calibrated", "coverage",
+            "fm_evals_per_1k_requests", "window_start")}
+        report["check"] = compare(pred, online)
+    report["plots"] = [str(estimate_plot(pred, out / "estimate.png", online))]
+    (out / "estimate.json").write_text(to_json(report))
+    print(prediction_table(pred, report.get("check")))
+    print(f"wrote {out / 'estimate.json'} and {report['plots'][0]}")
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     """The README's main job: the event-time replay of the embedded synthetic data through
     the live system (Serve, cache shards, queue, FM workers, KNN job), with its report."""
@@ -246,6 +313,12 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(fn=cmd_data)
 
+    ex = sub.add_parser("export", help="write a dataset as a generic log (impressions or "
+                        "interactions, side tables, mapping.yaml)")
+    common(ex)
+    ex.add_argument("--out", required=True, type=Path)
+    ex.set_defaults(fn=cmd_export)
+
     rp = sub.add_parser("replay", help="event-time replay of a log through the live system "
                         "(jobs/replay.py)")
     _replay_module().add_arguments(rp)
@@ -271,6 +344,22 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--arms", nargs="+", default=["vm", "solaris", "fm", "oracle"],
                      choices=["vm", "solaris", "fm", "oracle"])
     sim.set_defaults(fn=cmd_simulate)
+
+    est = sub.add_parser("estimate", help="predict a replay window's online TR, coverage and "
+                         "FM cost from the data before it (the window is not read)")
+    common(est)
+    est.add_argument("--artifacts", type=Path, required=True,
+                     help="the artifacts to serve (solaris train / a replay's OUT/artifacts)")
+    est.add_argument("--out", type=Path, default=Path("runs/estimate"))
+    est.add_argument("--start", type=int,
+                     help="the window's first event time (default: the artifacts' test cut)")
+    est.add_argument("--candidates", type=int, default=100,
+                     help="candidates per request of logs without candidate lists")
+    est.add_argument("--seed", type=int, help="the request log's seed (default: the "
+                     "artifacts' training seed, as the replay uses)")
+    est.add_argument("--replay", type=Path,
+                     help="a finished replay (OUT or its replay.json) to set beside")
+    est.set_defaults(fn=cmd_estimate)
 
     demo = sub.add_parser("demo", help="end-to-end demo: the replay on the embedded synthetic "
                           "data")

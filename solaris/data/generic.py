@@ -32,7 +32,8 @@ import pyarrow.parquet as pq
 from solaris.data.columns import (Source, align_id_types, categorical_codes, check_no_nulls,
                                   encode, first_true, multihot_array, parse_numeric, raw_ids,
                                   sorted_vocab, standardise)
-from solaris.data.schema import ITEM, RAW_ID, USER, Dataset, FeatureSpec, interaction_schema
+from solaris.data.schema import (ITEM, RAW_ID, USER, Dataset, FeatureSpec, interaction_schema,
+                                 request_schema)
 from solaris.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -49,28 +50,45 @@ class FeatureColumns:
     # column -> separator of a delimited string column; None = a list column
     multihot: Mapping[str, str | None] = field(default_factory=dict)
     key: str | None = None  # id column of the table; None = same name as in the interactions
+    scaled: tuple[str, ...] = ()  # numbers taken as they are (already scaled) -> float32
+    # categorical or multi-hot (list) columns that already hold dense codes 0..n-1: column -> n
+    codes: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "categorical", tuple(self.categorical))
         object.__setattr__(self, "continuous", tuple(self.continuous))
         object.__setattr__(self, "multihot", dict(self.multihot))
-        cols = [*self.categorical, *self.continuous, *self.multihot]
+        object.__setattr__(self, "scaled", tuple(self.scaled))
+        object.__setattr__(self, "codes", dict(self.codes))
+        cols = [*self.categorical, *self.continuous, *self.scaled, *self.multihot]
         dup = sorted({c for c in cols if cols.count(c) > 1})
         if dup:
             raise ConfigError(f"feature columns={dup!r}: listed under more than one kind")
         if self.key is not None and self.key in cols:
             raise ConfigError(f"key={self.key!r}: the id column cannot also be a feature")
+        for c, n in self.codes.items():
+            if c not in self.categorical and c not in self.multihot:
+                raise ConfigError(f"codes[{c!r}]: only categorical or multi-hot columns "
+                                  "can hold codes")
+            if self.multihot.get(c) is not None:
+                raise ConfigError(f"codes[{c!r}]: a coded multi-hot column must be a list "
+                                  "column (no separator)")
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ConfigError(f"codes[{c!r}]={n!r}: the number of codes must be an "
+                                  "integer >= 1")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "FeatureColumns":
         d = dict(d or {})
-        unknown = set(d) - {"categorical", "continuous", "multihot", "key"}
+        known = ("categorical", "codes", "continuous", "key", "multihot", "scaled")
+        unknown = set(d) - set(known)
         if unknown:
             raise ConfigError(f"features fields={sorted(unknown)!r}: unknown "
-                              "(known: categorical, continuous, multihot, key)")
+                              f"(known: {', '.join(known)})")
         return cls(categorical=tuple(d.get("categorical") or ()),
                    continuous=tuple(d.get("continuous") or ()),
-                   multihot=dict(d.get("multihot") or {}), key=d.get("key"))
+                   multihot=dict(d.get("multihot") or {}), key=d.get("key"),
+                   scaled=tuple(d.get("scaled") or ()), codes=dict(d.get("codes") or {}))
 
 
 LabelSpec = Mapping[str, "str | tuple[str, float]"] | tuple[str, ...]
@@ -87,12 +105,24 @@ class ColumnMapping:
     surface: str | None = None  # surface column (categorical); None = one surface
     user_features: FeatureColumns = field(default_factory=FeatureColumns)
     item_features: FeatureColumns = field(default_factory=FeatureColumns)
+    # an impression log: one row per (request, candidate); the rows of a request share its
+    # user, timestamp and surface and list its candidates in order
+    request: str | None = None  # request id column; None = an interaction log
+    shown: str | None = None  # 0/1: the candidate was shown (labelled); None = every row
+    order: str | None = None  # numbers ordering rows of equal timestamps (e.g. a sequence)
 
     def __post_init__(self) -> None:
         for name in ("user", "item", "timestamp"):
             val = getattr(self, name)
             if not isinstance(val, str) or not val:
                 raise ConfigError(f"mapping.{name}={val!r}: must be a column name")
+        for name in ("surface", "request", "shown", "order"):
+            val = getattr(self, name)
+            if val is not None and (not isinstance(val, str) or not val):
+                raise ConfigError(f"mapping.{name}={val!r}: must be a column name")
+        if self.shown is not None and self.request is None:
+            raise ConfigError(f"mapping.shown={self.shown!r}: needs mapping.request (an "
+                              "impression log groups its rows into requests)")
         if isinstance(self.labels, (list, tuple)):
             object.__setattr__(self, "labels", tuple(self.labels))
         elif isinstance(self.labels, Mapping):
@@ -133,7 +163,8 @@ class ColumnMapping:
         item_features: {categorical: [brand], multihot: {tags: "|"}}}``.
         """
         d = dict(d)
-        known = {"user", "item", "timestamp", "labels", "surface", "user_features", "item_features"}
+        known = {"user", "item", "timestamp", "labels", "surface", "user_features", "item_features",
+                 "request", "shown", "order"}
         unknown = set(d) - known
         if unknown:
             raise ConfigError(f"mapping fields={sorted(unknown)!r}: unknown "
@@ -145,7 +176,8 @@ class ColumnMapping:
         if isinstance(labels, Mapping):
             labels = {k: tuple(v) if isinstance(v, list) else v for k, v in labels.items()}
         return cls(user=d["user"], item=d["item"], timestamp=d["timestamp"], labels=labels,
-                   surface=d.get("surface"),
+                   surface=d.get("surface"), request=d.get("request"), shown=d.get("shown"),
+                   order=d.get("order"),
                    user_features=FeatureColumns.from_dict(d.get("user_features")),
                    item_features=FeatureColumns.from_dict(d.get("item_features")))
 
@@ -205,26 +237,69 @@ def _numbers(arr: pa.Array, src: Source, column: str, *, required: bool) -> np.n
     raise src.error(column, None, f"expected numbers, found {t}")
 
 
-def _labels(table: pa.Table, src: Source, mapping: ColumnMapping) -> dict[str, np.ndarray]:
+def _labels(table: pa.Table, src: Source, mapping: ColumnMapping,
+            shown: np.ndarray) -> dict[str, np.ndarray]:
+    """Each task's labels (NaN where not ``shown``: there they may be null)."""
     out = {}
     for task, column, threshold in mapping.label_rules():
-        v = _numbers(_column(table, src, column), src, column, required=True)
+        v = _numbers(_column(table, src, column), src, column, required=False)
+        missing = np.isnan(v) & shown
+        if missing.any():
+            row = first_true(missing)
+            raise src.error(column, row, "label is null" + (" on a shown row" if mapping.shown
+                                                            else ""))
         if threshold is None:
-            bad = (v != 0.0) & (v != 1.0)
+            bad = (v != 0.0) & (v != 1.0) & shown
             if bad.any():
                 row = first_true(bad)
-                raise src.error(column, row, f"label {v[row]!r} is not 0/1 (give a threshold to binarise)")
-            out[task] = v.astype(np.float32)
+                raise src.error(column, row, f"label {float(v[row])!r} is not 0/1 (give a threshold to binarise)")
+            y = v.astype(np.float32)
         else:
-            out[task] = (v >= threshold).astype(np.float32)
+            y = (v >= threshold).astype(np.float32)
+        out[task] = np.where(shown, y, np.nan).astype(np.float32)
     return out
+
+
+def _shown(table: pa.Table, src: Source, mapping: ColumnMapping) -> np.ndarray:
+    if mapping.shown is None:
+        return np.ones(table.num_rows, bool)
+    v = _numbers(_column(table, src, mapping.shown), src, mapping.shown, required=True)
+    bad = (v != 0.0) & (v != 1.0)
+    if bad.any():
+        row = first_true(bad)
+        raise src.error(mapping.shown, row, f"shown {float(v[row])!r} is not 0/1")
+    return v == 1.0
+
+
+def _coded(arr: pa.Array, src: Source, column: str, n: int, multihot: bool
+           ) -> tuple[pa.Array, int]:
+    """A column that already holds dense codes 0..n-1 (a list column when ``multihot``)."""
+    if multihot:
+        if not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
+            raise src.error(column, None, f"coded multi-hot values must be a list column, "
+                                          f"found {arr.type}")
+        flat = pc.list_flatten(arr)
+    else:
+        flat = arr
+    if not pa.types.is_integer(flat.type):
+        raise src.error(column, None, f"codes must be integers, found {flat.type}")
+    check_no_nulls(flat, src, column)
+    v = flat.to_numpy(zero_copy_only=False).astype(np.int64)
+    bad = (v < 0) | (v >= n)
+    if bad.any():
+        raise src.error(column, None, f"code {int(v[first_true(bad)])} outside 0..{n - 1}")
+    if multihot:
+        if arr.null_count:
+            arr = pc.fill_null(arr, pa.scalar([], arr.type))
+        return pc.cast(arr, pa.list_(pa.int64())), n
+    return pa.array(v, pa.int64()), n
 
 
 def _side_table(path: str | Path | None, ids: pa.Array, inter_src: Source, id_column: str,
                 feats: FeatureColumns) -> tuple[pa.Table, np.ndarray, dict, tuple, dict]:
     """Codes for ``ids`` plus the coded side table (or a bare id table when ``path`` is None)."""
     if path is None:
-        if feats.categorical or feats.continuous or feats.multihot:
+        if feats.categorical or feats.continuous or feats.scaled or feats.multihot:
             raise DataError(f"{inter_src.path}: features for {id_column!r} are mapped "
                             "but no table was given")
         vocab = sorted_vocab(ids)
@@ -245,14 +320,24 @@ def _side_table(path: str | Path | None, ids: pa.Array, inter_src: Source, id_co
     cols: dict[str, pa.Array] = {RAW_ID: vocab}
     cat: dict[str, int] = {}
     for c in feats.categorical:
+        if c in feats.codes:
+            cols[c], cat[c] = _coded(_column(table, src, c).take(order), src, c,
+                                     feats.codes[c], multihot=False)
+            continue
         values, card = categorical_codes(_column(table, src, c).take(order))
         cols[c] = pa.array(values, pa.int64())
         cat[c] = card
     for c in feats.continuous:
         cols[c] = pa.array(standardise(_numbers(_column(table, src, c), src, c, required=False)[order]))
+    for c in feats.scaled:
+        v = _numbers(_column(table, src, c), src, c, required=False)[order]
+        cols[c] = pa.array(np.nan_to_num(v, nan=0.0).astype(np.float32))
     multi: dict[str, int] = {}
     for c, sep in feats.multihot.items():
         arr = _column(table, src, c).take(order)
+        if c in feats.codes:
+            cols[c], multi[c] = _coded(arr, src, c, feats.codes[c], multihot=True)
+            continue
         if sep is not None:
             if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
                 raise src.error(c, None, f"a separator {sep!r} was given but the column holds {arr.type}")
@@ -260,47 +345,117 @@ def _side_table(path: str | Path | None, ids: pa.Array, inter_src: Source, id_co
         elif not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
             raise src.error(c, None, f"expected a list column (or give a separator), found {arr.type}")
         cols[c], multi[c] = multihot_array(arr)
-    return pa.table(cols), codes, cat, tuple(feats.continuous), multi
+    return pa.table(cols), codes, cat, (*feats.continuous, *feats.scaled), multi
 
 
 def load_generic(interactions: str | Path, mapping: ColumnMapping, users: str | Path | None = None,
                  items: str | Path | None = None) -> Dataset:
-    """Load an interaction log (``.parquet``/``.csv``/``.tsv``) and optional side tables."""
+    """Load an interaction or impression log (``.parquet``/``.csv``/``.tsv``) and optional
+    side tables.
+
+    An impression log (``mapping.request`` set) has one row per (request, candidate): the
+    shown rows become the interactions, and every request its candidate list (in file
+    order) with the shown flags and labels (``Dataset.requests``), as the synthetic
+    generator's requests are."""
     path = Path(interactions)
     table, src = _read_table(path)
     user_raw = raw_ids(_column(table, src, mapping.user), src, mapping.user)
     item_raw = raw_ids(_column(table, src, mapping.item), src, mapping.item)
     ts = _timestamps(_column(table, src, mapping.timestamp), src, mapping.timestamp)
-    labels = _labels(table, src, mapping)
+    shown = _shown(table, src, mapping)
+    labels = _labels(table, src, mapping, shown)
     if mapping.surface is None:
         surface, num_surfaces = np.zeros(table.num_rows, dtype=np.int64), 1
     else:
         surf = _column(table, src, mapping.surface)
         check_no_nulls(surf, src, mapping.surface)
         surface, num_surfaces = categorical_codes(surf)
+    tie = None
+    if mapping.order is not None:
+        tie = _numbers(_column(table, src, mapping.order), src, mapping.order, required=True)
 
     user_tab, ucodes, ucat, ucont, _ = _side_table(users, user_raw, src, mapping.user, mapping.user_features)
     item_tab, icodes, icat, icont, imulti = _side_table(items, item_raw, src, mapping.item,
                                                          mapping.item_features)
     tasks = tuple(labels)
-    n = table.num_rows
-    # last key sorts first: ts, user, item, surface, labels, then file order
-    order = np.lexsort([np.arange(n), *(labels[t] for t in reversed(tasks)), surface, icodes, ucodes, ts])
+    rows = np.flatnonzero(shown)  # the interactions: shown rows
+    n = len(rows)
+    # last key sorts first: ts, then the order column if given, else user, item, surface,
+    # labels; then file order
+    if tie is not None:
+        keys = [tie[rows]]
+    else:
+        keys = [*(labels[t][rows] for t in reversed(tasks)), surface[rows], icodes[rows],
+                ucodes[rows]]
+    order = rows[np.lexsort([np.arange(n), *keys, ts[rows]])]
     inter = pa.table({
         "seq": np.arange(n, dtype=np.int64), USER: ucodes[order], ITEM: icodes[order], "ts": ts[order],
         "surface": surface[order].astype(np.int32), **{t: labels[t][order] for t in tasks},
     }, schema=interaction_schema(tasks))
+    requests = None
+    if mapping.request is not None:
+        requests = _requests(table, src, mapping, ucodes, icodes, ts, surface, shown, labels)
     user_tab = pa.table({USER: np.arange(user_tab.num_rows, dtype=np.int64),
                          **{c: user_tab.column(c) for c in user_tab.column_names}})
     item_tab = pa.table({ITEM: np.arange(item_tab.num_rows, dtype=np.int64),
                          **{c: item_tab.column(c) for c in item_tab.column_names}})
     spec = FeatureSpec(user_categorical=ucat, user_continuous=ucont, item_categorical=icat,
                        item_multihot=imulti, item_continuous=icont, num_surfaces=num_surfaces)
-    ds = Dataset(name=path.stem, interactions=inter, users=user_tab, items=item_tab, tasks=tasks, spec=spec)
+    ds = Dataset(name=path.stem, interactions=inter, users=user_tab, items=item_tab, tasks=tasks,
+                 spec=spec, requests=requests)
     ds.validate()
-    log.info("loaded %s: %d interactions, %d users, %d items, tasks %s",
-             path, n, ds.num_users, ds.num_items, tasks)
+    log.info("loaded %s: %d interactions, %d users, %d items, tasks %s%s",
+             path, n, ds.num_users, ds.num_items, tasks,
+             "" if requests is None else f", {requests.num_rows} requests")
     return ds
+
+
+def _requests(table: pa.Table, src: Source, mapping: ColumnMapping, ucodes: np.ndarray,
+              icodes: np.ndarray, ts: np.ndarray, surface: np.ndarray, shown: np.ndarray,
+              labels: dict[str, np.ndarray]) -> pa.Table:
+    """The impression log's requests (``request_schema``): ids coded by their sorted raw
+    values, in (ts, id) order; candidates in file order."""
+    col = mapping.request
+    rid = raw_ids(_column(table, src, col), src, col)
+    codes = encode(rid, sorted_vocab(rid), src, col, "its own vocabulary")
+    by = np.lexsort((np.arange(len(codes)), codes))  # by request, then file order
+    c = codes[by]
+    starts = np.r_[0, np.flatnonzero(np.diff(c)) + 1]
+    ends = np.r_[starts[1:], len(c)]
+    for name, v in ((mapping.user, ucodes), (mapping.timestamp, ts),
+                    (mapping.surface or "surface", surface)):
+        first = np.repeat(v[by][starts], ends - starts)
+        bad = v[by] != first
+        if bad.any():
+            row = int(by[first_true(bad)])
+            raise src.error(name, row, f"request {rid[row].as_py()!r} holds more than one "
+                                       f"{name} value")
+    item = icodes[by]
+    key = np.stack([c, item], 1)
+    dup = np.zeros(len(c), bool)
+    srt = np.lexsort((item, c))
+    dup[srt[1:]] = (key[srt][1:] == key[srt][:-1]).all(1)
+    if dup.any():
+        row = int(by[first_true(dup)])
+        raise src.error(mapping.item, row, f"request {rid[row].as_py()!r} lists the item twice")
+    req_ts = ts[by][starts]
+    order = np.lexsort((c[starts], req_ts))  # requests in (ts, id) order
+    lens = (ends - starts)[order]
+    take = np.concatenate([np.arange(starts[j], ends[j]) for j in order]) if len(order) \
+        else np.zeros(0, np.int64)
+    offsets = pa.array(np.r_[0, np.cumsum(lens)].astype(np.int32))
+
+    def lists(values: np.ndarray, typ: pa.DataType) -> pa.Array:
+        return pa.ListArray.from_arrays(offsets, pa.array(values, typ))
+
+    cols = {"request_id": c[starts][order].astype(np.int64),
+            USER: ucodes[by][starts][order].astype(np.int64),
+            "ts": req_ts[order].astype(np.int64),
+            "surface": surface[by][starts][order].astype(np.int32),
+            "candidates": lists(item[take].astype(np.int64), pa.int64()),
+            "impressed": lists(shown[by][take], pa.bool_()),
+            **{f"label_{t}": lists(labels[t][by][take], pa.float32()) for t in labels}}
+    return pa.table(cols, schema=request_schema(tuple(labels)))
 
 
 def load_generic_yaml(path: str | Path) -> Dataset:

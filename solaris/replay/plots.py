@@ -214,3 +214,49 @@ def closed_loop_plot(report: dict, path: str | Path) -> Path:
     out = _save(fig, path)
     plt.close(fig)
     return out
+
+
+def estimate_plot(pred: dict, path: str | Path, online: dict | None = None) -> Path:
+    """One page of ``solaris estimate``: the predicted transfer ratios with their intervals
+    and the predicted tier coverage, beside a finished replay's figures (``online``, its
+    ``replay.json``) where given."""
+    plt = _pyplot()
+    fig, (ax_tr, ax_cov) = plt.subplots(1, 2, figsize=(10, 4))
+    rows = [("calibrated", "tr_predicted", "tr_predicted_ci", "tr_online"),
+            ("raw", "tr_predicted_raw", "tr_predicted_raw_ci", "tr_online_raw"),
+            ("base-calibrated", "tr_predicted_base_calibrated", None,
+             "tr_online_base_calibrated")]
+    for x, (name, key, ci_key, on_key) in enumerate(rows):
+        v = pred.get(key)
+        if v is not None and np.isfinite(v):
+            ci = pred.get(ci_key) if ci_key else None
+            err = None
+            if ci and all(c is not None and np.isfinite(c) for c in ci):
+                err = [[max(v - ci[0], 0.0)], [max(ci[1] - v, 0.0)]]
+            ax_tr.errorbar([x], [v], yerr=err, fmt="o", color="tab:blue", capsize=4,
+                           label="predicted (95% interval)" if x == 0 else None)
+        o = (online or {}).get(on_key)
+        if o is not None and np.isfinite(o):
+            ax_tr.plot([x + 0.15], [o], "kx", label="online (replay)" if x == 0 else None)
+    ax_tr.axhline(0.0, color="0.6", lw=0.8)
+    ax_tr.set_xticks(range(len(rows)), [r[0] for r in rows])
+    ax_tr.set_ylabel("transfer ratio")
+    ax_tr.set_title("online TR, predicted from the past")
+    ax_tr.legend(loc="best", fontsize=8)
+    cov = pred["coverage_predicted"]
+    names = [Tier.PAIR.label, Tier.USER_NEIGHBOUR.label, Tier.ITEM_NEIGHBOUR.label,
+             "aggregate", "effective"]
+    ax_cov.bar(range(len(names)), [cov[k] for k in names], color="tab:blue", alpha=0.7,
+               label="predicted")
+    if online and online.get("coverage"):
+        ax_cov.plot(range(len(names)), [online["coverage"][k] for k in names], "kx",
+                    label="online (replay)")
+    ax_cov.set_xticks(range(len(names)), ["pair", "+ user nbr", "+ item nbr", "aggregate",
+                                          "effective"], fontsize=8)
+    ax_cov.set_ylabel("share of labelled pairs")
+    evals = pred["fm_evals_per_1k_requests_predicted"]
+    on_evals = (online or {}).get("fm_evals_per_1k_requests")
+    ax_cov.set_title(f"coverage; FM evals / 1k requests {evals:.0f}"
+                     + (f" (online {on_evals:.0f})" if on_evals else ""), fontsize=9)
+    ax_cov.legend(loc="best", fontsize=8)
+    return _save(fig, path)

@@ -326,6 +326,15 @@ def summary_table(rep: dict[str, Any]) -> str:
     if sig:
         lines += [f"  {'verifier AUC, returning':<26}{fmt(sig['auc']):>8}",
                   f"  {'returning in top fraction':<26}{fmt(sig['top_fraction_share']):>8}"]
+    chk = rep.get("prediction_check")
+    if chk:
+        lines.append(f"{'predicted before the replay':<28}{'pred.':>8}{'online':>8}")
+        for name, key in (("TR calibrated", "tr"), ("TR raw", "tr_raw"),
+                          ("pair coverage", "coverage_pair"),
+                          ("effective coverage", "coverage_effective")):
+            c = chk.get(key)
+            if c:
+                lines.append(f"  {name:<26}{fmt(c['predicted']):>8}{fmt(c['online']):>8}")
     lines += [f"{'speculation precision':<28}{fmt(rep['speculation_precision']):>8}",
               f"{'FM evals / 1k requests':<28}{rep['fm_evals_per_1k_requests']:>8.0f}",
               f"{'errors / retries':<28}{rep['errors']:>5} / {rep['retries']}"]

@@ -131,6 +131,7 @@ def train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: 
         "sizes": {"num_users": ds.num_users, "num_items": ds.num_items},
         "side_tables": "side.npz",
         "fm": "fm.pt", "encoder": "encoder.pt", "vms": vms, "periods": periods.as_dict(),
+        "cuts": [int(c) for c in periods.cuts],  # first ts of the vm, val and test periods
         "baselines": baselines,
         "config": config_to_dict(cfg), "seed": seed, "seconds": round(time.perf_counter() - t0, 1),
     }

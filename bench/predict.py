@@ -1,0 +1,94 @@
+"""Benchmark: finished replays' online figures against their prediction from the past.
+
+    python bench/predict.py RUN_DIR [RUN_DIR ...] --json OUT.json [--data-dir DIR]
+
+Each RUN_DIR is a finished ``solaris replay`` (replay.json, artifacts/). Its dataset is loaded
+as the artifacts' config says (MovieLens from ``--data-dir`` or the fetch cache), the window
+is deleted (``solaris.replay.predict.before``), and ``predict`` simulates serving on the
+validation period with the run's artifacts. Printed per run and as the mean over runs: TR
+(calibrated, raw) and pair / effective coverage, predicted and online, with the bars of
+``compare`` (|TR error| <= max(0.03, 0.3 |TR online|), |coverage error| <= 0.05) and the
+FM evaluations per 1,000 requests. Every number goes into the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from solaris.config import config_from_dict, with_overrides  # noqa: E402
+from solaris.eval.render import to_json  # noqa: E402
+from solaris.replay.predict import before, compare, predict, window_start  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", type=Path)
+    p.add_argument("--json", type=Path, required=True)
+    p.add_argument("--data-dir", type=Path, help="MovieLens-100K directory")
+    p.add_argument("--resamples", type=int, default=1000)
+    args = p.parse_args(argv)
+    from solaris.data.load import load_dataset
+
+    out: dict = {"runs": {}}
+    for run in args.runs:
+        art = run / "artifacts"
+        manifest = json.loads((art / "manifest.json").read_text())
+        cfg = config_from_dict(manifest["config"])
+        if args.data_dir is not None:
+            cfg = with_overrides(cfg, {"data.data_dir": str(args.data_dir)})
+        rep = json.loads((run / "replay.json").read_text())
+        start = int(rep["window_start"])
+        if start != window_start(manifest):
+            raise SystemExit(f"{run}: replay window starts at {start}, the artifacts' at "
+                             f"{window_start(manifest)}")
+        ds = before(load_dataset(cfg.data, fetch=True), start)  # the window is gone
+        t0 = time.perf_counter()
+        pred = predict(art, ds, start_ts=start, num_candidates=int(
+            rep.get("candidates_per_request", 100)), cfg=cfg, resamples=args.resamples)
+        seconds = time.perf_counter() - t0
+        chk = compare(pred, rep)
+        out["runs"][str(run)] = {"prediction": pred, "check": chk, "seconds": round(seconds, 1)}
+        print(f"{run}: {seconds:.0f} s")
+        for k in ("tr", "tr_raw", "coverage_pair", "coverage_effective"):
+            c = chk[k]
+            if c is None:
+                continue
+            print(f"  {k:<20} predicted {c['predicted']:7.3f}  online {c['online']:7.3f}  "
+                  f"error {c['error']:+7.3f}  within {c['tolerance']:.3f}: {c['within']}")
+        e = chk["fm_evals_per_1k_requests"]
+        print(f"  {'fm evals / 1k req':<20} predicted {e['predicted']:7.0f}  online "
+              f"{e['online']:7.0f}  ratio {e['ratio']:.3f}")
+    runs = list(out["runs"].values())
+    mean = {}
+    for k in ("tr", "tr_raw", "coverage_pair", "coverage_effective"):
+        pairs = [(r["check"][k]["predicted"], r["check"][k]["online"]) for r in runs
+                 if r["check"][k] is not None]
+        if not pairs:
+            continue
+        pm, om = (float(np.mean(v)) for v in zip(*pairs))
+        tol = 0.05 if k.startswith("coverage") else max(0.03, 0.3 * abs(om))
+        mean[k] = {"predicted": pm, "online": om, "error": pm - om, "tolerance": tol,
+                   "within": bool(abs(pm - om) <= tol),
+                   "runs_within": sum(r["check"][k]["within"] for r in runs
+                                      if r["check"][k] is not None)}
+    out["mean_over_runs"] = mean
+    print("mean over runs:")
+    for k, c in mean.items():
+        print(f"  {k:<20} predicted {c['predicted']:7.3f}  online {c['online']:7.3f}  "
+              f"within: {c['within']} ({c['runs_within']} of {len(runs)} runs within)")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(to_json(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""Know before you deploy: a replay's online transfer, coverage and FM cost predicted from the
+past alone.
+
+``predict`` deletes everything at or after the window's start from the dataset first, then
+simulates serving on the validation period (the latest period before the window) with the
+shipped artifacts: the verifier ranks the period's requests by the VM alone, the speculation
+schedule decides which pairs the FM workers compute and when (``solaris.replay.coverage``),
+the workers' vectors go into an in-process ``PairStore`` and each request is looked up with
+the router's own code (``solaris.eval.served.simulate_serving``). The rows are then re-scored
+exactly as the replay re-scores its feature log (``solaris.replay.evaluate``): the served VM,
+the VM alone and the FM snapshot on the same rows, TR raw and calibrated (Platt on the first
+half by request time, measured on the second). Nothing of the window -- its requests, labels
+or scores -- is read: a test runs it on a dataset with the window deleted.
+
+No Ray here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+
+from solaris.config import SolarisConfig, config_from_dict
+from solaris.data.schema import TS, Dataset
+from solaris.errors import ConfigError, DataError
+
+PREDICTED = ("tr_predicted", "tr_predicted_raw", "coverage_predicted",
+             "fm_evals_per_1k_requests_predicted")
+
+
+def before(ds: Dataset, start_ts: int) -> Dataset:
+    """``ds`` with every interaction and request at or after ``start_ts`` deleted (the user
+    and item tables stay: ids and side features, no events)."""
+    inter = ds.interactions
+    n = int(np.searchsorted(inter.column(TS).to_numpy(), start_ts, side="left"))
+    req = ds.requests
+    if req is not None:
+        req = req.filter(pa.array(req.column(TS).to_numpy() < start_ts))
+    if n == 0:
+        raise DataError(f"{ds.name}: no interactions before ts={start_ts}")
+    return dataclasses.replace(ds, interactions=inter.slice(0, n), requests=req)
+
+
+def window_start(manifest: dict) -> int:
+    """The first event time after every period the artifacts trained or validated on: the
+    split's test cut where the manifest records it, else the test period's first row."""
+    cuts = manifest.get("cuts")
+    if cuts is not None:
+        return int(cuts[2])
+    return int(manifest["periods"]["test"]["ts_min"])
+
+
+def _val_start(manifest: dict, cfg: SolarisConfig) -> int:
+    cuts = manifest.get("cuts")
+    if cuts is not None:
+        return int(cuts[1])
+    if cfg.split.vm_surface is not None or cfg.split.vm_user_share < 1.0:
+        raise ConfigError("artifacts without 'cuts' in manifest.json and a vertical slice "
+                          "(split.vm_surface / vm_user_share): retrain them with "
+                          "`solaris train` to record the period cuts")
+    return int(manifest["periods"]["val"]["ts_min"])  # no slice: the cut's own row
+
+
+def served_rows_of(ds: Dataset, tables: Any, slots: Any, granularity_s: int) -> tuple[Any, np.ndarray]:
+    """The simulated rows (``ServedSlots``, mapped ones only) as the replay's feature log
+    (``ServedRows``, grouped by request) and their interaction rows."""
+    from solaris.data.requests import request_times
+    from solaris.replay.evaluate import ServedRows
+
+    keep = np.flatnonzero(slots.mapped)
+    row = slots.rows[keep]
+    gran = 0 if ds.requests is not None else max(1, int(granularity_s))
+    req_ts = request_times(tables.user, tables.ts, gran)[row]
+    user, surface = tables.user[row], tables.surface[row]
+    order = np.lexsort((row, surface, user, req_ts))
+    keep, row, req_ts, user, surface = (a[order] for a in (keep, row, req_ts, user, surface))
+    new = np.r_[True, (np.diff(req_ts) != 0) | (np.diff(user) != 0) | (np.diff(surface) != 0)]
+    rows = ServedRows(req=np.cumsum(new) - 1, ts=req_ts.astype(np.float64), user=user,
+                      item=tables.item[row], surface=surface,
+                      y=np.zeros(len(row)),  # the task's labels: set by the caller
+                      score=np.zeros(len(row)), tier=slots.pair_tier[keep],
+                      age_s=slots.pair_age_s[keep], pair_emb=slots.pair_emb[keep],
+                      agg_emb=slots.agg_emb[keep], agg_present=slots.agg_present[keep])
+    return rows, row
+
+
+def predict(art_dir: str | Path, ds: Dataset, *, start_ts: int | None = None,
+            num_candidates: int = 100, seed: int | None = None,
+            cfg: SolarisConfig | None = None, task: str | None = None, resamples: int = 1000,
+            say: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Online TR, coverage and FM evaluations per 1,000 requests of a replay window starting
+    at ``start_ts`` (default: the artifacts' own), predicted from the data before it.
+
+    ``num_candidates`` and ``seed`` as the replay builds its request log (``seed``: the
+    artifacts' training seed by default); ``cfg`` the artifacts' config by default.
+    """
+    from solaris.data.split import Periods, vertical_mask
+    from solaris.eval import metrics as M
+    from solaris.eval.served import simulate_period
+    from solaris.features import FeatureTables
+    from solaris.precompute import load_models
+    from solaris.replay.coverage import coverage_by_tier
+    from solaris.replay.evaluate import score, transfer
+    from solaris.replay.log import build_request_log
+    from solaris.replay.prepare import check_trained_before
+    from solaris.scales import ScaleTable
+    from solaris.scoring import Artifacts, VMScorer
+    from solaris.train.artifacts import load_base
+    from solaris.train.teacher import Teacher, teacher_outputs
+
+    say = say or (lambda _m: None)
+    art_dir = Path(art_dir)
+    art = Artifacts.open(art_dir)
+    manifest = json.loads((art_dir / "manifest.json").read_text())
+    cfg = cfg or config_from_dict(manifest["config"])
+    start = window_start(manifest) if start_ts is None else int(start_ts)
+    check_trained_before(manifest, start)
+    seed = int(manifest.get("seed", 0)) if seed is None else int(seed)
+    task = task or art.tasks[0]
+    if task not in art.tasks:
+        raise ConfigError(f"task={task!r}: the artifacts serve {list(art.tasks)}")
+    past = before(ds, start)  # the window is gone from here on
+    if (past.num_users, past.num_items) != (art.num_users, art.num_items):
+        raise DataError(f"{ds.name}: {past.num_users} users / {past.num_items} items, the "
+                        f"artifacts were trained on {art.num_users} / {art.num_items}")
+    val_start = _val_start(manifest, cfg)
+    if val_start >= start:
+        raise ConfigError(f"validation start ts={val_start} is not before the window start "
+                          f"ts={start}")
+    say("building the validation period's requests")
+    tables = FeatureTables(past, cfg.features)
+    gran = cfg.features.request_granularity_s
+    lg = build_request_log(past, val_start, num_candidates=num_candidates,
+                           granularity_s=max(1, gran), seed=seed, end_ts=start)
+    ts = tables.ts
+    val_rows = np.flatnonzero((ts >= val_start) & (ts < start)
+                              & vertical_mask(past, cfg.split))
+    empty = np.zeros(0, np.int64)
+    periods = Periods(fm=empty, vm=empty, val=val_rows, test=empty, fm_vertical=empty,
+                      cuts=(val_start, val_start, start),
+                      ranges={"val": (val_start, start - 1)})
+    fm, encoder, version = load_models(art_dir)
+    base, _, _ = load_base(art_dir, task)
+    # the router's lookups: a tier at scale 0 in every VM of the version is not looked up
+    cfg = dataclasses.replace(cfg, enrich=ScaleTable({version: manifest}).enrich_for(
+        version, cfg.enrich))
+    say(f"simulating serving on the validation period ({lg.num_requests} requests)")
+    slots = simulate_period(cfg, past, tables, periods, base, fm, encoder, version, "val",
+                            seed, lg=lg)
+    rows, row = served_rows_of(past, tables, slots, gran)
+    t_idx = list(past.tasks).index(task)
+    rows.y = tables.labels[row, t_idx].astype(np.float64)
+    say(f"scoring {len(row)} labelled rows")
+    side = art.side_tables()
+    ttl = float(cfg.cache.read_ttl_s)
+    vm = VMScorer(art, task, side, ttl)
+    alone = VMScorer(dataclasses.replace(art, vm_files={task: f"vm_{task}_alone.pt"}), task,
+                     side, ttl)
+    p_served = score(vm, rows)
+    rows.score = p_served
+    p_alone = score(alone, rows, slots=False)
+    probs, _ = teacher_outputs(Teacher(fm, encoder, None, version), tables, row)
+    p_fm = np.clip(probs[:, t_idx].astype(np.float64), 1e-7, 1 - 1e-7)
+    y = rows.y
+    cut = np.median(rows.ts)
+    first = rows.ts < cut
+    if first.all() or not first.any():
+        first = rows.req < np.median(rows.req)
+    second = ~first
+    tr = transfer(y, p_alone, p_served, p_fm, first, second)
+    ab = M.fit_platt(y[first], p_alone[first])
+    fab = M.fit_platt(y[first], p_fm[first])
+    b = {k: M.bce(y[second], M.apply_platt(p[second], a))
+         for k, p, a in (("vm", p_alone, ab), ("x", p_served, ab), ("fm", p_fm, fab))}
+    la, lx, lf = (M.bce_rows(y, p) for p in (p_alone, p_served, p_fm))
+    ci = M.tr_bootstrap(la, lx, lf, resamples, 0.05, seed)
+    cal_ci = calibrated_tr_ci(y, p_alone, p_served, p_fm, first, rows.req,
+                              max(1, resamples // 5), seed)
+    cov = coverage_by_tier(rows.tier, rows.agg_present)
+    info = slots.info
+    return {
+        "tr_predicted": tr["tr_cal"],
+        "tr_predicted_raw": tr["tr_raw"],
+        "tr_predicted_ci": cal_ci,
+        "tr_predicted_raw_ci": [ci["ci_low"], ci["ci_high"]],
+        "tr_predicted_base_calibrated": M.transfer_ratio(b["vm"], b["x"], b["fm"]),
+        "coverage_predicted": cov,
+        "fm_evals_predicted": int(info["fm_evals"]),
+        "fm_evals_per_1k_requests_predicted": 1000.0 * info["fm_evals"] / max(1, lg.num_requests),
+        "bce": {"raw": tr["bce_raw"], "calibrated_second_half": tr["bce_cal"]},
+        "from": {"period": "validation", "ts_min": val_start, "ts_end": start,
+                 "requests": int(lg.num_requests), "rows": int(len(row)),
+                 "rows_in_period": int(len(val_rows)),
+                 "pair_simulated_keys": info["pair_simulated"],
+                 "own_pair_agrees_with_key_simulation":
+                     info["own_pair_agrees_with_key_simulation"]},
+        "window_start": start, "task": task, "version": version, "seed": seed,
+        "num_candidates": int(num_candidates),
+    }
+
+
+def calibrated_tr_ci(y: np.ndarray, p_vm: np.ndarray, p_x: np.ndarray, p_fm: np.ndarray,
+                     first: np.ndarray, req: np.ndarray, resamples: int, seed: int = 0,
+                     alpha: float = 0.05) -> list[float] | None:
+    """Percentile interval of the calibrated TR (``transfer``: Platt on ``first``, TR on the
+    rest) over a bootstrap of whole requests (``req``: each row's request), the Platt fits
+    redone in every resample."""
+    from solaris.replay.evaluate import transfer
+
+    _, inv = np.unique(req, return_inverse=True)
+    members = np.split(np.argsort(inv, kind="stable"),
+                       np.cumsum(np.bincount(inv))[:-1])
+    rng = np.random.default_rng(seed)
+    draws = np.full(resamples, np.nan)
+    for k in range(resamples):
+        pick = rng.integers(0, len(members), len(members))
+        idx = np.concatenate([members[j] for j in pick])
+        f = first[idx]
+        if f.all() or not f.any():
+            continue
+        draws[k] = transfer(y[idx], p_vm[idx], p_x[idx], p_fm[idx], f, ~f)["tr_cal"]
+    ok = draws[np.isfinite(draws)]
+    if not len(ok):
+        return None
+    lo, hi = np.quantile(ok, [alpha / 2, 1 - alpha / 2])
+    return [float(lo), float(hi)]
+
+
+def compare(pred: dict[str, Any], rep: dict[str, Any]) -> dict[str, Any]:
+    """Prediction against a finished replay (``replay.json``): each figure's error and the
+    issue's bars: |TR online - predicted| <= max(0.03, 0.3 |TR online|) (calibrated and raw),
+    |coverage - predicted| <= 0.05 (pair and effective)."""
+    out: dict[str, Any] = {}
+    for name, p_key, o_key in (("tr", "tr_predicted", "tr_online"),
+                               ("tr_raw", "tr_predicted_raw", "tr_online_raw")):
+        o, p = rep.get(o_key), pred.get(p_key)
+        if o is None or p is None:
+            out[name] = None
+            continue
+        tol = max(0.03, 0.3 * abs(o))
+        out[name] = {"online": o, "predicted": p, "error": p - o, "tolerance": tol,
+                     "within": bool(abs(p - o) <= tol)}
+    for k in ("pair", "effective"):
+        o, p = rep["coverage"][k], pred["coverage_predicted"][k]
+        out[f"coverage_{k}"] = {"online": o, "predicted": p, "error": p - o, "tolerance": 0.05,
+                                "within": bool(abs(p - o) <= 0.05)}
+    o, p = rep.get("fm_evals_per_1k_requests"), pred["fm_evals_per_1k_requests_predicted"]
+    out["fm_evals_per_1k_requests"] = {"online": o, "predicted": p,
+                                       "ratio": p / o if o else None}
+    return out
+
+
+def prediction_table(pred: dict[str, Any], check: dict[str, Any] | None = None) -> str:
+    """The prediction as a text table (with the online figures and errors where given)."""
+    from solaris.replay.report import fmt
+
+    def ci(v: list | None) -> str:
+        return "" if not v else f" [{fmt(v[0])}, {fmt(v[1])}]"
+
+    src = pred["from"]
+    lines = [f"predicted from the validation period ({src['requests']} requests, "
+             f"{src['rows']} labelled rows) for the window from ts={pred['window_start']}",
+             f"{'':<30}{'predicted':>10}{'online':>10}"]
+
+    def row(name: str, p: Any, o_key: str | None, extra: str = "") -> None:
+        o = (check or {}).get(o_key) if o_key else None
+        lines.append(f"  {name:<28}{fmt(p):>10}{fmt(o['online']) if o else '':>10}{extra}")
+
+    row("TR (calibrated)", pred["tr_predicted"], "tr", ci(pred.get("tr_predicted_ci")))
+    row("TR (raw)", pred["tr_predicted_raw"], "tr_raw", ci(pred.get("tr_predicted_raw_ci")))
+    lines.append(f"  {'TR (base-calibrated)':<28}{fmt(pred['tr_predicted_base_calibrated']):>10}")
+    for k in ("pair", "effective"):
+        row(f"coverage, {k}", pred["coverage_predicted"][k], f"coverage_{k}")
+    o = (check or {}).get("fm_evals_per_1k_requests")
+    lines.append(f"  {'FM evals / 1k requests':<28}"
+                 f"{pred['fm_evals_per_1k_requests_predicted']:>10.0f}"
+                 f"{'' if not o or o['online'] is None else format(o['online'], '>10.0f')}")
+    return "\n".join(lines)
