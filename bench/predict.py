@@ -8,7 +8,8 @@ is deleted (``solaris.replay.predict.before``), and ``predict`` simulates servin
 validation period with the run's artifacts. Printed per run and as the mean over runs: TR
 (calibrated, raw) and pair / effective coverage, predicted and online, with the bars of
 ``compare`` (|TR error| <= max(0.03, 0.3 |TR online|), |coverage error| <= 0.05) and the
-FM evaluations per 1,000 requests. Every number goes into the JSON.
+FM evaluations per 1,000 requests. Every number goes into the JSON. ``--backtest``: the
+validation period served by artifacts trained before it (``predict``'s ``backtest``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--data-dir", type=Path, help="MovieLens-100K directory")
     p.add_argument("--resamples", type=int, default=1000)
+    p.add_argument("--backtest", action="store_true",
+                   help="serve the validation period with artifacts trained before it "
+                        "(RUN_DIR/backtest, trained once) instead of the shipped ones")
     args = p.parse_args(argv)
     from solaris.data.load import load_dataset
 
@@ -53,7 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         ds = before(load_dataset(cfg.data, fetch=True), start)  # the window is gone
         t0 = time.perf_counter()
         pred = predict(art, ds, start_ts=start, num_candidates=int(
-            rep.get("candidates_per_request", 100)), cfg=cfg, resamples=args.resamples)
+            rep.get("candidates_per_request", 100)), cfg=cfg, resamples=args.resamples,
+            backtest=run / "backtest" if args.backtest else None)
         seconds = time.perf_counter() - t0
         chk = compare(pred, rep)
         out["runs"][str(run)] = {"prediction": pred, "check": chk, "seconds": round(seconds, 1)}

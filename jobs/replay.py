@@ -501,8 +501,13 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
         sched = with_overrides(cfg, {"schedule.tick_s": opts.tick_s,
                                      "schedule.lag_s": opts.lag_s,
                                      "schedule.budget_per_hour": opts.budget_per_hour})
-        pred = predict(lr.art_dirs[0], ds, start_ts=lr.start,
-                       num_candidates=opts.num_candidates, seed=opts.seed, cfg=sched)
+        try:
+            pred = predict(lr.art_dirs[0], ds, start_ts=lr.start,
+                           num_candidates=opts.num_candidates, seed=opts.seed, cfg=sched)
+        except Exception as e:  # the replay goes on: the prediction is a figure, not a step
+            log.warning("prediction from the past failed (%s: %s); replaying without it",
+                        type(e).__name__, e)
+            pred = {"error": f"{type(e).__name__}: {e}"}
     live = lr.run()
     if opts.closed_loop:
         return closed_loop_report(lr, live, prep)
@@ -580,10 +585,11 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
         plots.append(rollover_plot({"t": ts, "old": old, "new": new, "switch_t": switch_t},
                                    out / "rollover.png"))
     if pred is not None:
+        rep["prediction"] = pred
+    if pred is not None and "error" not in pred:
         from solaris.replay.plots import estimate_plot
         from solaris.replay.predict import compare
 
-        rep["prediction"] = pred
         rep["prediction_check"] = compare(pred, rep)
         plots.append(estimate_plot(pred, out / "estimate.png", rep))
     rep["plots"] = [str(p) for p in plots]

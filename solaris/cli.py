@@ -228,7 +228,8 @@ def cmd_estimate(args: argparse.Namespace) -> int:
                          parse_overrides(args.set or []))
     from tqdm import tqdm
 
-    bar = tqdm(total=3, desc="estimate", unit="step", dynamic_ncols=True)
+    bar = tqdm(total=3 + (args.backtest is not None), desc="estimate", unit="step",
+               dynamic_ncols=True)
 
     def step(msg: str) -> None:
         bar.set_postfix_str(msg[:60])
@@ -236,7 +237,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
     try:
         pred = predict(art, ds, start_ts=args.start, num_candidates=args.candidates,
-                       seed=args.seed, cfg=cfg, say=step)
+                       seed=args.seed, cfg=cfg, backtest=args.backtest, say=step)
     finally:
         bar.close()
     out = Path(args.out)
@@ -357,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="candidates per request of logs without candidate lists")
     est.add_argument("--seed", type=int, help="the request log's seed (default: the "
                      "artifacts' training seed, as the replay uses)")
+    est.add_argument("--backtest", type=Path, metavar="DIR",
+                     help="serve the validation period with artifacts trained before it "
+                          "(into DIR) instead of the shipped ones, which were selected on it")
     est.add_argument("--replay", type=Path,
                      help="a finished replay (OUT or its replay.json) to set beside")
     est.set_defaults(fn=cmd_estimate)

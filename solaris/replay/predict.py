@@ -92,26 +92,23 @@ def served_rows_of(ds: Dataset, tables: Any, slots: Any, granularity_s: int) -> 
 def predict(art_dir: str | Path, ds: Dataset, *, start_ts: int | None = None,
             num_candidates: int = 100, seed: int | None = None,
             cfg: SolarisConfig | None = None, task: str | None = None, resamples: int = 1000,
+            backtest: str | Path | None = None,
             say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Online TR, coverage and FM evaluations per 1,000 requests of a replay window starting
     at ``start_ts`` (default: the artifacts' own), predicted from the data before it.
 
     ``num_candidates`` and ``seed`` as the replay builds its request log (``seed``: the
     artifacts' training seed by default); ``cfg`` the artifacts' config by default.
+
+    By default the shipped artifacts serve the validation period. The VM alone was selected
+    there (learning rate, early stopping, calibration), which flatters it against the FM;
+    ``backtest`` (a directory) instead trains artifacts with the same config and seed on the
+    data before the validation period (the split's fractions rescaled so that their test
+    period is exactly the validation period) and serves the validation period with those,
+    as a replay of it would: nothing they chose was chosen on it.
     """
-    from solaris.data.split import Periods, vertical_mask
-    from solaris.eval import metrics as M
-    from solaris.eval.served import simulate_period
-    from solaris.features import FeatureTables
-    from solaris.precompute import load_models
-    from solaris.replay.coverage import coverage_by_tier
-    from solaris.replay.evaluate import score, transfer
-    from solaris.replay.log import build_request_log
     from solaris.replay.prepare import check_trained_before
-    from solaris.scales import ScaleTable
-    from solaris.scoring import Artifacts, VMScorer
-    from solaris.train.artifacts import load_base
-    from solaris.train.teacher import Teacher, teacher_outputs
+    from solaris.scoring import Artifacts
 
     say = say or (lambda _m: None)
     art_dir = Path(art_dir)
@@ -132,24 +129,89 @@ def predict(art_dir: str | Path, ds: Dataset, *, start_ts: int | None = None,
     if val_start >= start:
         raise ConfigError(f"validation start ts={val_start} is not before the window start "
                           f"ts={start}")
-    say("building the validation period's requests")
+    method = "shipped"
+    if backtest is not None:
+        art_dir, manifest, cfg = backtest_artifacts(Path(backtest), past, cfg, val_start,
+                                                    seed, say)
+        check_trained_before(manifest, val_start)
+        method = "backtest"
+    out = served_period(art_dir, manifest, past, cfg, val_start, start,
+                        num_candidates=num_candidates, seed=seed, task=task,
+                        resamples=resamples, say=say)
+    out.update({"window_start": start, "method": method})
+    return out
+
+
+def backtest_artifacts(out: Path, past: Dataset, cfg: SolarisConfig, val_start: int,
+                       seed: int, say: Callable[[str], None]
+                       ) -> tuple[Path, dict, SolarisConfig]:
+    """Artifacts trained like the shipped ones on ``past`` with the split rescaled so that
+    their test period starts at ``val_start`` (reused when ``out`` already holds them)."""
+    from solaris.train.artifacts import train_artifacts
+
+    ts = past.interactions.column(TS).to_numpy()
+    n = len(ts)
+    n_before = int(np.searchsorted(ts, val_start, side="left"))
+    sp = cfg.split
+    total = sp.fm_frac + sp.vm_frac + sp.val_frac
+    # time_split cuts at ts[round(cumsum(fractions) * n)]: the last cut lands on row n_before
+    scale = (n_before / n) / total
+    split = dataclasses.replace(sp, fm_frac=sp.fm_frac * scale, vm_frac=sp.vm_frac * scale,
+                                val_frac=n_before / n - (sp.fm_frac + sp.vm_frac) * scale)
+    bcfg = dataclasses.replace(cfg, split=split)
+    path = out / "manifest.json"
+    if path.exists():
+        manifest = json.loads(path.read_text())
+        if manifest.get("cuts", [None] * 3)[2] != val_start or manifest.get("seed") != seed:
+            raise ConfigError(f"{out}: holds other backtest artifacts (test cut "
+                              f"{manifest.get('cuts')}, seed {manifest.get('seed')}); "
+                              "give an empty directory")
+    else:
+        say("training backtest artifacts on the data before the validation period")
+        manifest = train_artifacts(bcfg, past, out, seed=seed)
+    if manifest["cuts"][2] != val_start:
+        raise DataError(f"backtest split: test cut at ts={manifest['cuts'][2]}, wanted "
+                        f"ts={val_start} (too many equal timestamps around the cut)")
+    return out, manifest, bcfg
+
+
+def served_period(art_dir: Path, manifest: dict, past: Dataset, cfg: SolarisConfig,
+                  period_start: int, period_end: int, *, num_candidates: int, seed: int,
+                  task: str, resamples: int, say: Callable[[str], None]) -> dict[str, Any]:
+    """Serve ``past``'s period [period_start, period_end) with ``art_dir`` in simulation and
+    measure it as the replay measures its window."""
+    from solaris.data.split import Periods, vertical_mask
+    from solaris.eval import metrics as M
+    from solaris.eval.served import simulate_period
+    from solaris.features import FeatureTables
+    from solaris.precompute import load_models
+    from solaris.replay.coverage import coverage_by_tier
+    from solaris.replay.evaluate import score, transfer
+    from solaris.replay.log import build_request_log
+    from solaris.scales import ScaleTable
+    from solaris.scoring import Artifacts, VMScorer
+    from solaris.train.artifacts import load_base
+    from solaris.train.teacher import Teacher, teacher_outputs
+
+    art = Artifacts.open(art_dir)
+    say("building the period's requests")
     tables = FeatureTables(past, cfg.features)
     gran = cfg.features.request_granularity_s
-    lg = build_request_log(past, val_start, num_candidates=num_candidates,
-                           granularity_s=max(1, gran), seed=seed, end_ts=start)
+    lg = build_request_log(past, period_start, num_candidates=num_candidates,
+                           granularity_s=max(1, gran), seed=seed, end_ts=period_end)
     ts = tables.ts
-    val_rows = np.flatnonzero((ts >= val_start) & (ts < start)
+    val_rows = np.flatnonzero((ts >= period_start) & (ts < period_end)
                               & vertical_mask(past, cfg.split))
     empty = np.zeros(0, np.int64)
     periods = Periods(fm=empty, vm=empty, val=val_rows, test=empty, fm_vertical=empty,
-                      cuts=(val_start, val_start, start),
-                      ranges={"val": (val_start, start - 1)})
+                      cuts=(period_start, period_start, period_end),
+                      ranges={"val": (period_start, period_end - 1)})
     fm, encoder, version = load_models(art_dir)
     base, _, _ = load_base(art_dir, task)
     # the router's lookups: a tier at scale 0 in every VM of the version is not looked up
     cfg = dataclasses.replace(cfg, enrich=ScaleTable({version: manifest}).enrich_for(
         version, cfg.enrich))
-    say(f"simulating serving on the validation period ({lg.num_requests} requests)")
+    say(f"simulating serving on the period ({lg.num_requests} requests)")
     slots = simulate_period(cfg, past, tables, periods, base, fm, encoder, version, "val",
                             seed, lg=lg)
     rows, row = served_rows_of(past, tables, slots, gran)
@@ -185,21 +247,21 @@ def predict(art_dir: str | Path, ds: Dataset, *, start_ts: int | None = None,
     info = slots.info
     return {
         "tr_predicted": tr["tr_cal"],
-        "tr_predicted_raw": tr["tr_raw"],
         "tr_predicted_ci": cal_ci,
+        "tr_predicted_raw": tr["tr_raw"],
         "tr_predicted_raw_ci": [ci["ci_low"], ci["ci_high"]],
         "tr_predicted_base_calibrated": M.transfer_ratio(b["vm"], b["x"], b["fm"]),
         "coverage_predicted": cov,
         "fm_evals_predicted": int(info["fm_evals"]),
         "fm_evals_per_1k_requests_predicted": 1000.0 * info["fm_evals"] / max(1, lg.num_requests),
         "bce": {"raw": tr["bce_raw"], "calibrated_second_half": tr["bce_cal"]},
-        "from": {"period": "validation", "ts_min": val_start, "ts_end": start,
+        "from": {"period": "validation", "ts_min": period_start, "ts_end": period_end,
                  "requests": int(lg.num_requests), "rows": int(len(row)),
                  "rows_in_period": int(len(val_rows)),
                  "pair_simulated_keys": info["pair_simulated"],
                  "own_pair_agrees_with_key_simulation":
                      info["own_pair_agrees_with_key_simulation"]},
-        "window_start": start, "task": task, "version": version, "seed": seed,
+        "task": task, "version": version, "seed": seed,
         "num_candidates": int(num_candidates),
     }
 

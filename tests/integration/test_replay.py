@@ -90,6 +90,22 @@ def test_replay_is_independent_of_worker_count_and_matches_its_schedule(tmp_path
                                                                      abs=0.01)
     saved = json.loads((tmp_path / "w1" / "replay.json").read_text())
     assert saved["coverage"] == one["coverage"]
+    # the prediction made before serving, from the data before the window only: the same
+    # for both runs (same artifacts) and for the dataset with the window deleted
+    from solaris.replay.predict import before, predict
+
+    pred = one["prediction"]
+    assert "error" not in pred and pred["window_start"] == one["window_start"]
+    assert json.dumps(pred, sort_keys=True) == json.dumps(two["prediction"], sort_keys=True)
+    again = predict(tmp_path / "w1" / "artifacts", before(ds, one["window_start"]), cfg=cfg)
+    assert again["coverage_predicted"] == pred["coverage_predicted"]
+    assert again["tr_predicted_raw"] == pred["tr_predicted_raw"] or \
+        (again["tr_predicted_raw"] != again["tr_predicted_raw"]
+         and pred["tr_predicted_raw"] != pred["tr_predicted_raw"])  # both NaN
+    chk = one["prediction_check"]
+    assert chk["coverage_pair"]["online"] == one["coverage"]["pair"]
+    assert chk["coverage_pair"]["predicted"] == pred["coverage_predicted"]["pair"]
+    assert (tmp_path / "w1" / "estimate.png").stat().st_size > 0
 
 
 @pytest.mark.slow

@@ -150,3 +150,19 @@ def test_estimate_command_writes_json_and_plot(world, full, tmp_path, capsys) ->
     printed = capsys.readouterr().out
     assert "TR (calibrated)" in printed and "estimate.json" in printed
     assert main(["estimate", "--artifacts", str(tmp_path / "none"), "--out", str(out)]) == 2
+
+
+def test_backtest_serves_the_validation_period_with_models_trained_before_it(
+        world, full, tmp_path) -> None:
+    _, ds, art, manifest = world
+    bt = predict(art, before(ds, manifest["cuts"][2]), backtest=tmp_path / "bt", resamples=20)
+    assert bt["method"] == "backtest" and full["method"] == "shipped"
+    shifted = json.loads((tmp_path / "bt" / "manifest.json").read_text())
+    assert shifted["cuts"][2] == manifest["cuts"][1]  # its test period: the validation period
+    assert shifted["periods"]["val"]["ts_max"] < manifest["cuts"][1]
+    assert bt["from"] == {**full["from"], "pair_simulated_keys": bt["from"]["pair_simulated_keys"]}
+    # the directory is reused, and refused when it holds other artifacts
+    again = predict(art, ds, backtest=tmp_path / "bt", resamples=20)
+    assert json.dumps(again, sort_keys=True) == json.dumps(bt, sort_keys=True)
+    with pytest.raises(ConfigError, match="holds other backtest artifacts"):
+        predict(art, ds, backtest=art.parent / "artifacts", resamples=20)
