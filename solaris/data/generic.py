@@ -327,11 +327,6 @@ def _side_table(path: str | Path | None, ids: pa.Array, inter_src: Source, id_co
         values, card = categorical_codes(_column(table, src, c).take(order))
         cols[c] = pa.array(values, pa.int64())
         cat[c] = card
-    for c in feats.continuous:
-        cols[c] = pa.array(standardise(_numbers(_column(table, src, c), src, c, required=False)[order]))
-    for c in feats.scaled:
-        v = _numbers(_column(table, src, c), src, c, required=False)[order]
-        cols[c] = pa.array(np.nan_to_num(v, nan=0.0).astype(np.float32))
     multi: dict[str, int] = {}
     for c, sep in feats.multihot.items():
         arr = _column(table, src, c).take(order)
@@ -345,6 +340,11 @@ def _side_table(path: str | Path | None, ids: pa.Array, inter_src: Source, id_co
         elif not (pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type)):
             raise src.error(c, None, f"expected a list column (or give a separator), found {arr.type}")
         cols[c], multi[c] = multihot_array(arr)
+    for c in feats.continuous:
+        cols[c] = pa.array(standardise(_numbers(_column(table, src, c), src, c, required=False)[order]))
+    for c in feats.scaled:
+        v = _numbers(_column(table, src, c), src, c, required=False)[order]
+        cols[c] = pa.array(np.nan_to_num(v, nan=0.0).astype(np.float32))
     return pa.table(cols), codes, cat, (*feats.continuous, *feats.scaled), multi
 
 
