@@ -81,6 +81,12 @@ class ReplayOptions:
     explore: int = 1  # closed loop: uniform exploration slots below them
     extra: dict[str, Any] = field(default_factory=dict)  # config overrides for the app
 
+    def schedule(self, cfg: SolarisConfig) -> SolarisConfig:
+        """``cfg`` with this replay's schedule (tick, lag, budget): what the in-process
+        simulations of it (the closed loop, the prediction) run."""
+        return with_overrides(cfg, {"schedule.tick_s": self.tick_s, "schedule.lag_s": self.lag_s,
+                                    "schedule.budget_per_hour": self.budget_per_hour})
+
 
 def tick_allowance(budget_per_hour: float, tick_s: float, k: int) -> int | None:
     """Pair-evaluations tick number ``k`` may release: the whole units B accrues in it
@@ -181,9 +187,7 @@ class LiveReplay:
                 raise SolarisError("--closed-loop with --rollover-at: not supported")
             self.loop_opts = LoopOptions(shown=o.shown, explore=o.explore, seed=o.seed,
                                          candidates=o.num_candidates)
-            sched = with_overrides(cfg, {"schedule.tick_s": o.tick_s, "schedule.lag_s": o.lag_s,
-                                         "schedule.budget_per_hour": o.budget_per_hour})
-            self.loop = loop_prepare(sched, ds, self.art_dirs[0], self.loop_opts,
+            self.loop = loop_prepare(o.schedule(cfg), ds, self.art_dirs[0], self.loop_opts,
                                      o.max_requests, truth=self.truth)
             self.log = self.loop.lg  # the same requests and candidates, no labels yet
             self.loop_truth = self.loop.make_truth()
@@ -498,12 +502,10 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
         from solaris.replay.predict import predict
 
         say("predicting the window's TR, coverage and FM cost from the data before it")
-        sched = with_overrides(cfg, {"schedule.tick_s": opts.tick_s,
-                                     "schedule.lag_s": opts.lag_s,
-                                     "schedule.budget_per_hour": opts.budget_per_hour})
         try:
             pred = predict(lr.art_dirs[0], ds, start_ts=lr.start,
-                           num_candidates=opts.num_candidates, seed=opts.seed, cfg=sched)
+                           num_candidates=opts.num_candidates, seed=opts.seed,
+                           cfg=opts.schedule(cfg))
         except Exception as e:  # the replay goes on: the prediction is a figure, not a step
             log.warning("prediction from the past failed (%s: %s); replaying without it",
                         type(e).__name__, e)

@@ -23,7 +23,7 @@ from solaris.errors import DataError
 REQUEST, SHOWN = "request_id", "shown"
 
 
-def _side(table: pa.Table, key: str, categorical: dict[str, int], continuous: tuple[str, ...],
+def _side(table: pa.Table, categorical: dict[str, int], continuous: tuple[str, ...],
           multihot: dict[str, int]) -> tuple[pa.Table, dict]:
     cols = {RAW_ID: table.column(RAW_ID)}
     for c in (*categorical, *continuous, *multihot):
@@ -76,9 +76,9 @@ def export_generic(ds: Dataset, out: str | Path) -> Path:
     name = f"{ds.name}.parquet"
     pq.write_table(pa.table(cols), out / name)
     spec = ds.spec
-    users, mapping["user_features"] = _side(ds.users, USER, spec.user_categorical,
+    users, mapping["user_features"] = _side(ds.users, spec.user_categorical,
                                             spec.user_continuous, {})
-    items, mapping["item_features"] = _side(ds.items, ITEM, spec.item_categorical,
+    items, mapping["item_features"] = _side(ds.items, spec.item_categorical,
                                             spec.item_continuous, spec.item_multihot)
     pq.write_table(users, out / "users.parquet")
     pq.write_table(items, out / "items.parquet")

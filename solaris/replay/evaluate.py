@@ -112,6 +112,17 @@ def transfer(y: np.ndarray, p_vm: np.ndarray, p_x: np.ndarray, p_fm: np.ndarray,
             "bce_raw": raw, "bce_cal": cal}
 
 
+def base_calibrated_tr(y: np.ndarray, p_vm: np.ndarray, p_x: np.ndarray, p_fm: np.ndarray,
+                       first: np.ndarray, second: np.ndarray) -> float:
+    """TR on ``second`` with the VM alone's Platt fit on ``first`` applied to the VM alone and
+    to ``p_x`` alike (so rows without SOLARIS input stay the VM alone's), the FM its own."""
+    ab = M.fit_platt(y[first], p_vm[first])
+    fab = M.fit_platt(y[first], p_fm[first])
+    b = {k: M.bce(y[second], M.apply_platt(p[second], a))
+         for k, p, a in (("vm", p_vm, ab), ("x", p_x, ab), ("fm", p_fm, fab))}
+    return M.transfer_ratio(b["vm"], b["x"], b["fm"])
+
+
 def tier_worth(scorer: VMScorer, rows: ServedRows, real_pair: np.ndarray) -> dict[str, dict]:
     """For each imputed tier: on the rows served with it, (BCE(no pair slot) -
     BCE(imputed)) / (BCE(no pair slot) - BCE(real pair embedding)), raw; the aggregate stays

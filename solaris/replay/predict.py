@@ -29,10 +29,6 @@ from solaris.config import SolarisConfig, config_from_dict
 from solaris.data.schema import TS, Dataset
 from solaris.errors import ConfigError, DataError
 
-PREDICTED = ("tr_predicted", "tr_predicted_raw", "coverage_predicted",
-             "fm_evals_per_1k_requests_predicted")
-
-
 def before(ds: Dataset, start_ts: int) -> Dataset:
     """``ds`` with every interaction and request at or after ``start_ts`` deleted (the user
     and item tables stay: ids and side features, no events)."""
@@ -66,9 +62,11 @@ def _val_start(manifest: dict, cfg: SolarisConfig) -> int:
     return int(manifest["periods"]["val"]["ts_min"])  # no slice: the cut's own row
 
 
-def served_rows_of(ds: Dataset, tables: Any, slots: Any, granularity_s: int) -> tuple[Any, np.ndarray]:
+def served_rows_of(ds: Dataset, tables: Any, slots: Any, granularity_s: int, task: int
+                   ) -> tuple[Any, np.ndarray]:
     """The simulated rows (``ServedSlots``, mapped ones only) as the replay's feature log
-    (``ServedRows``, grouped by request) and their interaction rows."""
+    (``ServedRows``, grouped by request, ``task``'s labels; scores not yet) and their
+    interaction rows."""
     from solaris.data.requests import request_times
     from solaris.replay.evaluate import ServedRows
 
@@ -82,7 +80,7 @@ def served_rows_of(ds: Dataset, tables: Any, slots: Any, granularity_s: int) -> 
     new = np.r_[True, (np.diff(req_ts) != 0) | (np.diff(user) != 0) | (np.diff(surface) != 0)]
     rows = ServedRows(req=np.cumsum(new) - 1, ts=req_ts.astype(np.float64), user=user,
                       item=tables.item[row], surface=surface,
-                      y=np.zeros(len(row)),  # the task's labels: set by the caller
+                      y=tables.labels[row, task].astype(np.float64),
                       score=np.zeros(len(row)), tier=slots.pair_tier[keep],
                       age_s=slots.pair_age_s[keep], pair_emb=slots.pair_emb[keep],
                       agg_emb=slots.agg_emb[keep], agg_present=slots.agg_present[keep])
@@ -186,7 +184,7 @@ def served_period(art_dir: Path, manifest: dict, past: Dataset, cfg: SolarisConf
     from solaris.features import FeatureTables
     from solaris.precompute import load_models
     from solaris.replay.coverage import coverage_by_tier
-    from solaris.replay.evaluate import score, transfer
+    from solaris.replay.evaluate import base_calibrated_tr, halves, score, transfer
     from solaris.replay.log import build_request_log
     from solaris.scales import ScaleTable
     from solaris.scoring import Artifacts, VMScorer
@@ -214,9 +212,8 @@ def served_period(art_dir: Path, manifest: dict, past: Dataset, cfg: SolarisConf
     say(f"simulating serving on the period ({lg.num_requests} requests)")
     slots = simulate_period(cfg, past, tables, periods, base, fm, encoder, version, "val",
                             seed, lg=lg)
-    rows, row = served_rows_of(past, tables, slots, gran)
     t_idx = list(past.tasks).index(task)
-    rows.y = tables.labels[row, t_idx].astype(np.float64)
+    rows, row = served_rows_of(past, tables, slots, gran, t_idx)
     say(f"scoring {len(row)} labelled rows")
     side = art.side_tables()
     ttl = float(cfg.cache.read_ttl_s)
@@ -229,16 +226,8 @@ def served_period(art_dir: Path, manifest: dict, past: Dataset, cfg: SolarisConf
     probs, _ = teacher_outputs(Teacher(fm, encoder, None, version), tables, row)
     p_fm = np.clip(probs[:, t_idx].astype(np.float64), 1e-7, 1 - 1e-7)
     y = rows.y
-    cut = np.median(rows.ts)
-    first = rows.ts < cut
-    if first.all() or not first.any():
-        first = rows.req < np.median(rows.req)
-    second = ~first
+    first, second = halves(rows)  # as the replay splits its window
     tr = transfer(y, p_alone, p_served, p_fm, first, second)
-    ab = M.fit_platt(y[first], p_alone[first])
-    fab = M.fit_platt(y[first], p_fm[first])
-    b = {k: M.bce(y[second], M.apply_platt(p[second], a))
-         for k, p, a in (("vm", p_alone, ab), ("x", p_served, ab), ("fm", p_fm, fab))}
     la, lx, lf = (M.bce_rows(y, p) for p in (p_alone, p_served, p_fm))
     ci = M.tr_bootstrap(la, lx, lf, resamples, 0.05, seed)
     cal_ci = calibrated_tr_ci(y, p_alone, p_served, p_fm, first, rows.req,
@@ -250,7 +239,8 @@ def served_period(art_dir: Path, manifest: dict, past: Dataset, cfg: SolarisConf
         "tr_predicted_ci": cal_ci,
         "tr_predicted_raw": tr["tr_raw"],
         "tr_predicted_raw_ci": [ci["ci_low"], ci["ci_high"]],
-        "tr_predicted_base_calibrated": M.transfer_ratio(b["vm"], b["x"], b["fm"]),
+        "tr_predicted_base_calibrated": base_calibrated_tr(y, p_alone, p_served, p_fm, first,
+                                                           second),
         "coverage_predicted": cov,
         "fm_evals_predicted": int(info["fm_evals"]),
         "fm_evals_per_1k_requests_predicted": 1000.0 * info["fm_evals"] / max(1, lg.num_requests),

@@ -92,8 +92,8 @@ def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_t
     """Online TR, by tier, with every pair present, tier worth and train/serve consistency,
     on the labelled rows that map to interaction rows (and were served by ``art_dir``'s VM)."""
     from solaris.eval import metrics as M
-    from solaris.replay.evaluate import (TIER_STEPS, fine_tune, halves, score, tier_worth,
-                                         transfer)
+    from solaris.replay.evaluate import (TIER_STEPS, base_calibrated_tr, fine_tune, halves,
+                                         score, tier_worth, transfer)
 
     m = mapped(art_dir, task, rows, row, read_ttl_s)
     rows, vm, p_fm, z_real = m.rows, m.vm, m.p_fm, m.z_real
@@ -131,11 +131,8 @@ def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_t
     # calibrated as the system would be: one Platt fit of the VM alone (first half) applied to
     # the VM alone and to the served scores alike, so rows without SOLARIS input stay equal to
     # the VM alone's after calibration too (a separate fit of the served VM moves them all)
-    ab = M.fit_platt(y[first], p_alone[first])
-    fab = M.fit_platt(y[first], p_fm[first])
-    b = {k: M.bce(y[second], M.apply_platt(p[second], a))
-         for k, p, a in (("vm", p_alone, ab), ("x", p_served, ab), ("fm", p_fm, fab))}
-    out["tr_online_base_calibrated"] = M.transfer_ratio(b["vm"], b["x"], b["fm"])
+    out["tr_online_base_calibrated"] = base_calibrated_tr(y, p_alone, p_served, p_fm, first,
+                                                          second)
     # what the rows with a SOLARIS input could give at most: the FM's own probability there,
     # the VM alone's elsewhere; and each side's gain per row over the VM alone
     bound = transfer(y, p_alone, np.where(present, p_fm, p_alone), p_fm, first, second)
