@@ -226,18 +226,10 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     manifest = json.loads((art / "manifest.json").read_text())
     cfg = with_overrides(config_from_dict(manifest["config"]),
                          parse_overrides(args.set or []))
-    from tqdm import tqdm
-
-    bar = tqdm(total=3 + (args.backtest is not None), desc="estimate", unit="step",
-               dynamic_ncols=True)
-
-    def step(msg: str) -> None:
-        bar.set_postfix_str(msg[:60])
-        bar.update(1)
-
+    bar = _Bar(3 + (args.backtest is not None), "estimate")
     try:
         pred = predict(art, ds, start_ts=args.start, num_candidates=args.candidates,
-                       seed=args.seed, cfg=cfg, backtest=args.backtest, say=step)
+                       seed=args.seed, cfg=cfg, backtest=args.backtest, say=bar)
     finally:
         bar.close()
     out = Path(args.out)
