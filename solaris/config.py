@@ -533,6 +533,9 @@ class ServeConfig:
     # cache and the queue (`ray stop`, or ray.kill by name, removes them); false: they die
     # with the replica that started them
     detached_state: bool = True
+    # cold-start neighbour queries kept (an LRU map keyed by the query's exact inputs: a hit
+    # is the answer a fresh query would give); 0: none kept
+    cold_start_memo: int = 4096
 
     def __post_init__(self) -> None:
         _check(self.mode in ("solaris", "vm", "inline"), "serve.mode", self.mode,
@@ -548,6 +551,8 @@ class ServeConfig:
                "must be >= 0")
         _check(self.rollout_min_lookups >= 1, "serve.rollout_min_lookups",
                self.rollout_min_lookups, "must be >= 1")
+        _check(self.cold_start_memo >= 0, "serve.cold_start_memo", self.cold_start_memo,
+               "must be >= 0")
         _check(self.flush_requests >= 1, "serve.flush_requests", self.flush_requests,
                "must be >= 1")
         _check(0.0 < self.rollout_threshold <= 1.0, "serve.rollout_threshold",

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+from cachetools import LRUCache
 
 from solaris.config import KnnConfig, SolarisConfig, config_to_dict, load_config
 from solaris.errors import ConfigError
@@ -157,6 +158,62 @@ class ColdNeighbours:
             return self.ids[:0], self.sims[:0]
         keep = (self.ids >= 0) & (self.ids != key)
         return self.ids[keep][:k], self.sims[keep][:k]
+
+
+class ColdStartMemo:
+    """Cold-start neighbour queries, memoised by everything a query reads: the KNN version,
+    the probe width and the user encoder's inputs (``ENCODER_INPUTS``, byte for byte). A hit
+    is exactly the answer a fresh encode and index query would give, so serving with the memo
+    is serving without it, minus the encoder's forward and the index query. Users with the
+    same features and no history yet (most cold starts) share one entry. A bounded LRU map
+    (``cachetools``); ``maxsize`` 0 turns it off. Thread-safe."""
+
+    def __init__(self, maxsize: int):
+        if maxsize < 0:
+            raise ConfigError(f"cold-start memo size {maxsize}: must be >= 0")
+        self._memo: LRUCache | None = LRUCache(maxsize) if maxsize else None
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def key(version: str, probe: int, req: dict[str, Any]) -> bytes:
+        """A digest of the query's inputs (every ``ENCODER_INPUTS`` array's dtype, shape and
+        bytes)."""
+        from solaris.user_encoder import ENCODER_INPUTS
+
+        h = hashlib.blake2b(digest_size=20)
+        h.update(f"{version}|{probe}".encode())
+        for name in ENCODER_INPUTS:
+            a = np.ascontiguousarray(np.asarray(req[name]))
+            h.update(f"|{name}|{a.dtype.str}|{a.shape}|".encode())
+            h.update(a.tobytes())
+        return h.digest()
+
+    def get(self, version: str, probe: int, req: dict[str, Any],
+            query: Callable[[], tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+        """``(ids, sims)`` of one user's query: memoised, or ``query()`` (encode and search),
+        kept for the next request with the same inputs."""
+        if self._memo is None:
+            self.misses += 1
+            return query()
+        k = self.key(version, probe, req)
+        with self._lock:
+            hit = self._memo.get(k)
+            if hit is not None:
+                self.hits += 1
+                return hit
+        ids, sims = query()
+        ids, sims = np.array(ids, copy=True), np.array(sims, copy=True)
+        ids.flags.writeable = sims.flags.writeable = False  # shared by every later hit
+        with self._lock:
+            self.misses += 1
+            self._memo[k] = (ids, sims)
+        return ids, sims
+
+    def metrics(self) -> dict[str, int]:
+        return {"hits": self.hits, "misses": self.misses,
+                "entries": len(self._memo) if self._memo is not None else 0}
 
 
 def is_cold(table: Any, user: int) -> bool:

@@ -41,6 +41,10 @@ from solaris.models.fm import REQUEST_KEYS, FoundationModel
 
 Tensor = torch.Tensor
 
+# what ``UserEncoder.encode`` reads: the request-side inputs less the user id, which it zeros
+# (two requests equal on these get the same embedding, whoever the user)
+ENCODER_INPUTS = tuple(k for k in REQUEST_KEYS if k != "user")
+
 
 class UserEncoder:
     """User embeddings (R, fm.cfg.shared_dim) from the FM's request tower (module docstring)."""

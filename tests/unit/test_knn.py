@@ -278,3 +278,50 @@ def test_user_encoder_is_the_request_tower_without_the_id(fm_world):
         enc.encode({k: v for k, v in req.items() if k != "hist_age"})
     items = item_embeddings(fm)
     assert items.shape == (ft.num_items, 8)
+
+
+def test_cold_start_memo_answers_exactly_what_a_fresh_query_gives(fm_world):
+    from solaris.serving import ColdStartMemo
+
+    ft, fm = fm_world
+    enc = UserEncoder(fm)
+    x = mixture(300, seed=5)
+    table, live = build_table("user", np.arange(300), x, 10, small_cfg())
+    queries = []
+
+    def run(req: dict) -> tuple[np.ndarray, np.ndarray]:
+        def query() -> tuple[np.ndarray, np.ndarray]:
+            queries.append(1)
+            ids, sims = live.query(enc.encode(req), 6)
+            return ids[0], sims[0]
+        return memo.get(table.version, 6, req, query)
+
+    def one(row: int, **over) -> dict:
+        req = {k: v[row:row + 1].numpy() for k, v in ft.batch(np.arange(ft.num_rows)).items()}
+        return {**req, **over}
+
+    memo = ColdStartMemo(2)
+    first = one(0)
+    fresh = live.query(enc.encode(first), 6)
+    got = run(first)
+    np.testing.assert_array_equal(got[0], fresh[0][0])
+    np.testing.assert_array_equal(got[1], fresh[1][0])
+    # the same inputs under another user id: the encoder does not read the id, one query
+    again = run(dict(first, user=np.array([123_456])))
+    assert len(queries) == 1 and memo.hits == 1
+    np.testing.assert_array_equal(again[0], got[0])
+    assert not again[0].flags.writeable  # shared by every hit: nobody may change it
+    # any input that differs is another query: the history, or the KNN version
+    older = dict(first, hist_age=first["hist_age"] + np.float32(0.5))
+    run(older)
+    assert len(queries) == 2
+    memo.get("another-version", 6, first, lambda: (got[0] + 1, got[1]))
+    assert memo.misses == 3 and memo.metrics()["entries"] == 2  # bounded: the LRU one left
+    run(first)  # ``first`` was the least recently used of three: evicted, asked again
+    assert len(queries) == 3
+    off = ColdStartMemo(0)
+    for _ in range(2):
+        off.get(table.version, 6, first, lambda: (got[0], got[1]))
+    assert off.hits == 0 and off.misses == 2 and off.metrics()["entries"] == 0
+    with pytest.raises(ConfigError, match="-1"):
+        ColdStartMemo(-1)
