@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from solaris.data.schema import ITEM, RAW_ID, SEQ, SURFACE, TS, USER, Dataset
@@ -93,7 +94,7 @@ def _impressions(ds: Dataset, user_raw: np.ndarray, item_raw: np.ndarray, u: np.
                  i: np.ndarray, ts: np.ndarray, seq: np.ndarray) -> dict[str, np.ndarray]:
     """One row per request candidate; a shown row carries its interaction's ``seq``."""
     req = ds.requests
-    lengths = np.asarray([len(c) for c in req.column("candidates").to_pylist()])
+    lengths = pc.list_value_length(req.column("candidates")).to_numpy(zero_copy_only=False)
     rid = np.repeat(req.column("request_id").to_numpy(), lengths)
     ru = np.repeat(req.column(USER).to_numpy(), lengths)
     rts = np.repeat(req.column(TS).to_numpy(), lengths)
