@@ -44,8 +44,9 @@ from solaris.errors import SolarisError
 from solaris.rollout import RolloutPolicy
 from solaris.scales import PAIR_TIERS, ScaleError, ScaleTable
 from solaris.scoring import Artifacts, InlineFM, PackedSlots, ScoreRequest, VMScorer
-from solaris.serving import (AfterAnswer, ColdNeighbours, KnnTables, default_artifacts_dir,
-                             ensure_artifacts, is_cold, settings_from_args)
+from solaris.serving import (AfterAnswer, ColdNeighbours, ColdStartMemo, KnnTables,
+                             default_artifacts_dir, ensure_artifacts, is_cold,
+                             settings_from_args)
 from solaris.tiers import LABELS as TIER_LABELS
 from solaris.tiers import NUM_TIERS, Tier
 
@@ -362,6 +363,9 @@ class Precompute:
         """The last gauges, the queue's metrics and each pool's worker metrics."""
         out = dict(self._last or self._collect())
         out["workers"] = {v: p.metrics() for v, p in self.pools.items()}
+        # where the FM runs: "cpu" or "cuda:<index> (<GPU name>)", one entry per device
+        out["fm_devices"] = sorted({m["device"] for ms in out["workers"].values()
+                                    for m in ms if m})
         return out
 
     def __del__(self) -> None:
@@ -398,6 +402,7 @@ class LookupRouter:
         self._user_enc: tuple | None = None  # (UserEncoder, side tables, history_len), lazily
         self._history_timeout_s = cfg.cache.deadline_ms / 1000.0  # request-path history reads
         self._cold_starts = 0
+        self._cold_memo = ColdStartMemo(cfg.serve.cold_start_memo)
         self._inline_lock = threading.Lock()
         self._io = ThreadPoolExecutor(4, thread_name_prefix="router-io")
         self._after: set[asyncio.Task] = set()
@@ -495,9 +500,15 @@ class LookupRouter:
             req = self.backend.history_provider(self._history_timeout_s).batch(
                 np.array([user], np.int64), np.array([now]), np.array([surface], np.int64), hlen,
                 side.item_cat, side.user_cat, side.user_cont)
-            ids, sims = knn.live.query(enc.encode(req), self.cfg.enrich.user_knn_probe + 1)
+            probe = self.cfg.enrich.user_knn_probe + 1
+
+            def query() -> tuple[np.ndarray, np.ndarray]:
+                ids, sims = knn.live.query(enc.encode(req), probe)
+                return ids[0], sims[0]
+
+            ids, sims = self._cold_memo.get(knn.version, probe, req, query)
             self._cold_starts += 1
-            return ColdNeighbours(user, ids[0], sims[0], knn.version)
+            return ColdNeighbours(user, ids, sims, knn.version)
         except Exception:
             log.exception("cold-start neighbours for user %s failed; next tier", user)
             return None
@@ -749,7 +760,9 @@ class LookupRouter:
                                "scales": self.scales.state(),
                                "knn": {"version": self.knn.version, "swaps": self.knn.swaps,
                                        "errors": self.knn.errors,
-                                       "cold_starts": self._cold_starts} if self.knn else None}
+                                       "cold_starts": self._cold_starts,
+                                       "cold_start_memo": self._cold_memo.metrics()}
+                               if self.knn else None}
         if self.precompute is not None:
             try:
                 out["precompute"] = await asyncio.wait_for(

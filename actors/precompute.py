@@ -72,7 +72,7 @@ from solaris.config import PrecomputeConfig
 from solaris.errors import ConfigError
 from solaris.pqueue import Lease
 from solaris.precompute import (HistoryProvider, PrecomputeWorker, SideTables, WindowHistory,
-                                load_models)
+                                describe_device, load_models)
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +141,9 @@ class FMWorker:
         with warnings.catch_warnings():  # Ray's property reads a deprecated attribute inside
             warnings.simplefilter("ignore", DeprecationWarning)
             self._restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        self._device = describe_device(self._worker.device)
         log.info("FM worker %d: version %s on %s%s", worker_id, version,
-                 self._worker.device, " (restarted)" if self._restarted else "")
+                 self._device, " (restarted)" if self._restarted else "")
 
     # -- fault injection (tests): named points, never timing
     def arm(self, fault: str | None) -> None:
@@ -397,7 +398,7 @@ class FMWorker:
         """Steps, leases, pairs, writes, duplicates, late acks, FM-seconds, device, pid."""
         return {**self._counts, "fm_seconds": self._fm_seconds,
                 "phase_seconds": dict(self._phase), "worker": self._id,
-                "version": self.version, "device": str(self._worker.device),
+                "version": self.version, "device": self._device,
                 "history": "live" if self._live_history else "static",
                 "pid": os.getpid(), "restarted": self._restarted,
                 "running": self._loop is not None}

@@ -98,8 +98,11 @@ def main() -> int:
               f"{r['caller_cpu_ms']:>15.3f}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
+        from machine import NO_FM, machine
+
         args.json.write_text(json.dumps({"kinds": res, "config": vars(args) | {
-            "json": str(args.json), "cpu_count": os.cpu_count()}}, indent=2))
+            "json": str(args.json), "cpu_count": os.cpu_count()},
+            "machine": machine(NO_FM)}, indent=2))
     return 0
 
 

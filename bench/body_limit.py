@@ -112,7 +112,9 @@ def main() -> int:
               f"(rounds: {', '.join(f'{x:.3f}' for x in runs[k])})")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2))
+        from machine import NO_FM, machine
+
+        args.json.write_text(json.dumps(out | {"machine": machine(NO_FM)}, indent=2))
     return 0
 
 

@@ -535,6 +535,9 @@ def main(argv: list[str] | None = None) -> int:
     r["checks"] = {f"{name} {target}": passed for name, _, _, target, passed in rows(r)
                    if passed is not None}
     r["num_cpus"], r["cpu_count"] = args.num_cpus, os.cpu_count()
+    from machine import IN_PROCESS, NO_FM, machine
+
+    r["machine"] = machine(IN_PROCESS if "transfer" in r else NO_FM)
     r["wall_s"] = round(time.perf_counter() - t0, 1)
     print(table(r))
     print(f"bench/cache.py wall time: {r['wall_s']:.0f} s")

@@ -111,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     arms = [k for k in clicks[0] if all(k in c for c in clicks)]
     pooled = paired_lift({k: [c[k] for c in clicks] for k in arms}, resamples=a.resamples)
     rows = [per_run(r, rep) for r, rep in zip(a.runs, reps)]
-    res = {"runs": rows, "pooled": pooled, "seconds": round(time.perf_counter() - t0, 1)}
+    from machine import IN_PROCESS, machine
+
+    res = {"runs": rows, "pooled": pooled, "seconds": round(time.perf_counter() - t0, 1),
+           "machine": machine(IN_PROCESS)}  # solaris simulate runs every arm in process
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(to_json(res))
 

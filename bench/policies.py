@@ -119,8 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         out.append(run_one(Path(run), int(seed or 0), tuple(a.fractions), a.merge))
     panels = {f"{r['dataset']} seed {r['seed']}": r["curves"] for r in out}
     policy_cost_plot(panels, a.plot)
+    from machine import NO_FM, machine
+
     res = {"runs": out, "fractions": a.fractions, "plot": str(a.plot),
-           "seconds": round(time.perf_counter() - t0, 1)}
+           "seconds": round(time.perf_counter() - t0, 1),
+           "machine": machine(NO_FM)}  # the key-level simulation evaluates no FM
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(json.dumps(res, indent=2))
 

@@ -356,6 +356,10 @@ def main(argv: list[str] | None = None) -> int:
              history=args.history, target_speedup_50=TARGET_SPEEDUP_50,
              num_cpus=args.num_cpus, cpu_count=os.cpu_count())
     r["wall_s"] = time.perf_counter() - t0
+    from machine import machine
+
+    r["machine"] = machine({v["worker"]["device"] for v in r.values()
+                            if isinstance(v, dict) and "worker" in v})
     print(table(r))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(r, indent=2, default=str))

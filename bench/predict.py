@@ -97,6 +97,10 @@ def main(argv: list[str] | None = None) -> int:
         within = sum(bool(r["check"][k] and r["check"][k]["within"]) for r in runs)
         print(f"  {k:<20} predicted {c['predicted']:7.3f}  online {c['online']:7.3f}  "
               f"within: {c['within']} ({within} of {len(runs)} runs within)")
+    from machine import IN_PROCESS, machine, run_devices
+
+    live = run_devices(args.runs)  # the online figures; the predictions run in process
+    out["machine"] = machine(None if live is None else live + IN_PROCESS)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(to_json(out))
     return 0

@@ -137,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
                            for rep in reps],
            "seconds": {"load": round(t_load, 1), "raw": round(t_raw, 2),
                        "base_calibrated": round(t_cal, 2)}}
+    from machine import machine, run_devices
+
+    out["machine"] = machine(run_devices(args.runs))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(to_json(out))
     return 0

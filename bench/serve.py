@@ -432,6 +432,7 @@ async def _run(args: argparse.Namespace, art_dir: str) -> dict[str, Any]:
                          "ran_in_trials": bool(args.workers_during_trials),
                          "count": len(workers),
                          "pairs_written": int(sum(w.get("written", 0) for w in workers)),
+                         "devices": pre.get("fm_devices"),
                          "queue": {k: (pre.get("queue") or {}).get(k) for k in
                                    ("depth", "accepted", "dropped", "acked_pairs", "lag_s_mean")}}
     return out
@@ -513,6 +514,9 @@ def main() -> int:
     out["seconds"] = round(time.perf_counter() - t0, 1)
     out["config"] = vars(args) | {"json": str(args.json), "artifacts": art_dir,
                                   "cpu_count": os.cpu_count()}
+    from machine import machine
+
+    out["machine"] = machine(out["fm_workers"]["devices"])
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=2))
     keys = [k for k in out["latency_ms"]]

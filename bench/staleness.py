@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         out["tr"][str(a)] = row
         print(f"{a:>8} {row['fresh_trained']:>14.3f} {row['stale_trained']:>14.3f}")
     out["seconds"] = round(time.perf_counter() - t0, 1)
+    from machine import IN_PROCESS, machine
+
+    out["machine"] = machine(IN_PROCESS)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=2))
     print(f"wrote {args.json} ({out['seconds']} s)")

@@ -106,8 +106,11 @@ def main(argv: list[str] | None = None) -> int:
         summary["datasets"][n] = {**r, "checks": {label: passed for label, passed in ok}}
     print(f"bench/transfer.py wall time: {wall:.0f} s ({len(names)} datasets side by side)")
     args.json.parent.mkdir(parents=True, exist_ok=True)
+    from machine import IN_PROCESS, machine
+
     from solaris.eval.render import to_json
 
+    summary["machine"] = machine(IN_PROCESS)
     args.json.write_text(to_json(summary))
     print(f"wrote {args.json}")
     return 0

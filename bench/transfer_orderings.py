@@ -83,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t0
     print(f"bench/transfer_orderings.py wall time: {wall:.0f} s")
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"wall_s": round(wall, 1), "runs": runs, "share": share},
-                                    indent=2, default=float))
+    from machine import IN_PROCESS, machine
+
+    args.json.write_text(json.dumps({"wall_s": round(wall, 1), "runs": runs, "share": share,
+                                     "machine": machine(IN_PROCESS)}, indent=2, default=float))
     return 0
 
 

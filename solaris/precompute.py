@@ -106,6 +106,16 @@ class WindowHistory:
         return request_inputs(win, users, now, surfaces, item_cat, user_cat, user_cont)
 
 
+def describe_device(device: str | torch.device) -> str:
+    """Where FM inference runs, for logs, ``/stats`` and bench JSON: ``cpu``, or
+    ``cuda:<index> (<GPU name>)`` -- which GPU, not only that there is one."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return dev.type
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+
+
 class PrecomputeWorker:
     """Runs FM + encoder over leased request groups, sharing each group's request part."""
 
