@@ -50,6 +50,7 @@ import pyarrow.fs as pafs
 import ray
 
 from actors.shard import RECORD_TASK_EVENTS, pack
+from solaris.atomic import filesystem
 from solaris.cache.snapshot import read_snapshot, write_snapshot
 from solaris.config import QueueConfig
 from solaris.pqueue import Lease, PrecomputeQueue
@@ -62,9 +63,7 @@ QUEUE_FILE = "queue.parquet"
 
 def queue_snapshot_location(uri: str, queue_id: str) -> tuple[pafs.FileSystem, str]:
     """Filesystem and path of queue ``queue_id``'s snapshot under ``uri`` (URI or dir)."""
-    if "://" not in uri:
-        uri = os.path.abspath(uri)
-    fs, root = pafs.FileSystem.from_uri(uri)
+    fs, root = filesystem(uri)
     return fs, f"{root.rstrip('/')}/queue-{queue_id}/{QUEUE_FILE}"
 
 

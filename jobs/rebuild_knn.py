@@ -36,7 +36,6 @@ import argparse
 import inspect
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -44,10 +43,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import ray
 
+from solaris.atomic import filesystem
 from solaris.config import KnnConfig, SolarisConfig, load_config, parse_overrides
 from solaris.errors import CheckpointError, ConfigError, DataError, SolarisError
 
@@ -65,7 +64,7 @@ class DataDir:
     def __init__(self, uri: str | Path) -> None:
         uri = str(uri)
         self.uri = uri
-        self.fs, self.root = pafs.FileSystem.from_uri(uri if "://" in uri else os.path.abspath(uri))
+        self.fs, self.root = filesystem(uri)
         self.root = self.root.rstrip("/")
 
     def path(self, name: str) -> str:
@@ -216,10 +215,15 @@ def user_embeddings(data: DataDir, fm: Any, as_of: float | None, encoders: int,
     hist = rows.groupby("user_id", num_partitions=parts).map_groups(
         histories, fn_kwargs={"tasks": tasks, "as_of": as_of, "length": fm.history_len},
         batch_format="numpy", num_cpus=task_cpus)
+    # max_restarts=0: Ray Data passes every actor pool's constructor through the object
+    # store, and Ray warns on the console about any such actor it may restart. A lost encoder
+    # fails this rebuild instead; the published tables keep serving and the next scheduled
+    # rebuild (``--every``) starts afresh -- a rebuild holds no queued work to lose
     emb = hist.map_batches(EncodeUsers, fn_constructor_args=(fm, tables, as_of),
                            batch_size=batch_size, batch_format="numpy",
                            compute=ray.data.ActorPoolStrategy(size=encoders),
-                           num_cpus=encoder_cpus, num_gpus=1 if use_gpu else 0)
+                           num_cpus=encoder_cpus, num_gpus=1 if use_gpu else 0,
+                           max_restarts=0)
     ids, vecs = [], []
     for b in emb.iter_batches(batch_size=8192, batch_format="numpy"):
         ids.append(b["user"])
@@ -334,10 +338,9 @@ def main(argv: list[str] | None = None) -> int:
     except SolarisError as e:
         print(f"rebuild_knn: error: {e}", file=sys.stderr)
         return 2
-    init: dict[str, Any] = {"address": args.address, "logging_level": "warning"}
-    if args.num_cpus and not (args.address or os.environ.get("RAY_ADDRESS")):
-        init["num_cpus"] = args.num_cpus
-    ray.init(**init)
+    from actors import local
+
+    local.start(address=args.address, num_cpus=args.num_cpus or None, verbose=args.verbose)
     gpu = {"auto": None, "yes": True, "no": False}[args.gpu]
     done, code = 0, 0
     try:

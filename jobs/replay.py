@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python jobs/replay.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
+from solaris import atomic  # noqa: E402
 from solaris.config import (ScheduleConfig, SolarisConfig, config_to_dict,  # noqa: E402
                             load_config, parse_overrides, with_overrides)
 from solaris.errors import SolarisError  # noqa: E402
@@ -79,6 +80,7 @@ class ReplayOptions:
     predict: bool = True  # predict TR, coverage and FM cost from the data before the window
     shown: int = 6  # closed loop: top-ranked candidates shown per request (MovieLens: 10)
     explore: int = 1  # closed loop: uniform exploration slots below them
+    verbose: bool = False  # Ray's own logs on the console too (actors.local.start)
     extra: dict[str, Any] = field(default_factory=dict)  # config overrides for the app
 
     def schedule(self, cfg: SolarisConfig) -> SolarisConfig:
@@ -217,33 +219,33 @@ class LiveReplay:
 
     # -- the live part
     def run(self) -> dict[str, Any]:
+        import os
+
         import ray
-        import ray.data
         from ray import serve
+
+        from actors import local
 
         o = self.opts
         t_start = time.perf_counter()
-        import os
 
         attached = bool(os.environ.get("RAY_ADDRESS"))  # `ray job submit`: the job's cluster
         if attached:
-            ray.init(log_to_driver=False, logging_level=logging.WARNING)
+            local.start(verbose=o.verbose)
         else:
-            ray.init(address="local", num_cpus=o.num_cpus,
-                     object_store_memory=400 * 1024 ** 2, include_dashboard=False,
-                     log_to_driver=False, logging_level=logging.WARNING,
-                     runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
-        ctx = ray.data.DataContext.get_current()
-        ctx.enable_progress_bars = False
-        ctx.print_on_execution_start = False
-        logging.getLogger("ray.data").setLevel(logging.WARNING)
-        logging.getLogger("ray.serve").setLevel(logging.WARNING)
+            local.start(num_cpus=o.num_cpus, object_store_bytes=400 * 1024 ** 2,
+                        verbose=o.verbose, include_dashboard=False,
+                        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
         try:
             serve.start(http_options={"host": "127.0.0.1", "port": o.port})
             return self._serve_and_drive(t_start)
         finally:
-            try:  # on a shared cluster only the replay's own app goes
-                serve.delete("replay") if attached else serve.shutdown()
+            try:  # the replay's own app goes; a local Ray goes whole with ray.shutdown (Serve's
+                # controller with it: serve.shutdown would kill it under the handles' polls,
+                # which Ray reports as failed tasks)
+                serve.delete("replay")
+            except Exception as e:  # Serve never started: nothing to delete
+                log.debug("serve.delete('replay'): %s", e)
             finally:
                 ray.shutdown()
 
@@ -540,6 +542,7 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
         "lag_s": opts.lag_s, "budget_per_hour": opts.budget_per_hour, "tick_s": opts.tick_s,
         "read_ttl_s": acfg.cache.read_ttl_s, "retention_s": acfg.cache.retention_s,
         "fraction": acfg.verifier.fraction, "workers": opts.workers,
+        "fm_devices": (live["summary"] or {}).get("fm_devices"),
         "errors": client.errors, "retries": client.retries,
         "error_samples": client.error_samples,
         "precompute_steps": live["steps"],
@@ -597,10 +600,10 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
     rep["plots"] = [str(p) for p in plots]
     # the verifier's scores and the log's candidates too: bench/policies.py replays other
     # speculation policies on them
-    np.savez_compressed(out / "served.npz", scores=live["scores"], tiers=live["tiers"],
-                        ages=live["ages"], agg=live["agg"], base_scores=served_scores(live),
-                        candidates=lg.candidates, user=lg.user, ts=lg.ts)
-    (out / "replay.json").write_text(json.dumps(rep, indent=2, default=json_default))
+    atomic.save(out / "served.npz", lambda f: np.savez_compressed(
+        f, scores=live["scores"], tiers=live["tiers"], ages=live["ages"], agg=live["agg"],
+        base_scores=served_scores(live), candidates=lg.candidates, user=lg.user, ts=lg.ts))
+    atomic.save_json(out / "replay.json", rep, default=json_default)
     return rep
 
 
@@ -663,7 +666,7 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
                          max_requests=args.max_requests, port=args.port, seed=args.seed,
                          rollover_at=args.rollover_at, progress=not args.no_progress,
                          closed_loop=args.closed_loop, explore=args.explore,
-                         predict=not args.no_predict,
+                         predict=not args.no_predict, verbose=getattr(args, "verbose", False),
                          shown=args.shown if args.shown is not None else SHOWN.get(args.dataset, 10),
                          # the KNN job reads the logged interactions: in a closed loop only
                          # the initial build (as of the window start) is causal for the arm
@@ -701,8 +704,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     print(summary_table(rep))
     if args.sweep:
         rep["sweep"] = sweep(cfg, ds, Path(args.out), opts, rep)
-        (Path(args.out) / "replay.json").write_text(json.dumps(rep, indent=2,
-                                                               default=json_default))
+        atomic.save_json(Path(args.out) / "replay.json", rep, default=json_default)
     print(f"wrote {Path(args.out) / 'replay.json'} and {', '.join(rep['plots'])}")
     return 0
 
@@ -781,7 +783,7 @@ def evaluate_only(out: Path) -> int:
     art = out / "artifacts"
     rep.update(transfer_from_log(out / "feature_log.npz", art, Artifacts.open(art).tasks[0],
                                  float(rep["read_ttl_s"])))
-    path.write_text(json.dumps(rep, indent=2, default=json_default))
+    atomic.save_json(path, rep, default=json_default)
     print(summary_table(rep))
     return 0
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from solaris import atomic
 from solaris.config import parse_overrides
 from solaris.errors import SolarisError
 
@@ -75,7 +76,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             report["ablations"] = run_ablations(TransferExperiment(cfg, ds, bar), ab_seeds)
     finally:
         bar.close()
-    (out / "transfer.json").write_text(to_json(report))
+    atomic.save_text(out / "transfer.json", to_json(report))
     png = coverage_plot(report, out / "transfer_coverage.png")
     print(transfer_table(report))
     print(f"wrote {out / 'transfer.json'} and {png}")
@@ -241,7 +242,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             "fm_evals_per_1k_requests", "window_start")}
         report["check"] = compare(pred, online)
     report["plots"] = [str(estimate_plot(pred, out / "estimate.png", online))]
-    (out / "estimate.json").write_text(to_json(report))
+    atomic.save_text(out / "estimate.json", to_json(report))
     print(prediction_table(pred, report.get("check")))
     print(f"wrote {out / 'estimate.json'} and {report['plots'][0]}")
     return 0
@@ -254,7 +255,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     ns = replay.build_parser().parse_args(["--dataset", "synthetic", "--out", str(args.out),
                                            "--rollover-at", "0.5"])
     ns.config, ns.set = args.config, args.set
-    ns.port = args.port
+    ns.port, ns.verbose = args.port, args.verbose
     print("SOLARIS demo: generating the embedded synthetic dataset, training the FM, its "
           "encoder and the vertical models on the periods before the replay window, then "
           "replaying the window through the live system (Ray Serve over HTTP, cache shards, "
@@ -264,7 +265,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="solaris", description=__doc__)
-    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="debug logging, and Ray's own logs on the console")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def common(sp: argparse.ArgumentParser, dataset: bool = True) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 import uuid
 from dataclasses import dataclass
@@ -39,7 +38,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from solaris.cache.snapshot import write_atomic, write_snapshot
+from solaris.atomic import filesystem, write_atomic
+from solaris.cache.snapshot import write_snapshot
 from solaris.config import KnnConfig
 from solaris.enrich import NeighbourTable
 from solaris.errors import DataError, RequestError
@@ -281,9 +281,7 @@ def _location(uri: str, kind: str) -> tuple[pafs.FileSystem, str]:
     local dir), resolved as ``solaris.cache.snapshot.snapshot_location`` does."""
     if kind not in KINDS:
         raise RequestError(f"kind={kind!r}: must be one of {KINDS}")
-    if "://" not in uri:
-        uri = os.path.abspath(uri)
-    fs, root = pafs.FileSystem.from_uri(uri)
+    fs, root = filesystem(uri)
     return fs, f"{root.rstrip('/')}/{kind}"
 
 

@@ -13,16 +13,14 @@ a shard restarted on another node finds it; a write lands whole or not at all.
 from __future__ import annotations
 
 import json
-import logging
-import os
-import uuid
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from solaris.atomic import filesystem, remove_stale, write_atomic
 from solaris.cache.index import key_hash
 from solaris.cache.slab import gather
 from solaris.errors import DataError
@@ -31,7 +29,6 @@ if TYPE_CHECKING:
     from solaris.cache.store import PairStore
 
 FORMAT = 1
-log = logging.getLogger(__name__)
 
 
 def to_table(store: "PairStore") -> pa.Table:
@@ -130,9 +127,7 @@ def snapshot_location(uri: str, group_id: str, shard: int, num_shards: int
 
     The shard count is part of the name: with another count, users live on other shards.
     """
-    if "://" not in uri:
-        uri = os.path.abspath(uri)
-    fs, root = pafs.FileSystem.from_uri(uri)
+    fs, root = filesystem(uri)
     name = f"shard-{shard:03d}-of-{num_shards:03d}.parquet"
     return fs, f"{root.rstrip('/')}/{group_id}/{name}"
 
@@ -146,34 +141,9 @@ def write_snapshot(fs: pafs.FileSystem, path: str, table: pa.Table) -> None:
     write_atomic(fs, path, lambda tmp: pq.write_table(table, tmp, filesystem=fs))
 
 
-def write_atomic(fs: pafs.FileSystem, path: str, write: Callable[[str], None]) -> None:
-    """``write(tmp)`` to a temporary name beside ``path``, then move it over ``path`` (the
-    temporary is removed if anything fails): readers see the old file or the new, whole."""
-    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-    try:
-        write(tmp)
-        fs.move(tmp, path)
-    except BaseException:
-        try:
-            fs.delete_file(tmp)
-        except OSError:
-            pass
-        raise
-
-
 def read_snapshot(fs: pafs.FileSystem, path: str) -> pa.Table | None:
     """The snapshot at ``path``, or None when there is none; stray temporaries are removed."""
-    parent, name = path.rsplit("/", 1)
-    try:
-        infos = fs.get_file_info(pafs.FileSelector(parent, allow_not_found=True))
-    except OSError:
-        infos = []
-    for info in infos:
-        if info.base_name.startswith(f"{name}.tmp-"):
-            try:
-                fs.delete_file(info.path)
-            except OSError:
-                log.warning("could not remove stale snapshot temp %s", info.path)
+    remove_stale(fs, path)
     if fs.get_file_info(path).type != pafs.FileType.File:
         return None
     return pq.read_table(path, filesystem=fs)

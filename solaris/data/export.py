@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from solaris import atomic
 from solaris.data.schema import ITEM, RAW_ID, SEQ, SURFACE, TS, USER, Dataset
 from solaris.errors import DataError
 
@@ -86,7 +87,7 @@ def export_generic(ds: Dataset, out: str | Path) -> Path:
     doc = {"interactions": name, "users": "users.parquet", "items": "items.parquet",
            "mapping": mapping}
     path = out / "mapping.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    atomic.save_text(path, yaml.safe_dump(doc, sort_keys=False))
     return path
 
 

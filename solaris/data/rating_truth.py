@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from solaris import atomic
 from solaris.data.schema import ITEM, SEQ, TS, USER, Dataset
 from solaris.data.synthetic_truth import uniforms
 from solaris.errors import ConfigError, DataError
@@ -106,7 +107,8 @@ class GroundTruth:
         path = Path(path)
         arrays = {"tbar": self.tbar, **{f"{h}/{k}": v for h, w in self.params.items()
                                         for k, v in w.items()}}
-        np.savez_compressed(path, info=np.asarray(json.dumps(self.info)), **arrays)
+        atomic.save(path, lambda f: np.savez_compressed(
+            f, info=np.asarray(json.dumps(self.info)), **arrays))
         return path
 
     @classmethod

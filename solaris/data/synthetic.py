@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from solaris import atomic
 from solaris.config import SyntheticConfig
 from solaris.data.schema import (ITEM, RAW_ID, USER, Dataset, FeatureSpec, interaction_schema,
                                  request_schema)
@@ -114,7 +115,7 @@ def generate_to_parquet(cfg: SyntheticConfig, out_dir: str | Path,
         "rates": {t: positives[t] / n for t in TASKS},
         "config": dataclasses.asdict(cfg),
     }
-    (out / META).write_text(json.dumps(meta, indent=2) + "\n")
+    atomic.save_text(out / META, json.dumps(meta, indent=2) + "\n")
     log.info("synthetic: wrote %d interactions to %s", written["interactions"], out)
     return meta
 

@@ -6,6 +6,8 @@ import json
 import math
 from pathlib import Path
 
+from solaris import atomic
+
 MODELS = ("fm", "vm", "vm_kd", "vm_agg", "vm_pair_100", "vm_pair_60", "vm_pair_50", "vm_pair_20",
           "vm_pair_sim", "vm_pair_sim_fresh", "fm_on_sim", "vm_control_100")
 
@@ -114,6 +116,6 @@ def coverage_plot(report: dict, path: str | Path) -> Path:
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=110)
+    atomic.save(path, lambda f: fig.savefig(f, dpi=110, format=path.suffix.lstrip(".") or "png"))
     plt.close(fig)
     return path

@@ -43,6 +43,7 @@ from typing import Callable
 
 import numpy as np
 
+from solaris import atomic
 from solaris.cache.store import PairStore
 from solaris.config import SolarisConfig
 from solaris.data.rating_truth import RatingTruth
@@ -409,11 +410,12 @@ def write_outputs(out: Path, ctx: LoopContext, logs: dict[str, ArmLog], report: 
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(out / "arms.npz", request_id=ctx.request_id, user=ctx.lg.user,
-                        ts=ctx.lg.ts, candidates=ctx.lg.candidates, base=ctx.base,
-                        **{f"{a}/{k}": v for a, g in logs.items() for k, v in g.save().items()})
+    atomic.save(out / "arms.npz", lambda f: np.savez_compressed(
+        f, request_id=ctx.request_id, user=ctx.lg.user, ts=ctx.lg.ts,
+        candidates=ctx.lg.candidates, base=ctx.base,
+        **{f"{a}/{k}": v for a, g in logs.items() for k, v in g.save().items()}))
     report["plots"] = [str(closed_loop_plot(report, out / "closed_loop.png"))]
-    (out / "closed_loop.json").write_text(to_json(report))
+    atomic.save_text(out / "closed_loop.json", to_json(report))
 
 
 # ------------------------------------------------------------------------------ a world

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from solaris import atomic
 from solaris.errors import DataError
 from solaris.tiers import Tier
 
@@ -30,7 +31,7 @@ def _save(fig, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic.save(path, lambda f: fig.savefig(f, dpi=110, format=path.suffix.lstrip(".") or "png"))
     return path
 
 

@@ -7,12 +7,12 @@ trained on the FM, VM and validation periods, all strictly earlier (``check_trai
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 
+from solaris import atomic
 from solaris.config import SolarisConfig
 from solaris.data.schema import ITEM, SURFACE, TS, USER, Dataset
 from solaris.data.split import Periods, time_split
@@ -46,7 +46,7 @@ def write_data_dir(ds: Dataset, out: str | Path) -> Path:
     pq.write_table(ds.interactions, out / "interactions.parquet", row_group_size=1 << 20)
     meta = {"name": ds.name, "tasks": list(ds.tasks), "spec": ds.spec.to_dict(),
             "interactions": ds.interactions.num_rows}
-    (out / "meta.json").write_text(json.dumps(meta, indent=2))
+    atomic.save_json(out / "meta.json", meta)
     return out
 
 

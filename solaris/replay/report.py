@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from solaris import atomic
 from solaris.config import SolarisConfig
 from solaris.tiers import LABELS, Tier
 
@@ -174,8 +175,8 @@ def save_feature_log(path: Path, rows: Any, row: np.ndarray) -> Path:
     """The labelled rows' features as served (``ServedRows``) and their interaction rows."""
     import dataclasses
 
-    np.savez_compressed(path, row=row, **{f.name: getattr(rows, f.name)
-                                         for f in dataclasses.fields(rows)})
+    atomic.save(path, lambda f: np.savez_compressed(
+        f, row=row, **{fl.name: getattr(rows, fl.name) for fl in dataclasses.fields(rows)}))
     return path
 
 

@@ -26,6 +26,7 @@ from typing import Callable
 
 import numpy as np
 
+from solaris import atomic
 from solaris.config import SolarisConfig, config_to_dict
 from solaris.data.schema import Dataset
 from solaris.data.split import time_split
@@ -122,9 +123,9 @@ def train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: 
                      "scales": meta["scales"], "scale_curves": meta["scale_curves"],
                      "as_served": served.info, "served": fit.info}
     if evaluation:
-        np.savez(out / "teacher.npz", probs=probs.astype(np.float32),
-                 z=inputs.pair.numpy(), agg=inputs.agg.numpy(),
-                 agg_present=inputs.agg_present.numpy().astype(bool))
+        atomic.save(out / "teacher.npz", lambda f: np.savez(
+            f, probs=probs.astype(np.float32), z=inputs.pair.numpy(), agg=inputs.agg.numpy(),
+            agg_present=inputs.agg_present.numpy().astype(bool)))
     save_side_tables(out / "side.npz", SideTables.from_features(tables))
     manifest = {
         "dataset": ds.name, "version": teacher.version, "tasks": list(ds.tasks),
@@ -135,7 +136,7 @@ def train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: 
         "baselines": baselines,
         "config": config_to_dict(cfg), "seed": seed, "seconds": round(time.perf_counter() - t0, 1),
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    atomic.save_json(out / "manifest.json", manifest)  # last: a manifest means a whole set
     return manifest
 
 
@@ -166,9 +167,7 @@ def vm_alone_from_checkpoint(ck: dict) -> VerticalModel:
 def save_side_tables(path: str | Path, side: SideTables) -> Path:
     """Write the five side-feature arrays (numpy ``.npz``, no pickled objects); atomic."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    np.savez(tmp, **{k: getattr(side, k) for k in _SIDE_KEYS})
-    tmp.replace(path)
+    atomic.save(path, lambda f: np.savez(f, **{k: getattr(side, k) for k in _SIDE_KEYS}))
     return path
 
 

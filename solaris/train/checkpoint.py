@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from solaris import atomic
 from solaris.errors import CheckpointError
 
 FORMAT = 1
@@ -20,11 +21,9 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, kind: str, config:
                     **meta: Any) -> Path:
     """Write ``model``'s weights with ``config`` (enough to rebuild it) and plain ``meta``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save({"format": FORMAT, "kind": kind, "config": config, "meta": meta,
-                "state_dict": model.state_dict()}, tmp)
-    tmp.replace(path)  # atomic: a crash never leaves a half-written checkpoint under `path`
+    obj = {"format": FORMAT, "kind": kind, "config": config, "meta": meta,
+           "state_dict": model.state_dict()}
+    atomic.save(path, lambda f: torch.save(obj, f))  # never half-written under `path`
     return path
 
 

@@ -6,7 +6,11 @@ and the report carries every figure the protocol defines."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +20,18 @@ import pytest
 pytest.importorskip("ray")
 pytest.importorskip("requests")
 
-from tests.tiny import TINY, free_port  # noqa: E402
+from tests.tiny import THREADS, TINY, free_port  # noqa: E402
 
 REQUESTS = 90
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# a line Ray wrote, not SOLARIS: its Python loggers ("<date> WARNING file.py:N -- ..."), its
+# C++ logs ("[<date> E pid tid] file.cc:N: ..."), worker and raylet lines forwarded to the
+# driver, and tracebacks
+RAY_LINE = re.compile(r"^\S+ \S+\s+(WARNING|ERROR|CRITICAL) \S+\.py:\d+ -- "
+                      r"|^\[\d{4}-\d\d-\d\d [\d:,]+ [WEF] \d+ \d+\]"
+                      r"|\((raylet|pid=\d+)|Traceback")
 
 
 def _run(out: Path, workers: int, cfg, ds):
@@ -27,6 +40,22 @@ def _run(out: Path, workers: int, cfg, ds):
     opts = ReplayOptions(workers=workers, max_requests=REQUESTS, knn_every_h=6.0,
                          port=free_port(), progress=False, num_cpus=3)
     return replay(cfg, ds, out, opts, say=lambda m: None)
+
+
+def _run_cli(out: Path, workers: int) -> tuple[dict, str]:
+    """The same replay through ``solaris replay`` in its own process: (replay.json, the
+    console it printed)."""
+    sets = [a for k, v in {**TINY, "cache.dim": 16}.items()
+            for a in ("--set", f"{k}={json.dumps(v)}")]
+    cmd = [sys.executable, "-m", "solaris.cli", "replay", "--dataset", "synthetic",
+           "--out", str(out), "--workers", str(workers), "--max-requests", str(REQUESTS),
+           "--knn-every-h", "6", "--port", str(free_port()), "--no-progress", *sets]
+    # torch's thread count as in this process (tests/conftest.py), so the floats match
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200, env=env)
+    console = done.stdout + done.stderr
+    assert done.returncode == 0, console
+    return json.loads((out / "replay.json").read_text()), console
 
 
 @pytest.mark.slow
@@ -40,7 +69,10 @@ def test_replay_is_independent_of_worker_count_and_matches_its_schedule(tmp_path
     one = _run(tmp_path / "w1", 1, cfg, ds)
     (tmp_path / "w2").mkdir()
     shutil.copytree(tmp_path / "w1" / "artifacts", tmp_path / "w2" / "artifacts")
-    two = _run(tmp_path / "w2", 2, cfg, ds)
+    two, console = _run_cli(tmp_path / "w2", 2)
+    # the default console holds progress and results only: no line from Ray
+    assert not [ln for ln in console.splitlines() if RAY_LINE.search(ln)], console
+    assert "coverage" in console  # the summary table was printed
 
     for rep in (one, two):
         assert rep["requests"] == REQUESTS
