@@ -5,7 +5,7 @@
 Drives a FastAPI app with a ``/rank``-shaped endpoint (a pydantic body of 500 candidate ids,
 a JSON answer of 500 scores) through its ASGI interface, with no middleware, with the limit
 written as Starlette's ``@app.middleware("http")`` (how the router had it), and with
-``serve_app.BodyLimit`` (a plain ASGI middleware, how it has it now). Reports the median over
+``serve.http.BodyLimit`` (a plain ASGI middleware, how it has it now). Reports the median over
 ``--repeats`` rounds of the CPU milliseconds per request of each, measured side by side.
 """
 
@@ -26,7 +26,7 @@ from pydantic import BaseModel
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from serve_app import BodyLimit  # noqa: E402
+from serve.http import BodyLimit  # noqa: E402
 
 LIMIT = 1_000_000
 

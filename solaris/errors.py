@@ -1,4 +1,4 @@
-"""Project errors. Each names the bad value; HTTP mapping lives only in serve_app.py."""
+"""Project errors. Each names the bad value; HTTP mapping lives only in serve/ (http.py, router.py)."""
 
 
 class SolarisError(Exception):

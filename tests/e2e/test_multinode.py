@@ -175,7 +175,7 @@ def test_worker_node_killed_under_traffic(multinode, artifacts, tmp_path):
         settings = settings_from_args({"artifacts": str(artifacts), "config": str(conf),
                                        "app_id": APP, "precompute": "false"})
         placed = {"num_cpus": 0.1, **ON_HEAD}
-        vms = {t: serve_app.VerticalModel.options(name=f"VM_{t}", ray_actor_options=placed)
+        vms = {t: serve_app.VMReplicas.options(name=f"VM_{t}", ray_actor_options=placed)
                .bind(settings, t) for t in art.tasks}
         serve.run(serve_app.LookupRouter.options(name="LookupRouter", ray_actor_options=placed)
                   .bind(settings, vms, None), blocking=False)

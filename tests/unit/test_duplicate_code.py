@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ["solaris", "actors", "jobs", "serve_app.py"]
+PACKAGES = ["solaris", "actors", "jobs", "serve", "serve_app.py"]
 
 
 def test_no_block_of_six_lines_is_written_twice():

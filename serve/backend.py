@@ -1,0 +1,65 @@
+"""What every deployment of the app holds: its handles on the app's actors (cache group,
+precompute queue, ledger; created on first use, found by name afterwards), the published KNN
+tables, and the deployments' shared logging setting."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from solaris.config import SolarisConfig
+from solaris.errors import SolarisError
+from solaris.serving import KnnTables
+
+# per-request access logs cost the hot path CPU; turn them on per deployment in a Serve config
+# (logging_config: {enable_access_log: true}) when wanted
+QUIET = {"enable_access_log": False}
+
+
+def knn_tables(cfg: SolarisConfig, app_id: str) -> KnnTables | None:
+    """The published KNN tables (``jobs/rebuild_knn.py``) if ``knn.table_uri`` is set, read
+    once per version by the app's holder actor and shared through the object store."""
+    if not cfg.knn.table_uri:
+        return None
+    from actors.knn import create_knn_holder, holder_tables
+
+    return holder_tables(cfg.knn, create_knn_holder(cfg.knn, app_id,
+                                                    detached=cfg.serve.detached_state))
+
+
+class Unavailable(SolarisError):
+    """No VM replica answered (a 503)."""
+
+
+class Backend:
+    """The app's handles on the actors: cache group, queue, ledger (created or attached)."""
+
+    def __init__(self, cfg: SolarisConfig, settings: dict[str, Any]):
+        from actors import names
+        from actors.cache import CacheGroup
+        from actors.ledger import LedgerActor
+        from actors.queue import create_queue
+
+        app_id = settings["app_id"]
+        detached = cfg.serve.detached_state  # outlive the replica (a redeploy keeps them)
+        self.group = CacheGroup.create(cfg.cache, group_id=app_id, detached=detached)
+        self.queue = create_queue(cfg.queue, queue_id=app_id, name=names.queue(app_id),
+                                  detached=detached)
+        self.ledger = LedgerActor.options(name=names.ledger(app_id), get_if_exists=True,
+                                          lifetime="detached" if detached else None).remote()
+
+    def history_provider(self, timeout_s: float) -> Any:
+        """The live history (on the cache shards) as a ``HistoryProvider`` for the request
+        path; a shard that misses ``timeout_s`` raises ``HistoryUnavailable``."""
+        from solaris.precompute import WindowHistory
+
+        return WindowHistory(functools.partial(self.group.history_window, timeout_s=timeout_s))
+
+    def record_impressions_many(self, records: list) -> None:
+        if records:
+            self.group.record_impressions_many(records)
+
+    def record_labels(self, user: int, items: np.ndarray, labels: np.ndarray, now: float) -> None:
+        self.group.record_labels(user, items, labels, now)

@@ -1,0 +1,115 @@
+"""The precompute deployment: the FM worker pools (one per live version, scaled with the
+queue's depth), the queue and cache gauges, and the replay's stepping of the workers."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from ray import serve
+from ray.util import metrics as ray_metrics
+
+from serve.backend import Backend
+from solaris.config import load_config
+from solaris.scoring import Artifacts
+
+log = logging.getLogger("solaris.serve")
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0.05}, num_replicas=1)
+class Precompute:
+    """FM worker pools (one per live version) and the queue / cache gauges."""
+
+    def __init__(self, settings: dict[str, Any]):
+        from actors.precompute import WorkerPool
+
+        cfg = load_config(settings.get("config"), settings.get("overrides"))
+        self.backend = Backend(cfg, settings)
+        self.pools = {}
+        for d in settings["artifact_dirs"]:
+            art = Artifacts.open(d)
+            pool = WorkerPool(cfg.precompute, art.root, art.side_tables(),
+                              None, self.backend.queue,  # None: live history on the shards
+                              self.backend.group, self.backend.ledger)
+            pool.start()
+            self.pools[art.version] = pool
+        self._gauges = {k: ray_metrics.Gauge(f"solaris_{k}", description=d) for k, d in (
+            ("queue_depth", "pending precompute pairs"),
+            ("queue_dropped", "pairs dropped on queue overflow (cumulative)"),
+            ("precompute_lag_s", "wall seconds from enqueue to cache write (recent mean)"),
+            ("cache_entries", "live pair embeddings in the cache group"),
+            ("version_mismatch", "own-pair lookups that found only another version (cumulative)"),
+            ("fm_workers", "running FM workers"))}
+        self._last: dict[str, Any] = {}
+        self._paused = False
+        self._stop = threading.Event()
+        threading.Thread(target=self._poll, name="solaris-gauges", daemon=True).start()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(2.0):
+            try:
+                self._last = self._collect()
+            except Exception:  # a dead actor mid-restart: keep the last values
+                log.exception("metrics poll failed")
+
+    def _collect(self) -> dict[str, Any]:
+        import ray
+
+        q = ray.get(self.backend.queue.metrics.remote(), timeout=5)
+        shards = [s for s in self.backend.group.metrics(timeout_s=5)["shards"] if s.get("up")]
+        if not self._paused:
+            for pool in self.pools.values():
+                pool.scale(q.get("depth"))
+        vals = {"queue_depth": q.get("depth", 0), "queue_dropped": q.get("dropped", 0),
+                "precompute_lag_s": q.get("lag_s_mean") or 0.0,
+                "cache_entries": sum(s.get("entries", 0) for s in shards),
+                "version_mismatch": sum(s.get("pair_other_version", 0) for s in shards),
+                "fm_workers": sum(len(p.workers) for p in self.pools.values())}
+        for k, v in vals.items():
+            self._gauges[k].set(float(v))
+        return {"queue": q, **vals}
+
+    def pause(self) -> int:
+        """Stop every FM worker's loop (the queue keeps accepting); returns the workers."""
+        self._paused = True
+        for pool in self.pools.values():
+            pool.stop()
+        return sum(len(p.workers) for p in self.pools.values())
+
+    def resume(self) -> int:
+        """Restart the FM workers' loops after ``pause``."""
+        self._paused = False
+        for pool in self.pools.values():
+            pool.start()
+        return sum(len(p.workers) for p in self.pools.values())
+
+    def step_until(self, until: float | None, allowance: int | None,
+                   timeout_s: float = 600.0) -> dict[str, Any]:
+        """The replay's precompute step: stop the background loops, let the queue lease only
+        work of request event time <= ``until`` and at most ``allowance`` pairs, and step
+        every FM worker (all versions) until nothing is leasable or leased. What gets
+        computed depends on the queue's order alone, not on how many workers share it."""
+        import ray
+
+        from actors.precompute import drain_workers
+
+        if not self._paused:
+            self.pause()
+        ray.get(self.backend.queue.set_gate.remote(until, allowance), timeout=60)
+        reports = drain_workers([w for p in self.pools.values() for w in p.workers],
+                                self.backend.queue, timeout_s)
+        return {"pairs": sum(r["pairs"] for r in reports if r),
+                "queue": ray.get(self.backend.queue.metrics.remote(), timeout=60)}
+
+    def summary(self) -> dict[str, Any]:
+        """The last gauges, the queue's metrics and each pool's worker metrics."""
+        out = dict(self._last or self._collect())
+        out["workers"] = {v: p.metrics() for v, p in self.pools.items()}
+        # where the FM runs: "cpu" or "cuda:<index> (<GPU name>)", one entry per device
+        out["fm_devices"] = sorted({m["device"] for ms in out["workers"].values()
+                                    for m in ms if m})
+        return out
+
+    def __del__(self) -> None:
+        self._stop.set()

@@ -1,0 +1,443 @@
+"""The lookup router, the app's HTTP ingress: ``POST /rank`` looks up the request's two
+SOLARIS slots in the cache group (one parallel round with a deadline), calls the task's VM
+deployment, answers with a score, the tier and the embedding age per candidate and the
+versions used, and then -- without making the caller wait -- records the impressions in the
+history store and hands the verifier's picks to the precompute queue. Also ``/feedback``,
+``/scales``, ``/healthz``, ``/stats``."""
+
+import asyncio
+import json
+import logging
+import pickle
+import threading
+import time
+import uuid
+from collections import defaultdict, deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from fastapi.responses import JSONResponse
+from ray import serve
+from ray.util import metrics as ray_metrics
+from starlette.background import BackgroundTask
+
+from serve.backend import QUIET, Backend, Unavailable, knn_tables
+from serve.http import (MAX_ID, RETRY_AFTER_S, FeedbackRequest, RankRequest, RankResponse,
+                        ScaleRequest, api, problem)
+from solaris import verifier
+from solaris.cache.query import Slots
+from solaris.config import SolarisConfig, config_to_dict, load_config
+from solaris.rollout import RolloutPolicy
+from solaris.scales import ScaleError, ScaleTable
+from solaris.scoring import Artifacts, InlineFM, PackedSlots, ScoreRequest
+from solaris.serving import AfterAnswer, ColdNeighbours, ColdStartMemo, is_cold
+from solaris.tiers import LABELS as TIER_LABELS
+from solaris.tiers import NUM_TIERS, Tier
+
+log = logging.getLogger("solaris.serve")
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=64,
+                  max_queued_requests=256, health_check_period_s=2.0, logging_config=QUIET)
+@serve.ingress(api)
+class LookupRouter:
+    """HTTP ingress: enrich via the cache group, call the VM, answer, then speculate."""
+
+    def __init__(self, settings: dict[str, Any], vms: dict[str, Any], precompute: Any = None):
+        cfg = load_config(settings.get("config"), settings.get("overrides"))
+        self.cfg: SolarisConfig = cfg
+        self.settings = settings
+        self.vms = vms  # task -> DeploymentHandle
+        self.precompute = precompute  # Precompute's handle, or None (no FM workers)
+        arts = [Artifacts.open(d) for d in settings["artifact_dirs"]]
+        self.arts = {a.version: a for a in arts}
+        self.tasks = sorted({t for a in arts for t in a.tasks})
+        # the VMs' scales, live: a tier at 0 in every VM of a version is not looked up
+        self.scales = ScaleTable({a.version: json.loads((a.root / "manifest.json").read_text())
+                                  for a in arts})
+        self.policy = RolloutPolicy({t: [a.version for a in arts if t in a.tasks]
+                                     for t in self.tasks}, cfg.serve.rollout_threshold,
+                                    cfg.serve.rollout_min_lookups)
+        self.backend = Backend(cfg, settings)
+        self.knn = knn_tables(cfg, settings["app_id"])
+        self._knn_poll: Any = None  # the pointer poll running on a thread, if any
+        if self.knn is not None:
+            self.knn.current()  # the published tables, if any, before the first request
+        self._inline: InlineFM | None = None
+        self._user_enc: tuple | None = None  # (UserEncoder, side tables, history_len), lazily
+        self._history_timeout_s = cfg.cache.deadline_ms / 1000.0  # request-path history reads
+        self._cold_starts = 0
+        self._cold_memo = ColdStartMemo(cfg.serve.cold_start_memo)
+        self._inline_lock = threading.Lock()
+        self._io = ThreadPoolExecutor(4, thread_name_prefix="router-io")
+        self._after: set[asyncio.Task] = set()
+        self._after_pending = 0  # answered requests whose after-answer work has not run yet
+        self.buffer = AfterAnswer(cfg.serve.flush_requests)
+        self._flusher: asyncio.Task | None = None
+        self._tier_counts = np.zeros(NUM_TIERS, np.int64)
+        self._agg_count = 0
+        # seconds of the last requests per mode by phase (enrich, VM call, answer; the lookup
+        # round's own steps) -- where the time goes
+        self._phases: dict[str, deque] = defaultdict(lambda: deque(maxlen=2000))
+        self._shadow_every = int(settings.get("shadow_every", 4))
+        self._requests = 0
+        self._budget = verifier.BudgetController(cfg.verifier, time.monotonic)
+        api.state.max_body_bytes = cfg.serve.max_body_bytes
+        self._m_latency = ray_metrics.Histogram(
+            "solaris_rank_latency_ms", description="router latency of /rank",
+            boundaries=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000], tag_keys=("mode", "task"))
+        self._m_tier = ray_metrics.Counter("solaris_candidates", description="candidates by tier",
+                                           tag_keys=("tier",))
+        self._m_agg = ray_metrics.Counter("solaris_aggregate_present",
+                                          description="candidates with the user slot present")
+        self._m_errors = ray_metrics.Counter("solaris_rank_errors", tag_keys=("code",),
+                                             description="non-2xx answers of /rank")
+        self._m_enqueued = ray_metrics.Counter("solaris_enqueued_pairs",
+                                               description="verifier picks handed to the queue")
+        log.info("router: tasks %s, versions %s, mode %s, knn %s", self.tasks, list(self.arts),
+                 cfg.serve.mode, self.knn.version if self.knn else None)
+
+    # -- helpers
+    def _inline_fm(self) -> InlineFM:
+        with self._inline_lock:
+            if self._inline is None:
+                art = self.arts[self.policy.active[self.tasks[0]]]
+                self._inline = InlineFM(art, art.side_tables(),
+                                        self.backend.history_provider(self._history_timeout_s),
+                                        self.cfg.serve.inline_sharing)
+            return self._inline
+
+    def _inline_slots(self, user: int, items: np.ndarray, surface: int, now: float
+                      ) -> Slots | None:
+        """The inline FM's slots; None (the VM alone) if the user's history is unreadable."""
+        try:
+            return self._inline_fm().slots(user, items, surface, now)
+        except Exception as e:  # e.g. HistoryUnavailable: a shard missed the deadline
+            log.warning("inline FM failed for user %s (%s: %s); answering with the VM alone",
+                        user, type(e).__name__, e)
+            return None
+
+    async def _lookup(self, user: int, items: np.ndarray, now: float, version: str,
+                      surface: int = 0, phases: dict[str, float] | None = None) -> Slots:
+        """Both SOLARIS slots in one awaited round of shard calls (cold-start neighbours,
+        which run the user encoder, on a thread first)."""
+        knn = self._knn_now()
+        users = knn.users if knn else None
+        if knn is not None and knn.live is not None and is_cold(users, user):
+            cold = await asyncio.get_running_loop().run_in_executor(
+                self._io, self._cold_neighbours, user, now, surface, knn)
+            users = cold or users
+        return await self.backend.group.lookup_async(user, items, now, version, users,
+                                                     knn.items if knn else None,
+                                                     self.scales.enrich_for(version,
+                                                                            self.cfg.enrich),
+                                                     phases=phases)
+
+    def _knn_now(self) -> Any:
+        """The KNN tables in use (None: none published). A due poll of the published pointer
+        (a call to the app's holder; on a new version, a fetch of its snapshot) runs on a
+        thread, never on the event loop: requests go on with the tables in use meanwhile."""
+        if self.knn is None:
+            return None
+        if self._knn_poll is None and self.knn.due():
+            self._knn_poll = asyncio.get_running_loop().run_in_executor(self._io,
+                                                                        self.knn.current)
+            self._knn_poll.add_done_callback(self._knn_polled)
+        return self.knn.peek()
+
+    def _knn_polled(self, _: Any) -> None:
+        self._knn_poll = None
+
+    def _cold_neighbours(self, user: int, now: float, surface: int, knn: Any
+                         ) -> ColdNeighbours | None:
+        """Neighbours of a user the published table lacks: the user encoder over the user's
+        history as of ``now``, queried against the live index. None (next tier) on failure."""
+        try:
+            with self._inline_lock:
+                if self._user_enc is None:
+                    from solaris.precompute import load_models
+                    from solaris.user_encoder import UserEncoder
+
+                    art = self.arts[self.policy.active[self.tasks[0]]]
+                    fm, _, _ = load_models(art.root)
+                    self._user_enc = (UserEncoder(fm), art.side_tables(), fm.history_len)
+            enc, side, hlen = self._user_enc
+            req = self.backend.history_provider(self._history_timeout_s).batch(
+                np.array([user], np.int64), np.array([now]), np.array([surface], np.int64), hlen,
+                side.item_cat, side.user_cat, side.user_cont)
+            probe = self.cfg.enrich.user_knn_probe + 1
+
+            def query() -> tuple[np.ndarray, np.ndarray]:
+                ids, sims = knn.live.query(enc.encode(req), probe)
+                return ids[0], sims[0]
+
+            ids, sims = self._cold_memo.get(knn.version, probe, req, query)
+            self._cold_starts += 1
+            return ColdNeighbours(user, ids, sims, knn.version)
+        except Exception:
+            log.exception("cold-start neighbours for user %s failed; next tier", user)
+            return None
+
+    async def _score(self, task: str, version: str, req: ScoreRequest) -> np.ndarray:
+        handle = self.vms[task]
+        payload = pickle.dumps((version, req), protocol=pickle.HIGHEST_PROTOCOL)
+        for attempt in (0, 1):
+            try:
+                return await handle.score.remote(payload)
+            except Exception as e:  # replica died mid-call, or none is running: retry once
+                if attempt:
+                    raise Unavailable(f"no VM replica for task {task!r} answered: "
+                                       f"{type(e).__name__}") from e
+                await asyncio.sleep(0.05)
+        raise AssertionError("unreachable")
+
+    # -- endpoints
+    @api.get("/healthz")
+    async def healthz(self) -> dict[str, Any]:
+        if self.knn is not None:  # a due poll of the published KNN pointer
+            await asyncio.get_running_loop().run_in_executor(self._io, self.knn.current)
+        return {"ok": True, "tasks": self.tasks, "versions": self.policy.state(),
+                "mode": self.cfg.serve.mode, "knn": self.knn.version if self.knn else None}
+
+    @api.post("/rank", response_model=RankResponse,
+              responses={413: {"description": "body too large"},
+                         422: {"description": "a field is malformed (named in detail.loc)"},
+                         503: {"description": "no VM replica (Retry-After)"}})
+    async def rank(self, body: RankRequest) -> Any:
+        t0 = time.perf_counter()
+        mode = body.mode or self.cfg.serve.mode
+        if body.task not in self.vms:
+            return self._error(422, "task", f"{body.task!r} is not served (tasks: "
+                               f"{', '.join(self.tasks)})")
+        if len(body.candidates) > self.cfg.serve.max_candidates:
+            return self._error(422, "candidates", f"{len(body.candidates)} candidates; the limit "
+                               f"is {self.cfg.serve.max_candidates}")
+        items = np.asarray(body.candidates, np.int64)
+        if items.min() < 0 or items.max() > MAX_ID:
+            return self._error(422, "candidates", "ids must be in [0, 2**62]")
+        if body.features_for is not None and any(
+                not 0 <= i < len(items) for i in body.features_for):
+            return self._error(422, "features_for", f"positions must be in [0, {len(items)})")
+        now = float(body.now) if body.now is not None else time.time()
+        version = self.policy.active[body.task]
+        loop = asyncio.get_running_loop()
+        slots: Slots | None = None
+        steps: dict[str, float] = {}
+        if mode == "solaris":
+            slots = await self._lookup(body.user_id, items, now, version, body.surface, steps)
+        elif mode == "inline":
+            slots = await loop.run_in_executor(self._io, self._inline_slots, body.user_id,
+                                               items, body.surface, now)
+        t1 = time.perf_counter()
+        req = ScoreRequest(body.user_id, items, body.surface,
+                           PackedSlots.pack(slots) if slots is not None else None,
+                           self.scales.array(version, body.task))
+        try:
+            probs, base = await self._score(body.task, version, req)
+        except Unavailable as e:
+            return self._error(503, "task", str(e),
+                               headers={"Retry-After": str(RETRY_AFTER_S)})
+        t2 = time.perf_counter()
+        rid = body.request_id or uuid.uuid4().hex
+        tiers = slots.pair_tier if slots is not None else np.zeros(len(items), np.int64)
+        # built as RankResponse's JSON directly: validating 3 x 500 values again costs more
+        # than the VM (the schema test checks the shape)
+        features = None
+        if body.features_for is not None:
+            pos = np.asarray(body.features_for, np.int64)
+            d = self.cfg.cache.dim
+            features = {"pair": (slots.pair_emb[pos] if slots is not None
+                                 else np.zeros((len(pos), d))).astype(float).tolist(),
+                        "user": (slots.agg_emb[pos] if slots is not None
+                                 else np.zeros((len(pos), d))).astype(float).tolist()}
+        resp = JSONResponse({
+            "request_id": rid, "task": body.task, "mode": mode,
+            "scores": probs.astype(float).tolist(),
+            "tiers": [TIER_LABELS[t] for t in tiers.tolist()],
+            "ages_s": slots.pair_age_s.tolist() if slots is not None else [0.0] * len(items),
+            "aggregate": slots.agg_present.tolist() if slots is not None else [False] * len(items),
+            "versions": {"fm": version if mode != "vm" else "", "vm": version,
+                         "knn": (self.knn.version or "") if self.knn else ""},
+            "features": features})
+        t3 = time.perf_counter()
+        self._phases[mode].append({"enrich": t1 - t0, "vm": t2 - t1, "answer": t3 - t2,
+                                   **{f"lookup_{k}": v for k, v in steps.items()}})
+        self._m_latency.observe((t3 - t0) * 1000.0,
+                                tags={"mode": mode, "task": body.task})
+        if mode == "solaris" and slots is not None:
+            # a background task runs once the answer's bytes are sent
+            self._after_pending += 1
+            resp.background = BackgroundTask(self._after_answer, body, items, now, probs, base,
+                                             slots)
+        return resp
+
+    async def _after_answer(self, body: RankRequest, items: np.ndarray, now: float,
+                            probs: np.ndarray, base: np.ndarray, slots: Slots) -> None:
+        """Coverage counts, the verifier's picks and the impressions, buffered (``AfterAnswer``)
+        and sent every ``serve.flush_ms``; runs after the answer is on its way, never raises.
+        The verifier ranks by ``base``, the VM alone inside the residual VM, so what is
+        precomputed does not depend on the corrections (nor does a simulation of it)."""
+        try:
+            self._tier_counts += np.bincount(slots.pair_tier, minlength=NUM_TIERS)
+            self._agg_count += int(np.count_nonzero(slots.agg_present))
+            found = slots.pair_tier == Tier.PAIR
+            version = self.policy.active[body.task]
+            self.policy.observe(version, int(found.sum()), len(items))
+            picks = verifier.choose(base, items, found, slots.pair_age_s,
+                                    np.zeros(len(items), bool), self.cfg.verifier,
+                                    self.cfg.cache.read_ttl_s, self._budget.fraction)
+            self._requests += 1
+            art = self.arts[version]
+            if body.user_id >= art.num_users:  # the FM has no row for this user
+                picks = picks[:0]
+            picks = picks[items[picks] < art.num_items]  # nor for unknown items
+            versions = [version]
+            pending = self.policy.pending(body.task)
+            if pending is not None:
+                versions.append(pending)
+                if self._requests % self._shadow_every == 0:
+                    self._spawn(self._shadow(body, items, now, pending))
+            # what the user is shown: the top of the ranking (serve.impressions_top_k)
+            k = min(self.cfg.serve.impressions_top_k, len(items))
+            shown = items[np.argsort(-probs, kind="stable")[:k]]
+            full = self.buffer.add(body.user_id, shown, body.surface, now,
+                                   {v: (items[picks], base[picks]) for v in versions})
+            self._budget.record(len(picks))
+            if full:
+                self._flush()
+            elif self._flusher is None:
+                self._flusher = self._spawn(self._flush_later())
+        except Exception:
+            log.exception("after-answer work failed for user %s", body.user_id)
+        finally:
+            self._after_pending -= 1
+
+    def _spawn(self, coro: Any) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._after.add(task)
+        task.add_done_callback(self._after.discard)
+        return task
+
+    async def _flush_later(self) -> None:
+        await asyncio.sleep(self.cfg.serve.flush_ms / 1000.0)
+        self._flusher = None
+        self._flush()
+
+    def _flush(self) -> list:
+        """Send the buffered impressions (a call per shard) and picks (a call per version);
+        returns the queue calls' refs (``flush_now`` waits on them)."""
+        refs: list = []
+        try:
+            impressions, picks = self.buffer.drain()
+            self.backend.record_impressions_many(impressions)
+            for version, (users, its, prios, nows, surfaces) in picks.items():
+                refs.append(self.backend.queue.put.remote(users, its, prios, nows, surfaces,
+                                                          version))
+                self._m_enqueued.inc(float(len(users)))
+            for t, n in enumerate(self._tier_counts.tolist()):
+                if n:  # Ray counters take only positive increments
+                    self._m_tier.inc(float(n), tags={"tier": TIER_LABELS[t]})
+            if self._agg_count:
+                self._m_agg.inc(float(self._agg_count))
+            self._tier_counts[:] = 0
+            self._agg_count = 0
+        except Exception:
+            log.exception("flushing %d buffered requests failed", len(self.buffer))
+        return refs
+
+    async def flush_now(self, timeout_s: float = 60.0) -> dict[str, Any]:
+        """A barrier (the replay calls it through a handle between event-time ticks): wait
+        for the after-answer work of every answered request, send the buffer, and wait until
+        the queue took the picks and the shards took every history write (impressions and
+        /feedback labels). Returns the requests seen and the writes still outstanding."""
+        deadline = time.monotonic() + timeout_s
+        while self._after_pending > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.002)
+        if self._flusher is not None:
+            self._flusher.cancel()
+            self._flusher = None
+        refs = self._flush()
+        if self._after:
+            await asyncio.gather(*list(self._after), return_exceptions=True)
+        for ref in refs:
+            await ref
+        left = await asyncio.get_running_loop().run_in_executor(
+            self._io, self.backend.group.flush_records, max(0.0, deadline - time.monotonic()))
+        return {"requests": self._requests, "after_pending": self._after_pending,
+                "records_outstanding": left}
+
+    async def _shadow(self, body: RankRequest, items: np.ndarray, now: float,
+                      pending: str) -> None:
+        """Look up the pending version (never sent to a VM) to measure its coverage."""
+        try:
+            shadow = await self._lookup(body.user_id, items, now, pending, body.surface)
+            self.policy.observe(pending, int((shadow.pair_tier == Tier.PAIR).sum()), len(items))
+            self.policy.maybe_switch(body.task)
+        except Exception:
+            log.exception("shadow lookup of %s failed", pending)
+
+    @api.post("/feedback", responses={422: {"description": "a field is malformed"}})
+    async def feedback(self, body: FeedbackRequest) -> dict[str, Any]:
+        n, t = len(body.items), len(self.arts[next(iter(self.arts))].tasks)
+        if len(body.labels) != n or any(len(row) != t or not set(row) <= {0, 1}
+                                        for row in body.labels):
+            return problem(422, "labels", f"expected {n} rows (one per item) of {t} values "
+                            "in {0, 1}")
+        y = np.asarray(body.labels, np.float64)
+        items = np.asarray(body.items, np.int64)
+        if items.min() < 0 or items.max() > MAX_ID:
+            return problem(422, "items", "ids must be in [0, 2**62]")
+        now = float(body.now) if body.now is not None else time.time()
+        self.backend.record_labels(body.user_id, items, y, now)
+        return {"ok": True, "labels": n}
+
+    @api.get("/scales")
+    async def get_scales(self) -> dict[str, Any]:
+        """Every VM's live scales (by version/task) and the validation curves behind them."""
+        return self.scales.state()
+
+    @api.post("/scales", responses={422: {"description": "a field is malformed (named)"}})
+    async def set_scales(self, body: ScaleRequest) -> Any:
+        """Set one scale of a residual VM: the next requests use it, no redeploy; a tier at 0
+        in every VM of a version is no longer looked up."""
+        if body.task not in self.vms:
+            return self._error(422, "task", f"{body.task!r} is not served (tasks: "
+                               f"{', '.join(self.tasks)})")
+        version = body.version or self.policy.active[body.task]
+        if body.slot == "pair" and body.tier is None:
+            return self._error(422, "tier", "required for slot 'pair'")
+        try:
+            row = self.scales.set(version, body.task, body.slot, body.tier, body.scale)
+        except ScaleError as e:
+            return self._error(422, e.field, str(e))
+        log.info("scales of %s/%s set: %s", version, body.task, row)
+        return {"version": version, "task": body.task, "scales": row}
+
+    @api.get("/stats")
+    async def stats(self) -> dict[str, Any]:
+        """The router's rollout state and the precompute backend's last gauges."""
+        phases = {m: {f"{k}_ms": round(float(np.median([r.get(k, 0.0) for r in d])) * 1e3, 3)
+                      for k in d[-1]} for m, d in self._phases.items() if d}
+        out: dict[str, Any] = {"rollout": self.policy.state(), "mode": self.cfg.serve.mode,
+                               "phases_p50": phases,
+                               "cache_client": self.backend.group.client_counts(),
+                               "serve": config_to_dict(self.cfg.serve),
+                               "scales": self.scales.state(),
+                               "knn": {"version": self.knn.version, "swaps": self.knn.swaps,
+                                       "errors": self.knn.errors,
+                                       "cold_starts": self._cold_starts,
+                                       "cold_start_memo": self._cold_memo.metrics()}
+                               if self.knn else None}
+        if self.precompute is not None:
+            try:
+                out["precompute"] = await asyncio.wait_for(
+                    self.precompute.summary.remote(), timeout=10)
+            except Exception as e:
+                out["precompute"] = {"error": type(e).__name__}
+        return out
+
+    def _error(self, status: int, field: str, msg: str,
+               headers: dict | None = None) -> JSONResponse:
+        self._m_errors.inc(tags={"code": str(status)})
+        return problem(status, field, msg, headers)
