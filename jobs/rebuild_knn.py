@@ -10,7 +10,7 @@ DESIGN.md step 7. Run it directly or through the job API (on a cluster or a loca
 ``DATA`` is what ``solaris data`` writes (``generate_to_parquet``: users, items and
 interaction Parquet files), a local directory or a ``pyarrow.fs`` URI that every node can
 read; ``ARTIFACTS`` a ``solaris train`` directory, read by the driver only (the FM travels
-to the encoder actors through the object store); ``--train-if-missing`` trains them from a
+to the encoder tasks through the object store); ``--train-if-missing`` trains them from a
 local ``DATA`` first. ``URI`` (a ``pyarrow.fs`` URI or a local directory;
 ``knn.table_uri`` when omitted) receives the tables. One rebuild:
 
@@ -18,9 +18,10 @@ local ``DATA`` first. ``URI`` (a ``pyarrow.fs`` URI or a local directory;
    events get a row too), groups by user, and keeps each user's last ``history_len`` events
    before ``--as-of`` (default: just after the last logged event)
    (``solaris.user_encoder.recent_history``);
-2. ``map_batches`` with the callable class ``EncodeUsers`` on a fixed actor pool
-   (``--encoders``, explicit ``--batch-size``, one GPU each where the cluster has GPUs)
-   embeds them with the FM's request tower (``solaris.user_encoder``);
+2. ``map_batches`` with ``encode_users`` as tasks (at most ``--encoders`` at once, explicit
+   ``--batch-size``, one GPU each where the cluster has GPUs) embeds them with the FM's
+   request tower (``solaris.user_encoder``); each worker process decodes the FM once per
+   rebuild and keeps it for the batches it runs after;
 3. the driver builds the user index (exact or IVF by size), tunes it, checks recall@10
    against exact search and publishes the table, the faiss index and the pointer swap
    (``solaris.knn``); then the same for the items' FM embeddings. A recall below
@@ -151,25 +152,35 @@ def histories(g: dict[str, np.ndarray], tasks: tuple[str, ...], as_of: float, le
                           as_of, length)
 
 
-class EncodeUsers:
-    """map_batches actor: holds the FM (sent by the driver through the object store, so no
-    node needs the artifact files), embeds batches of user histories."""
+# this worker process's user encoder: (the rebuild's models ref, UserEncoder, side tables);
+# one rebuild's at a time
+_ENCODER: tuple[str, Any, Any] | None = None
 
-    def __init__(self, fm: Any, tables: Any, as_of: float, threads: int = 1) -> None:
-        import torch
 
-        from solaris.user_encoder import UserEncoder
+def encode_users(batch: dict[str, np.ndarray], models: list, as_of: float,
+                 threads: int = 1) -> dict[str, np.ndarray]:
+    """map_batches task: embed a batch of user histories with the FM's request tower.
 
+    ``models`` is a one-element list holding the object ref of ``(fm, side tables)`` (sent by
+    the driver through the object store, so no node needs the artifact files). A worker
+    process decodes it once and keeps the encoder for its later batches of the same
+    rebuild. Tasks, not an actor pool: Ray Data passes an actor pool's constructor through
+    the object store, which Ray reports on the console for every restartable actor, and the
+    only way to make them not restartable is a keyword Ray deprecates."""
+    global _ENCODER
+    import torch
+
+    from solaris.user_encoder import UserEncoder, request_inputs
+
+    key = models[0].hex()
+    if _ENCODER is None or _ENCODER[0] != key:
+        fm, tables = ray.get(models[0])
         torch.set_num_threads(threads)
-        self.encoder = UserEncoder(fm, "cuda" if torch.cuda.is_available() else "cpu")
-        self.tables, self.as_of = tables, as_of
-
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from solaris.user_encoder import request_inputs
-
-        t = self.tables
-        req = request_inputs(batch, self.as_of, t.item_cat, t.user_cat, t.user_cont)
-        return {"user": batch["user"], EMB: self.encoder.encode(req)}
+        _ENCODER = (key, UserEncoder(fm, "cuda" if torch.cuda.is_available() else "cpu"),
+                    tables)
+    _, encoder, t = _ENCODER
+    req = request_inputs(batch, as_of, t.item_cat, t.user_cat, t.user_cont)
+    return {"user": batch["user"], EMB: encoder.encode(req)}
 
 
 def _placeholders(batch: dict[str, np.ndarray], tasks: tuple[str, ...]) -> pa.Table:
@@ -215,15 +226,10 @@ def user_embeddings(data: DataDir, fm: Any, as_of: float | None, encoders: int,
     hist = rows.groupby("user_id", num_partitions=parts).map_groups(
         histories, fn_kwargs={"tasks": tasks, "as_of": as_of, "length": fm.history_len},
         batch_format="numpy", num_cpus=task_cpus)
-    # max_restarts=0: Ray Data passes every actor pool's constructor through the object
-    # store, and Ray warns on the console about any such actor it may restart. A lost encoder
-    # fails this rebuild instead; the published tables keep serving and the next scheduled
-    # rebuild (``--every``) starts afresh -- a rebuild holds no queued work to lose
-    emb = hist.map_batches(EncodeUsers, fn_constructor_args=(fm, tables, as_of),
-                           batch_size=batch_size, batch_format="numpy",
-                           compute=ray.data.ActorPoolStrategy(size=encoders),
-                           num_cpus=encoder_cpus, num_gpus=1 if use_gpu else 0,
-                           max_restarts=0)
+    models = ray.put((fm, tables))  # held here until the embeddings are read back
+    emb = hist.map_batches(encode_users, fn_kwargs={"models": [models], "as_of": as_of},
+                           batch_size=batch_size, batch_format="numpy", concurrency=encoders,
+                           num_cpus=encoder_cpus, num_gpus=1 if use_gpu else 0)
     ids, vecs = [], []
     for b in emb.iter_batches(batch_size=8192, batch_format="numpy"):
         ids.append(b["user"])
@@ -306,13 +312,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set knn.k=50")
     p.add_argument("--as-of", type=float, help="event time of the histories (default: last + 1)")
-    p.add_argument("--encoders", type=int, default=1, help="encoder actors (fixed pool)")
+    p.add_argument("--encoders", type=int, default=1, help="encoder tasks at once")
     p.add_argument("--batch-size", type=int, default=256, help="users per encoder batch")
-    p.add_argument("--encoder-cpus", type=float, default=1.0, help="CPUs per encoder actor")
+    p.add_argument("--encoder-cpus", type=float, default=1.0, help="CPUs per encoder task")
     p.add_argument("--task-cpus", type=float, default=1.0,
                    help="CPUs per read / group task (e.g. 0.25 beside a serving app)")
     p.add_argument("--gpu", choices=["auto", "yes", "no"], default="auto",
-                   help="one GPU per encoder actor (auto: when the cluster has GPUs)")
+                   help="one GPU per encoder task (auto: when the cluster has GPUs)")
     p.add_argument("--every", type=float, help="rebuild every SECONDS (default: once)")
     p.add_argument("--times", type=int, help="with --every: stop after N rebuilds")
     p.add_argument("--train-if-missing", action="store_true",

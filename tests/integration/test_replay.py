@@ -28,10 +28,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # a line Ray wrote, not SOLARIS: its Python loggers ("<date> WARNING file.py:N -- ..."), its
 # C++ logs ("[<date> E pid tid] file.cc:N: ..."), worker and raylet lines forwarded to the
-# driver, and tracebacks
+# driver, Python warnings ("file.py:N: RayDeprecationWarning: ...", any category) and
+# tracebacks
 RAY_LINE = re.compile(r"^\S+ \S+\s+(WARNING|ERROR|CRITICAL) \S+\.py:\d+ -- "
                       r"|^\[\d{4}-\d\d-\d\d [\d:,]+ [WEF] \d+ \d+\]"
-                      r"|\((raylet|pid=\d+)|Traceback")
+                      r"|\((raylet|pid=\d+)|\.py:\d+: \w*Warning: |Traceback")
 
 
 def _run(out: Path, workers: int, cfg, ds):
