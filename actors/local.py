@@ -46,7 +46,7 @@ def start(*, address: str | None = None, num_cpus: float | None = None,
     import ray
 
     local = address in (None, "local") and not os.environ.get("RAY_ADDRESS")
-    if local and not verbose:
+    if local:  # with or without verbose: -v changes the console, never how Ray runs
         os.environ.setdefault("RAY_worker_maximum_startup_concurrency",
                               str(STARTUP_CONCURRENCY))
     _levels(verbose)  # before ray.init: the token notice is logged while it starts

@@ -101,8 +101,7 @@ def main() -> int:
         from machine import NO_FM, machine
 
         args.json.write_text(json.dumps({"kinds": res, "config": vars(args) | {
-            "json": str(args.json), "cpu_count": os.cpu_count()},
-            "machine": machine(NO_FM)}, indent=2))
+            "json": str(args.json)}, "machine": machine(NO_FM)}, indent=2))
     return 0
 
 

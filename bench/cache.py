@@ -36,7 +36,6 @@ import gc
 import json
 import logging
 import multiprocessing as mp
-import os
 import subprocess
 import sys
 import time
@@ -534,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         r["int8_tr_delta"] = r["transfer"]["int8_tr_delta"]
     r["checks"] = {f"{name} {target}": passed for name, _, _, target, passed in rows(r)
                    if passed is not None}
-    r["num_cpus"], r["cpu_count"] = args.num_cpus, os.cpu_count()
+    r["num_cpus"] = args.num_cpus
     from machine import IN_PROCESS, NO_FM, machine
 
     r["machine"] = machine(IN_PROCESS if "transfer" in r else NO_FM)

@@ -512,8 +512,7 @@ def main() -> int:
     out["fm_vm_compute_ratio"] = ratio["ratio_per_pair"]
     out["compute_ms_500"] = ratio
     out["seconds"] = round(time.perf_counter() - t0, 1)
-    out["config"] = vars(args) | {"json": str(args.json), "artifacts": art_dir,
-                                  "cpu_count": os.cpu_count()}
+    out["config"] = vars(args) | {"json": str(args.json), "artifacts": art_dir}
     from machine import machine
 
     out["machine"] = machine(out["fm_workers"]["devices"])

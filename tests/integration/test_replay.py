@@ -74,6 +74,9 @@ def test_replay_is_independent_of_worker_count_and_matches_its_schedule(tmp_path
     # the default console holds progress and results only: no line from Ray
     assert not [ln for ln in console.splitlines() if RAY_LINE.search(ln)], console
     assert "coverage" in console  # the summary table was printed
+    # where the FM ran, as the workers said: the CPU, or which GPU
+    assert two["fm_devices"] and all(d == "cpu" or (d.startswith("cuda:") and "(" in d)
+                                     for d in two["fm_devices"]), two["fm_devices"]
 
     for rep in (one, two):
         assert rep["requests"] == REQUESTS

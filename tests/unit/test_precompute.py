@@ -15,7 +15,7 @@ from solaris.history import HistoryStore
 from solaris.models.encoder import PairEncoder
 from solaris.models.fm import FoundationModel
 from solaris.pqueue import Group, PrecomputeQueue
-from solaris.precompute import PrecomputeWorker, WindowHistory
+from solaris.precompute import PrecomputeWorker, WindowHistory, describe_device
 
 L = 8
 V = "fm-test"
@@ -174,3 +174,12 @@ def test_config_errors_name_the_field():
         PrecomputeConfig(device="tpu")
     with pytest.raises(ConfigError, match="precompute.max_workers=1"):
         PrecomputeConfig(workers=2, max_workers=1)
+
+
+def test_the_device_says_which_gpu_not_only_that_there_is_one(monkeypatch):
+    assert describe_device("cpu") == describe_device(torch.device("cpu")) == "cpu"
+    # a machine without a GPU: the CUDA queries are stood in for, the naming is what is tested
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: f"Test GPU {i}")
+    assert describe_device("cuda") == "cuda:1 (Test GPU 1)"  # the current one
+    assert describe_device("cuda:0") == "cuda:0 (Test GPU 0)"
