@@ -68,6 +68,12 @@ def save_json(path: str | Path, obj: Any, **dumps: Any) -> Path | str:
     return save_text(path, json.dumps(obj, **{"indent": 2, **dumps}))
 
 
+def save_figure(path: str | Path, fig: Any, **savefig: Any) -> Path | str:
+    """A matplotlib figure at ``path``, whole, in the format its suffix names (png default)."""
+    fmt = Path(str(path)).suffix.lstrip(".") or "png"
+    return save(path, lambda f: fig.savefig(f, format=fmt, **savefig))
+
+
 def remove_stale(fs: pafs.FileSystem, path: str) -> None:
     """Remove temporaries a crashed writer of ``path`` left beside it."""
     parent, name = path.rsplit("/", 1)

@@ -116,6 +116,6 @@ def coverage_plot(report: dict, path: str | Path) -> Path:
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     path = Path(path)
-    atomic.save(path, lambda f: fig.savefig(f, dpi=110, format=path.suffix.lstrip(".") or "png"))
+    atomic.save_figure(path, fig, dpi=110)
     plt.close(fig)
     return path

@@ -31,7 +31,7 @@ def _save(fig, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    atomic.save(path, lambda f: fig.savefig(f, dpi=110, format=path.suffix.lstrip(".") or "png"))
+    atomic.save_figure(path, fig, dpi=110)
     return path
 
 

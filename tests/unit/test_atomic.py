@@ -43,6 +43,22 @@ def test_numpy_and_torch_writers_round_trip(tmp_path):
     assert torch.equal(got["weight"], lin.weight.detach())
 
 
+def test_a_figure_lands_in_the_format_its_suffix_names(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    atomic.save_figure(tmp_path / "a.png", fig, dpi=50)
+    atomic.save_figure(tmp_path / "a.svg", fig)
+    plt.close(fig)
+    assert (tmp_path / "a.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert b"<svg" in (tmp_path / "a.svg").read_bytes()[:500]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "a.svg"]
+
+
 def test_stale_temporaries_of_a_crashed_writer_are_removed(tmp_path):
     path = tmp_path / "table.parquet"
     path.write_bytes(b"whole")
