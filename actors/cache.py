@@ -32,15 +32,16 @@ import numpy as np
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
-from actors.shard import SHARD_NUM_CPUS, CacheShard, pack, shard_name, unpack
+from actors.shard import SHARD_NUM_CPUS, CacheShard, shard_name
 from solaris import enrich
+from solaris import wire as frames
 from solaris.cache import wire
 from solaris.cache.inputs import check_ids, check_time
 from solaris.cache.query import ShardAnswer, ShardQuery, Slots
 from solaris.cache.ring import HashRing
 from solaris.config import CacheConfig, EnrichConfig, HistoryConfig
 from solaris.errors import ConfigError, RequestError, SolarisError
-from solaris.history import merge_windows
+from solaris.history import WINDOW_KEYS, merge_windows
 
 log = logging.getLogger(__name__)
 
@@ -238,8 +239,8 @@ class CacheGroup:
         refs = {}
         for s in np.unique(shard):
             m = shard == s
-            refs[int(s)] = self.shards[int(s)].put_packed.remote(pack((
-                users[m], items[m], vectors[m], version, now,
+            refs[int(s)] = self.shards[int(s)].put_frame.remote(frames.encode("pairs", (
+                users[m], items[m], vectors[m], str(version), float(now),
                 None if scores is None else np.asarray(scores)[m])))
         return sum(self._gather(refs, timeout_s, "put", 0).values())
 
@@ -258,7 +259,7 @@ class CacheGroup:
         if surf.ndim > 1 or (surf.ndim == 1 and len(surf) != len(items)):
             raise RequestError(f"surfaces: expected a code or {len(items)} codes, got shape "
                                f"{surf.shape}")
-        self._send(user, "record_impressions", (user, items, surf, now))
+        self._send(user, "record_impressions", frames.encode_impressions([(user, items, surf, now)]))
 
     def record_labels(self, user: int, items: np.ndarray, labels: np.ndarray,
                       now: float) -> None:
@@ -271,7 +272,7 @@ class CacheGroup:
         if y.ndim != 2 or y.shape[0] != len(items) or not np.isin(y, (0, 1)).all():
             raise RequestError(f"labels: expected ({len(items)}, T) of 0/1, got shape "
                                f"{y.shape}")
-        self._send(user, "record_labels", (user, items, y, now))
+        self._send(user, "record_labels", frames.encode("labels", (user, items, y, now)))
 
     @staticmethod
     def _user_id(user: int) -> int:
@@ -296,14 +297,14 @@ class CacheGroup:
                                    f"shape {surf.shape}")
             by_shard.setdefault(int(s), []).append((int(user), items, surf, check_time(now)))
         for s, recs in by_shard.items():
-            self._send_to(s, "record_impressions_many", (recs,))
+            self._send_to(s, "record_impressions", frames.encode_impressions(recs))
 
-    def _send(self, user: int, method: str, args: tuple) -> None:
-        self._send_to(int(self.shard_of(np.array([user]))[0]), method, args)
+    def _send(self, user: int, method: str, frame: bytes) -> None:
+        self._send_to(int(self.shard_of(np.array([user]))[0]), method, frame)
 
-    def _send_to(self, s: int, method: str, args: tuple) -> None:
+    def _send_to(self, s: int, method: str, frame: bytes) -> None:
         try:
-            ref = getattr(self.shards[s], method).remote(pack(args))
+            ref = getattr(self.shards[s], method).remote(frame)
         except Exception as exc:  # e.g. a handle of a shard killed for good
             log.warning("cache shard %d: %s not sent: %s", s, method, type(exc).__name__)
             with self._counts_lock:
@@ -378,7 +379,8 @@ class CacheGroup:
         deadline = time.monotonic() + timeout_s
         shard = self.shard_of(users)
         rows = {int(s): np.flatnonzero(shard == s) for s in np.unique(shard)}
-        refs = {s: self.shards[s].history_window.remote(pack((users[r], now[r], history_len)))
+        refs = {s: self.shards[s].history_window.remote(
+                    frames.encode("window_query", (users[r], now[r], history_len)))
                 for s, r in rows.items()}
 
         def result() -> dict[str, np.ndarray]:
@@ -391,7 +393,7 @@ class CacheGroup:
                     f"history of shards {sorted([*late, *failed])} of group {self.group_id} "
                     f"unavailable (late: {late}, failed: "
                     f"{ {s: type(e).__name__ for s, e in failed.items()} })")
-            parts = [(rows[s], unpack(got[s])) for s in rows]
+            parts = [(rows[s], frames.decode_window(got[s], WINDOW_KEYS)) for s in rows]
             return merge_windows(parts, len(users), history_len)
         return result
 
@@ -411,8 +413,8 @@ class CacheGroup:
         refs = {}
         for s in np.unique(shard):
             m = shard == s
-            refs[int(s)] = self.shards[int(s)].replay_history.remote(
-                pack((users[m], items[m], surfaces[m], labels[m], ts[m])))
+            refs[int(s)] = self.shards[int(s)].replay_history.remote(frames.encode(
+                "history_log", (users[m], items[m], surfaces[m], labels[m], ts[m])))
         return sum(self._gather(refs, timeout_s, "replay_history", 0).values())
 
     def metrics(self, timeout_s: float = 5.0) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import ray
 
-from actors.shard import unpack
+from solaris import wire
 from solaris.ledger import CostLedger
 
 LEDGER_NUM_CPUS = 0.05
@@ -22,9 +22,9 @@ class LedgerActor:
         """Record FM evaluations; returns how many were duplicates."""
         return self._ledger.evaluated(users, items, seconds)
 
-    def evaluated_packed(self, payload: bytes) -> int:
-        """``evaluated`` with ``actors.shard.pack((users, items, seconds))``: one buffer."""
-        return self._ledger.evaluated(*unpack(payload))
+    def evaluated_frame(self, payload: bytes) -> int:
+        """``evaluated`` with its arguments in one ``evaluated`` frame (``solaris.wire``)."""
+        return self._ledger.evaluated(*wire.decode(payload, "evaluated", 3))
 
     def served(self, n: int = 1) -> None:
         """``n`` requests answered (the router)."""

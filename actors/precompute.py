@@ -67,7 +67,7 @@ import torch
 from ray.exceptions import RayActorError, RayError
 
 from actors.cache import HistoryUnavailable
-from actors.shard import pack, unpack
+from solaris import wire
 from solaris.config import PrecomputeConfig
 from solaris.errors import ConfigError
 from solaris.pqueue import Lease
@@ -169,7 +169,7 @@ class FMWorker:
     def _lease(self, ref: Any) -> Lease | None:
         t0 = time.perf_counter()
         packed = ray.get(ref)
-        lease = None if packed is None else unpack(packed)
+        lease = None if packed is None else wire.decode_lease(packed)
         with self._count_lock:
             self._counts["steps"] += 1
             self._phase["lease"] += time.perf_counter() - t0
@@ -177,7 +177,7 @@ class FMWorker:
 
     def _lease_ref(self, max_pairs: int | None = None) -> Any:
         limit = max_pairs if max_pairs is not None else self._lease_pairs
-        return self._queue.lease_packed.remote(limit, self.version)
+        return self._queue.lease_frame.remote(limit, self.version)
 
     def _compute(self, lease: Lease, naive: bool) -> tuple:
         """FM + encoder over the lease (``naive``: the per-pair forward); nack on failure."""
@@ -221,8 +221,9 @@ class FMWorker:
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
             scores = np.concatenate([g.priorities for g in lease.groups]).astype(np.float32)
-            ledger_ref = (self._ledger.evaluated_packed.remote(pack((users, items, secs)))
-                          if self._ledger is not None else None)
+            ledger_ref = (self._ledger.evaluated_frame.remote(
+                wire.encode("evaluated", (users, items, secs)))
+                if self._ledger is not None else None)
             now = max(g.now for g in lease.groups)
             written = self._cache.put(users, items, z, self.version, now, scores)
         except Exception:
@@ -345,7 +346,7 @@ class FMWorker:
                     if nxt is not None:
                         self._fail(nxt)
                     if ahead is not None and (held := ray.get(ahead)) is not None:
-                        self._fail(unpack(held))
+                        self._fail(wire.decode_lease(held))
                     raise
                 if pending is not None:
                     t0 = time.perf_counter()

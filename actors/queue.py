@@ -49,7 +49,8 @@ import numpy as np
 import pyarrow.fs as pafs
 import ray
 
-from actors.shard import RECORD_TASK_EVENTS, pack
+from actors.shard import RECORD_TASK_EVENTS
+from solaris import wire
 from solaris.atomic import filesystem
 from solaris.cache.snapshot import read_snapshot, write_snapshot
 from solaris.config import QueueConfig
@@ -158,13 +159,18 @@ class PrecomputeQueueActor:
         with self._lock:
             return self._queue.lease(max_pairs, version=version)
 
-    def lease_packed(self, max_pairs: int | None = None, version: str | None = None
-                     ) -> bytes | None:
-        """``lease`` as one ``actors.shard.pack``-ed byte string (what FM workers call): a
-        lease carries two arrays per request group, and Ray would serialise each on its own
-        (~0.1 ms apiece; 200 groups at 10 candidates per request)."""
+    def put_frame(self, payload: bytes) -> int:
+        """``put`` with its arguments in one ``picks`` frame (``solaris.wire``): what the
+        router sends."""
+        return self.put(*wire.decode(payload, "picks", 6))
+
+    def lease_frame(self, max_pairs: int | None = None, version: str | None = None
+                    ) -> bytes | None:
+        """``lease`` as one ``lease`` frame (``solaris.wire.encode_lease``; what FM workers
+        call): a lease carries two arrays per request group, and Ray would serialise each on
+        its own (~0.1 ms apiece; 200 groups at 10 candidates per request)."""
         lease = self.lease(max_pairs, version)
-        return None if lease is None else pack(lease)
+        return None if lease is None else wire.encode_lease(lease)
 
     def ack(self, lease_id: str) -> bool:
         """The lease's pairs are in the cache; False for an expired or unknown lease."""

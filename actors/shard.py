@@ -17,16 +17,15 @@ thread, so they never hold up lookups and one caller's writes apply in the order
 arrive (in practice: Ray does not promise order for threaded actors; a label that overtakes
 its impression is kept as its own event).
 
-Calls that carry several arrays (``put_packed``, the history calls) take one ``pack``-ed
-byte string instead: Ray serialises every numpy argument on its own (~0.1 ms each on 2
-cores), one pickled buffer costs a few microseconds.
+Calls that carry several arrays (``put_frame``, the history calls) take one SOLARIS frame
+(``solaris.wire``) instead: Ray serialises every numpy argument on its own (~0.1 ms each on 2
+cores), one frame costs a copy; and nothing pickled crosses between the processes.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import pickle
 import threading
 import time
 import warnings
@@ -37,11 +36,12 @@ import pyarrow.fs as pafs
 import ray
 
 from actors import names
+from solaris import wire as frames
 from solaris.cache import wire
 from solaris.cache.snapshot import read_snapshot, snapshot_location, write_snapshot
 from solaris.cache.store import PairStore
 from solaris.config import CacheConfig, HistoryConfig
-from solaris.history import HistoryStore
+from solaris.history import WINDOW_KEYS, HistoryStore
 
 log = logging.getLogger(__name__)
 
@@ -51,17 +51,6 @@ HISTORY_GROUP = "history"  # the concurrency group (one thread) of the history c
 # no per-call task events (Ray's task table / timeline): every request makes a call per shard,
 # and recording each cost caller, shard and GCS CPU -- Serve's own actors run without them too
 RECORD_TASK_EVENTS = False
-
-
-def pack(obj: Any) -> bytes:
-    """One byte string for a call's arrays (see the module docstring); ``unpack`` reverses
-    it. Only between this project's actors: unpickling runs code, as Ray's own does."""
-    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def unpack(data: bytes) -> Any:
-    """The object ``pack`` turned into ``data``."""
-    return pickle.loads(data)
 
 
 def history_location(pair_path: str) -> str:
@@ -175,24 +164,18 @@ class CacheShard:
             return n
 
     @ray.method(max_task_retries=2)
-    def put_packed(self, payload: bytes) -> int:
-        """``put`` with its arguments ``pack``-ed into one byte string (one buffer)."""
-        users, items, vectors, version, now, scores = unpack(payload)
+    def put_frame(self, payload: bytes) -> int:
+        """``put`` with its arguments in one ``pairs`` frame (``solaris.wire``)."""
+        users, items, vectors, version, now, scores = frames.decode(payload, "pairs", 6)
         return self.put(users, items, vectors, version, now, scores)
 
     # -- history (DESIGN.md step 6): the router writes, the FM workers read
     @ray.method(concurrency_group=HISTORY_GROUP)
     def record_impressions(self, payload: bytes) -> int:
-        """``pack((user, items, surfaces, now))``: ``HistoryStore.record_impressions``;
-        returns the events recorded."""
-        return self._record_impressions([unpack(payload)])
-
-    @ray.method(concurrency_group=HISTORY_GROUP)
-    def record_impressions_many(self, payload: bytes) -> int:
-        """``pack(([(user, items, surfaces, now), ...],))``: many requests' impressions in
-        one call (a router batches them); returns the events recorded."""
-        (records,) = unpack(payload)
-        return self._record_impressions(records)
+        """An ``impressions`` frame (``solaris.wire.encode_impressions``) of one or many
+        requests' ``(user, items, surfaces, now)`` (a router batches them):
+        ``HistoryStore.record_impressions`` of each; returns the events recorded."""
+        return self._record_impressions(frames.decode_impressions(payload))
 
     def _record_impressions(self, records: list) -> int:
         with self._hist_lock:
@@ -203,9 +186,9 @@ class CacheShard:
 
     @ray.method(concurrency_group=HISTORY_GROUP)
     def record_labels(self, payload: bytes) -> int:
-        """``pack((user, items, labels, now))``: ``HistoryStore.record_labels``; returns the
-        labels recorded."""
-        user, items, labels, now = unpack(payload)
+        """A ``labels`` frame of ``(user, items, labels, now)``: ``HistoryStore.record_labels``;
+        returns the labels recorded."""
+        user, items, labels, now = frames.decode(payload, "labels", 4)
         with self._hist_lock:
             self._history.record_labels(user, items, labels, now)
             self._hist_changes += 1
@@ -213,9 +196,10 @@ class CacheShard:
 
     @ray.method(concurrency_group=HISTORY_GROUP)
     def replay_history(self, payload: bytes) -> int:
-        """``pack((users, items, surfaces, labels, ts))`` of a logged interaction log, in
-        event order: ``HistoryStore.replay_log`` (seeding a cold shard); returns the rows."""
-        users, items, surfaces, labels, ts = unpack(payload)
+        """A ``history_log`` frame of ``(users, items, surfaces, labels, ts)``, a logged
+        interaction log in event order: ``HistoryStore.replay_log`` (seeding a cold shard);
+        returns the rows."""
+        users, items, surfaces, labels, ts = frames.decode(payload, "history_log", 5)
         with self._hist_lock:
             self._history.replay_log(users, items, surfaces, labels, ts)
             self._hist_changes += 1
@@ -223,11 +207,13 @@ class CacheShard:
 
     @ray.method(concurrency_group=HISTORY_GROUP)
     def history_window(self, payload: bytes) -> bytes:
-        """``pack((users, now, history_len))`` -> ``pack(HistoryStore.window(...))``: the raw
-        history of R requests as of their event times (the FM worker builds its inputs)."""
-        users, now, history_len = unpack(payload)
+        """A ``window_query`` frame of ``(users, now, history_len)`` -> a ``window`` frame of
+        ``HistoryStore.window(...)``: the raw history of R requests as of their event times
+        (the FM worker builds its inputs)."""
+        users, now, history_len = frames.decode(payload, "window_query", 3)
         with self._hist_lock:
-            return pack(self._history.window(users, now, history_len))
+            window = self._history.window(users, now, history_len)
+        return frames.encode_window(window, WINDOW_KEYS)
 
     def ping(self) -> bool:
         """A no-op call: liveness and round-trip time."""

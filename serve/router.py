@@ -8,7 +8,6 @@ history store and hands the verifier's picks to the precompute queue. Also ``/fe
 import asyncio
 import json
 import logging
-import pickle
 import threading
 import time
 import uuid
@@ -25,12 +24,13 @@ from starlette.background import BackgroundTask
 from serve.backend import QUIET, Backend, Unavailable, knn_tables
 from serve.http import (MAX_ID, RETRY_AFTER_S, FeedbackRequest, RankRequest, RankResponse,
                         ScaleRequest, api, problem)
-from solaris import verifier
+from solaris import verifier, wire
 from solaris.cache.query import Slots
 from solaris.config import SolarisConfig, config_to_dict, load_config
 from solaris.rollout import RolloutPolicy
 from solaris.scales import ScaleError, ScaleTable
-from solaris.scoring import Artifacts, InlineFM, PackedSlots, ScoreRequest
+from solaris.scoring import (Artifacts, InlineFM, PackedSlots, ScoreRequest, decode_scores,
+                             encode_score_request)
 from solaris.serving import AfterAnswer, ColdNeighbours, ColdStartMemo, is_cold
 from solaris.tiers import LABELS as TIER_LABELS
 from solaris.tiers import NUM_TIERS, Tier
@@ -181,10 +181,10 @@ class LookupRouter:
 
     async def _score(self, task: str, version: str, req: ScoreRequest) -> np.ndarray:
         handle = self.vms[task]
-        payload = pickle.dumps((version, req), protocol=pickle.HIGHEST_PROTOCOL)
+        payload = encode_score_request(version, req)
         for attempt in (0, 1):
             try:
-                return await handle.score.remote(payload)
+                return decode_scores(await handle.score.remote(payload))
             except Exception as e:  # replica died mid-call, or none is running: retry once
                 if attempt:
                     raise Unavailable(f"no VM replica for task {task!r} answered: "
@@ -332,8 +332,8 @@ class LookupRouter:
             impressions, picks = self.buffer.drain()
             self.backend.record_impressions_many(impressions)
             for version, (users, its, prios, nows, surfaces) in picks.items():
-                refs.append(self.backend.queue.put.remote(users, its, prios, nows, surfaces,
-                                                          version))
+                refs.append(self.backend.queue.put_frame.remote(wire.encode(
+                    "picks", (users, its, prios, nows, surfaces, str(version)))))
                 self._m_enqueued.inc(float(len(users)))
             for t, n in enumerate(self._tier_counts.tolist()):
                 if n:  # Ray counters take only positive increments

@@ -5,15 +5,13 @@
 from __future__ import annotations
 
 import logging
-import pickle
 from typing import Any
 
-import numpy as np
 from ray import serve
 
 from serve.backend import QUIET
 from solaris.config import load_config
-from solaris.scoring import Artifacts, VMScorer
+from solaris.scoring import Artifacts, VMScorer, decode_score_request, encode_scores
 
 log = logging.getLogger("solaris.serve")
 
@@ -40,17 +38,18 @@ class VMReplicas:
         log.info("VM %s: versions %s", task, list(self.scorers))
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.002)
-    async def score(self, payloads: list[bytes]) -> list[np.ndarray]:
-        """(2, C) per request: the served probabilities and the VM alone's inside the
-        residual VM (the verifier's ranking); each payload is one pickled (version,
-        ScoreRequest): one buffer per call instead of a dozen arrays Ray would serialise."""
-        reqs = [pickle.loads(p) for p in payloads]
-        out: list[np.ndarray | None] = [None] * len(reqs)
+    async def score(self, payloads: list[bytes]) -> list[bytes]:
+        """A ``scores`` frame per request, of its (2, C) served probabilities and the VM
+        alone's inside the residual VM (the verifier's ranking). Each payload is one
+        ``score_request`` frame (``solaris.scoring.encode_score_request``): one buffer per
+        call instead of a dozen arrays Ray would serialise."""
+        reqs = [decode_score_request(p) for p in payloads]
+        out: list[bytes | None] = [None] * len(reqs)
         for version in {v for v, _ in reqs}:
             idx = [i for i, (v, _) in enumerate(reqs) if v == version]
             for i, p in zip(idx, self.scorers[version].score([reqs[i][1] for i in idx],
                                                              with_base=True)):
-                out[i] = p
+                out[i] = encode_scores(p)
         return out  # type: ignore[return-value]
 
     def versions(self) -> list[str]:

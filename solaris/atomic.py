@@ -49,12 +49,16 @@ def save(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path | str:
     Works for anything that writes to a file object: ``np.savez``, ``torch.save``, bytes."""
     fs, p = filesystem(path)
     fs.create_dir(p.rsplit("/", 1)[0], recursive=True)
+    save_on(fs, p, write)
+    return path
 
+
+def save_on(fs: pafs.FileSystem, path: str, write: Callable[[IO[bytes]], Any]) -> None:
+    """``save`` on an already resolved filesystem ``fs`` and path (its folder exists)."""
     def stream(tmp: str) -> None:
         with fs.open_output_stream(tmp) as f:
             write(f)
-    write_atomic(fs, p, stream)
-    return path
+    write_atomic(fs, path, stream)
 
 
 def save_text(path: str | Path, text: str) -> Path | str:

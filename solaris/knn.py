@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from solaris.atomic import filesystem, write_atomic
+from solaris.atomic import filesystem, save_on
 from solaris.cache.snapshot import write_snapshot
 from solaris.config import KnnConfig
 from solaris.enrich import NeighbourTable
@@ -285,14 +285,6 @@ def _location(uri: str, kind: str) -> tuple[pafs.FileSystem, str]:
     return fs, f"{root.rstrip('/')}/{kind}"
 
 
-def _write_bytes(fs: pafs.FileSystem, path: str, data: bytes) -> None:
-    """Write ``data`` to a temporary name beside ``path``, then move it over ``path``."""
-    def write(tmp: str) -> None:
-        with fs.open_output_stream(tmp) as f:
-            f.write(data)
-    write_atomic(fs, path, write)
-
-
 def _arrow(t: KnnTable) -> pa.Table:
     n, k = t.nbr.shape
     meta = {"format": FORMAT, "kind": t.kind, "version": t.version, "k": k, "n": n,
@@ -317,7 +309,8 @@ def publish(uri: str, table: KnnTable, cfg: KnnConfig, live: LiveIndex | None = 
     name = f"{table.kind}-{table.version}"
     write_snapshot(fs, f"{root}/{name}.parquet", _arrow(table))
     if live is not None:
-        _write_bytes(fs, f"{root}/{name}.faiss", live.to_bytes())
+        data = live.to_bytes()
+        save_on(fs, f"{root}/{name}.faiss", lambda f: f.write(data))
     old = _read_pointer(fs, root) or {}
     versions = [table.version] + [v for v in old.get("versions", []) if v != table.version]
     pointer = {"format": FORMAT, "kind": table.kind, "version": table.version,
@@ -325,7 +318,8 @@ def publish(uri: str, table: KnnTable, cfg: KnnConfig, live: LiveIndex | None = 
                "index_name": table.index, "recall_at_10": table.recall_at_10,
                "n": int(len(table.ids)), "k": int(table.nbr.shape[1]),
                "published_at": clock(), "versions": versions[:cfg.keep_versions]}
-    _write_bytes(fs, f"{root}/{POINTER}", json.dumps(pointer, indent=1).encode())
+    text = json.dumps(pointer, indent=1).encode()
+    save_on(fs, f"{root}/{POINTER}", lambda f: f.write(text))
     _prune(fs, root, table.kind, set(pointer["versions"]))
     log.info("knn %s: published %s (%d rows, recall@10=%.4f) under %s", table.kind,
              table.version, len(table.ids), table.recall_at_10, uri)

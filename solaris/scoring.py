@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from solaris import wire
 from solaris.cache.query import Slots
 from solaris.data.schema import FeatureSpec
 from solaris.errors import CheckpointError, RequestError
@@ -125,6 +126,42 @@ class ScoreRequest:
     slots: Slots | PackedSlots | None  # None: no SOLARIS inputs (the VM alone)
     # (2, 4) the router's live scales for this VM (``solaris/scales.py``); None: the VM's own
     scales: np.ndarray | None = None
+
+
+_PACKED = ("n", "pair_idx", "pair_rows", "pair_tier", "pair_age_s", "agg_base", "agg_idx",
+           "agg_rows", "agg_present")
+
+
+def encode_score_request(version: str, req: ScoreRequest) -> bytes:
+    """One ``score_request`` frame (``solaris.wire``): the VM version and ``req``, its slots
+    packed (``PackedSlots``); what the router sends a VM replica."""
+    slots = req.slots
+    if isinstance(slots, Slots):
+        slots = PackedSlots.pack(slots)
+    packed = ([None] * len(_PACKED) if slots is None
+              else [getattr(slots, f) for f in _PACKED])
+    return wire.encode("score_request", [str(version), int(req.user),
+                                         np.asarray(req.items, np.int64), int(req.surface),
+                                         req.scales, slots is not None, *packed])
+
+
+def decode_score_request(buf: bytes) -> tuple[str, ScoreRequest]:
+    """(version, ScoreRequest) from an ``encode_score_request`` frame."""
+    version, user, items, surface, scales, has_slots, *packed = wire.decode(
+        buf, "score_request", 6 + len(_PACKED))
+    slots = PackedSlots(*packed) if has_slots else None
+    return version, ScoreRequest(user, items, surface, slots, scales)
+
+
+def encode_scores(scores: np.ndarray) -> bytes:
+    """A replica's (2, C) answer to one request as a ``scores`` frame."""
+    return wire.encode("scores", [np.asarray(scores)])
+
+
+def decode_scores(buf: bytes) -> np.ndarray:
+    """The (2, C) array ``encode_scores`` framed (read-only)."""
+    (scores,) = wire.decode(buf, "scores", 1)
+    return scores
 
 
 class VMScorer:

@@ -251,3 +251,73 @@ def test_idle_shard_expires_by_event_clock_and_snapshots_periodically(local_ray,
         assert m["snapshots"] >= 1 and rows == 0, "no periodic snapshot of the expired store"
     finally:
         group.shutdown()
+
+
+def test_request_path_pickles_nothing(local_ray, tmp_path: Path, monkeypatch):
+    """Every call the router and the FM workers make to shards, queue and ledger carries a
+    SOLARIS frame or plain scalars, and every answer comes back the same way: with Ray's
+    pickle path patched to record what it is handed in this process (both directions),
+    a session of writes, reads, picks, a lease and its ack records nothing."""
+    from ray._private.serialization import SerializationContext
+
+    from actors.ledger import LedgerActor
+    from actors.queue import PrecomputeQueueActor
+    from solaris import wire
+    from solaris.config import QueueConfig
+
+    cfg = cache_cfg(tmp_path, snapshot_uri=None)
+    w = world()
+    group = CacheGroup.create(cfg)
+    queue = PrecomputeQueueActor.remote(QueueConfig())
+    ledger = LedgerActor.remote()
+    pickled: list[str] = []
+    to_pickle5 = SerializationContext._serialize_to_pickle5
+    from_pickle5 = SerializationContext._deserialize_pickle5_data
+
+    def record_out(self, metadata, value):
+        pickled.append(f"sent {[type(v).__name__ for v in value]}")
+        return to_pickle5(self, metadata, value)
+
+    def record_in(self, *args, **kw):
+        obj = from_pickle5(self, *args, **kw)
+        pickled.append(f"received {type(obj).__name__}")
+        return obj
+
+    try:
+        group.wait_ready()
+        ray.get([queue.metrics.remote(), ledger.report.remote()])  # started before the watch
+        monkeypatch.setattr(SerializationContext, "_serialize_to_pickle5", record_out)
+        monkeypatch.setattr(SerializationContext, "_deserialize_pickle5_data", record_in)
+        fill(group.put, w)  # the FM workers' writes
+        ecfg = EnrichConfig(user_knn_probe=5, item_knn_probe=4)
+        slots = group.lookup(3, np.arange(40), NOW, V, w["user_knn"], w["item_knn"], ecfg)
+        asyncio.run(group.lookup_async(4, np.arange(40), NOW, V, w["user_knn"], w["item_knn"],
+                                       ecfg))
+        group.record_impressions_many([(3, np.arange(5), 1, NOW), (7, np.arange(3), 0, NOW)])
+        group.record_impressions(4, np.arange(2), np.array([1, 2]), NOW)
+        group.record_labels(3, np.arange(2), np.array([[1, 0], [0, 1]]), NOW + 1)
+        assert group.flush_records(timeout_s=30.0) == 0  # every write landed
+        window = group.history_window(np.array([3, 7]), np.array([NOW + 2, NOW + 2]), 4)
+        assert window["valid"].sum(1).tolist() == [5, 3]
+        users = np.repeat(np.array([3, 7]), 2)
+        new = ray.get(queue.put_frame.remote(wire.encode("picks", (
+            users, np.array([50, 51, 52, 53]), np.array([0.9, 0.8, 0.7, 0.6]),
+            np.full(4, NOW), np.zeros(4, np.int64), V))))
+        assert new == 4
+        lease = wire.decode_lease(ray.get(queue.lease_frame.remote(10, V)))
+        assert lease.num_pairs == 4
+        ray.get(ledger.evaluated_frame.remote(wire.encode("evaluated", (
+            users, np.array([50, 51, 52, 53]), 0.01))))
+        assert ray.get(queue.ack.remote(lease.lease_id)) is True
+        monkeypatch.undo()
+        assert slots.pair_present.any()
+        assert pickled == [], f"pickled on the request path: {pickled}"
+        writes = group.metrics()["client"]["history_writes"]
+        batch_calls = len(set(group.shard_of(np.array([3, 7])).tolist()))  # one per shard
+        assert (writes["sent"], writes["failed"]) == (batch_calls + 2, 0)
+
+    finally:
+        monkeypatch.undo()
+        ray.kill(queue)
+        ray.kill(ledger)
+        group.shutdown()

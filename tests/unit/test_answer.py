@@ -148,9 +148,9 @@ def test_bad_queries_name_the_value(change, message):
 
 
 def test_wire_rejects_foreign_bytes():
-    with pytest.raises(RequestError, match="format tag"):
+    with pytest.raises(RequestError, match="shard_answer: got a shard_query frame"):
         wire.decode_answer(wire.encode_query(ShardQuery(version=V, now=T0)))
-    with pytest.raises(RequestError, match="expected the bytes"):
+    with pytest.raises(RequestError, match="too short for a frame"):
         wire.decode_query(b"\x00")
 
 

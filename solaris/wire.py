@@ -1,0 +1,229 @@
+"""SOLARIS frames: the one wire format of every call between the project's processes.
+
+Router -> cache shards (lookups, impressions, labels, history reads), router -> VM replicas
+(score requests and their scores), router -> precompute queue (the verifier's picks), queue ->
+FM workers (leases) and FM workers -> shards and ledger (pair embeddings, evaluations): each
+call carries one frame, a ``bytes`` object, and nothing Ray would have to pickle. Why:
+
+- Ray serialises every numpy array in an argument or a return as its own out-of-band buffer
+  with its own metadata (~50-100 us apiece on a 2-core machine); one ``bytes`` costs one copy.
+- A pickled Python object runs code when it is read and ties both ends to one class
+  layout; a frame is data only, and a frame of the wrong kind is refused by name.
+
+A frame is a list of fields, each a numpy array (at most 2-D, of the dtypes in ``DTYPES``), a
+Python scalar (int, float, bool), a ``str`` or ``None``. Layout, all little-endian int64
+unless said:
+
+    MAGIC, kind, n, then per field: dtype code, ndim (-1: None, 0: scalar), dim 0, dim 1
+    then each field's bytes, padded to a multiple of 8
+
+so every array is read back aligned, as a read-only view of the frame (no copy). Lossless:
+same dtypes, same bits. ``KINDS`` names every frame kind the project sends.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from solaris.errors import RequestError
+
+MAGIC = 0x53_4F_4C_46_52_4D_31  # "SOLFRM1"
+KINDS = {  # name -> code; a code is never reused for another meaning
+    "shard_query": 1, "shard_answer": 2,  # router -> shard -> router (solaris.cache.wire)
+    "score_request": 3, "scores": 4,  # router -> VM replica -> router (solaris.scoring)
+    "impressions": 5, "labels": 6, "history_log": 7,  # writes to a shard's history
+    "window_query": 8, "window": 9,  # a history read (FM workers, the router's cold start)
+    "pairs": 10,  # FM worker -> shard: pair embeddings
+    "evaluated": 11,  # FM worker -> ledger
+    "picks": 12,  # router -> queue: the verifier's picks
+    "lease": 13,  # queue -> FM worker
+}
+_NAMES = {v: k for k, v in KINDS.items()}
+# append only: a dtype's code is its position
+DTYPES = tuple(np.dtype(t) for t in ("<i8", "<f8", "<f4", "<i4", "i1", "?", "u1", "<f2", "<i2"))
+_CODE = {dt: i for i, dt in enumerate(DTYPES)}
+_TEXT, _INT, _FLOAT, _BOOL = 100, 101, 102, 103  # scalar field codes
+_HEAD = 3
+_PER_FIELD = 4
+_I64 = np.dtype("<i8")
+
+
+def _pad(n: int) -> int:
+    return -n % 8
+
+
+def encode(kind: str, fields: Sequence[Any]) -> bytes:
+    """One frame of ``kind`` holding ``fields`` (see the module docstring)."""
+    if kind not in KINDS:
+        raise ValueError(f"frame kind {kind!r} is not one of {sorted(KINDS)}")
+    head = [MAGIC, KINDS[kind], len(fields)]
+    parts: list[bytes] = []
+    for i, f in enumerate(fields):
+        if f is None:
+            head += [0, -1, 0, 0]
+            continue
+        if isinstance(f, (bool, np.bool_)):
+            head += [_BOOL, 0, int(bool(f)), 0]
+            continue
+        if isinstance(f, (int, np.integer)):
+            head += [_INT, 0, int(f), 0]
+            continue
+        if isinstance(f, (float, np.floating)):
+            raw = np.float64(f).tobytes()
+            head += [_FLOAT, 0, int(np.frombuffer(raw, _I64)[0]), 0]
+            continue
+        if isinstance(f, str):
+            raw = f.encode()
+            head += [_TEXT, 1, len(raw), 0]
+            parts += [raw, b"\0" * _pad(len(raw))]
+            continue
+        if isinstance(f, (list, tuple)):
+            f = np.asarray(f)
+        a = np.asarray(f)
+        code = _CODE.get(a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype)
+        if code is None or a.ndim > 2 or not isinstance(f, np.ndarray):
+            raise TypeError(f"{kind} field {i}: {type(f).__name__} "
+                            f"{getattr(f, 'dtype', '')} cannot go in a frame (numpy arrays of "
+                            f"{', '.join(str(d) for d in DTYPES)} up to 2-D, int, float, bool, "
+                            "str, None)")
+        shape = a.shape + (0,) * (2 - a.ndim)
+        head += [code, a.ndim, shape[0], shape[1]]
+        raw = np.ascontiguousarray(a, DTYPES[code]).tobytes() if a.size else b""
+        parts += [raw, b"\0" * _pad(len(raw))]
+    return b"".join([np.array(head, _I64).tobytes(), *parts])
+
+
+def decode(buf: Any, kind: str, count: int | None = None) -> list[Any]:
+    """The fields of a ``kind`` frame (arrays: read-only views of ``buf``); ``count``: the
+    number of fields expected. Anything else -- foreign bytes, another kind, a truncated
+    frame -- is a ``RequestError`` naming what was wrong."""
+    if not isinstance(buf, (bytes, bytearray, memoryview)):
+        raise RequestError(f"{kind}: expected a frame (bytes), got {type(buf).__name__}")
+    if len(buf) < 8 * _HEAD:
+        raise RequestError(f"{kind}: {len(buf)} bytes is too short for a frame")
+    magic, code, n = np.frombuffer(buf, _I64, _HEAD).tolist()
+    if magic != MAGIC:
+        raise RequestError(f"{kind}: not a SOLARIS frame (magic {magic:#x})")
+    if code != KINDS[kind]:
+        raise RequestError(f"{kind}: got a {_NAMES.get(code, f'unknown ({code})')} frame")
+    if count is not None and n != count:
+        raise RequestError(f"{kind}: {n} fields, expected {count}")
+    off = 8 * (_HEAD + _PER_FIELD * n)
+    if n < 0 or len(buf) < off:
+        raise RequestError(f"{kind}: truncated frame header ({len(buf)} bytes, {n} fields)")
+    spec = np.frombuffer(buf, _I64, _PER_FIELD * n, 8 * _HEAD).reshape(n, _PER_FIELD).tolist()
+    out: list[Any] = []
+    for dcode, ndim, d0, d1 in spec:
+        if ndim == -1:
+            out.append(None)
+        elif dcode == _INT:
+            out.append(d0)
+        elif dcode == _BOOL:
+            out.append(bool(d0))
+        elif dcode == _FLOAT:
+            out.append(float(np.array(d0, _I64).view("<f8")))
+        elif dcode == _TEXT:
+            out.append(bytes(buf[off:off + d0]).decode())
+            off += d0 + _pad(d0)
+        else:
+            if not 0 <= dcode < len(DTYPES) or not 0 <= ndim <= 2:
+                raise RequestError(f"{kind}: bad field spec ({dcode}, {ndim})")
+            dt = DTYPES[dcode]
+            shape = (d0, d1)[:ndim]
+            size = int(np.prod(shape)) if ndim else 1
+            nbytes = size * dt.itemsize
+            if len(buf) < off + nbytes:
+                raise RequestError(f"{kind}: truncated frame ({len(buf)} bytes)")
+            a = (np.frombuffer(buf, dt, size, off) if size
+                 else np.zeros(0, dt)).reshape(shape)
+            a.flags.writeable = False
+            out.append(a)
+            off += nbytes + _pad(nbytes)
+    return out
+
+
+# -- frames of a structure rather than a flat tuple of fields
+
+def encode_impressions(records: Sequence[tuple[int, Any, Any, float]]) -> bytes:
+    """Many requests' impressions ``(user, items, surfaces, now)`` (``surfaces`` one code or
+    one per item) as one ``impressions`` frame."""
+    counts = np.fromiter((len(r[1]) for r in records), np.int64, len(records))
+    items = (np.concatenate([np.asarray(r[1], np.int64) for r in records]) if records
+             else np.zeros(0, np.int64))
+    surf = (np.concatenate([np.broadcast_to(np.asarray(r[2], np.int64), (len(r[1]),))
+                            for r in records]) if records else np.zeros(0, np.int64))
+    users = np.fromiter((int(r[0]) for r in records), np.int64, len(records))
+    now = np.fromiter((float(r[3]) for r in records), np.float64, len(records))
+    return encode("impressions", (users, counts, items, surf, now))
+
+
+def decode_impressions(buf: Any) -> list[tuple[int, np.ndarray, np.ndarray, float]]:
+    """The records ``encode_impressions`` framed (surfaces one per item)."""
+    users, counts, items, surf, now = decode(buf, "impressions", 5)
+    if int(counts.sum()) != len(items) or len(surf) != len(items):
+        raise RequestError(f"impressions: counts sum to {int(counts.sum())}, "
+                           f"{len(items)} items, {len(surf)} surfaces")
+    ends = np.cumsum(counts).tolist()
+    starts = [0, *ends[:-1]]
+    return [(u, items[a:b], surf[a:b], t)
+            for u, a, b, t in zip(users.tolist(), starts, ends, now.tolist())]
+
+
+def encode_window(window: dict[str, np.ndarray], keys: Sequence[str]) -> bytes:
+    """A history window (``HistoryStore.window``: arrays under ``keys``) as one frame."""
+    return encode("window", [window[k] for k in keys])
+
+
+def decode_window(buf: Any, keys: Sequence[str]) -> dict[str, np.ndarray]:
+    """The window ``encode_window`` framed."""
+    return dict(zip(keys, decode(buf, "window", len(keys))))
+
+
+_SEP = "\x1f"  # between the groups' version strings in a lease frame
+
+
+def encode_lease(lease: Any) -> bytes:
+    """A ``solaris.pqueue.Lease`` as one ``lease`` frame."""
+    g = lease.groups
+    versions = [x.version for x in g]
+    if any(_SEP in v for v in versions):
+        raise ValueError(f"lease: a version string holds {_SEP!r}")
+    n = len(g)
+    return encode("lease", (
+        str(lease.lease_id), float(lease.deadline),
+        np.fromiter((x.user for x in g), np.int64, n), np.fromiter((x.now for x in g), np.float64, n),
+        np.fromiter((x.surface for x in g), np.int64, n), _SEP.join(versions),
+        np.fromiter((len(x.items) for x in g), np.int64, n),
+        np.concatenate([np.asarray(x.items, np.int64) for x in g]) if n else np.zeros(0, np.int64),
+        (np.concatenate([np.asarray(x.priorities, np.float64) for x in g]) if n
+         else np.zeros(0)),
+        np.fromiter((x.queued_at for x in g), np.float64, n)))
+
+
+def decode_lease(buf: Any) -> Any:
+    """The ``solaris.pqueue.Lease`` ``encode_lease`` framed (writable arrays, as leased)."""
+    from solaris.pqueue import Group, Lease
+
+    lease_id, deadline, users, nows, surfs, versions, counts, items, prios, queued = decode(
+        buf, "lease", 10)
+    ends = np.cumsum(counts).tolist()
+    starts = [0, *ends[:-1]]
+    vs = versions.split(_SEP) if len(users) else []
+    groups = [Group(u, t, s, v, items[a:b].copy(), prios[a:b].copy(), q)
+              for u, t, s, v, a, b, q in zip(users.tolist(), nows.tolist(), surfs.tolist(), vs,
+                                             starts, ends, queued.tolist())]
+    return Lease(lease_id, groups, deadline)
+
+
+PLAIN = (bytes, int, float, bool, str, type(None))
+
+
+def check_plain(method: str, args: Sequence[Any]) -> None:
+    """Raise ``TypeError`` naming the argument if a call's ``args`` hold anything Ray would
+    pickle (the request path sends frames and plain scalars only)."""
+    for i, a in enumerate(args):
+        if not isinstance(a, PLAIN):
+            raise TypeError(f"{method}: argument {i} is a {type(a).__name__}; calls between "
+                            "SOLARIS processes carry frames (solaris.wire) and plain scalars")
