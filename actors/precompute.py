@@ -67,7 +67,8 @@ import torch
 from ray.exceptions import RayActorError, RayError
 
 from actors.cache import HistoryUnavailable
-from solaris import wire
+from actors.ledger import LedgerClient
+from actors.queue import QueueClient
 from solaris.config import PrecomputeConfig
 from solaris.errors import ConfigError
 from solaris.pqueue import Lease
@@ -106,9 +107,9 @@ class FMWorker:
         """``history`` None: the live history of ``cache`` (an ``actors.cache.CacheGroup``)."""
         torch.set_num_threads(cfg.threads)
         self._cfg = cfg
-        self._queue = queue
+        self._queue = QueueClient.of(queue)
         self._cache = cache  # actors.cache.CacheGroup
-        self._ledger = ledger
+        self._ledger = LedgerClient.of(ledger)
         self._lease_pairs = lease_pairs
         self._id = worker_id
         use_gpu = bool(ray.get_gpu_ids()) and torch.cuda.is_available()
@@ -169,7 +170,7 @@ class FMWorker:
     def _lease(self, ref: Any) -> Lease | None:
         t0 = time.perf_counter()
         packed = ray.get(ref)
-        lease = None if packed is None else wire.decode_lease(packed)
+        lease = QueueClient.lease_of(packed)
         with self._count_lock:
             self._counts["steps"] += 1
             self._phase["lease"] += time.perf_counter() - t0
@@ -177,7 +178,7 @@ class FMWorker:
 
     def _lease_ref(self, max_pairs: int | None = None) -> Any:
         limit = max_pairs if max_pairs is not None else self._lease_pairs
-        return self._queue.lease_frame.remote(limit, self.version)
+        return self._queue.lease_ref(limit, self.version)
 
     def _compute(self, lease: Lease, naive: bool) -> tuple:
         """FM + encoder over the lease (``naive``: the per-pair forward); nack on failure."""
@@ -208,7 +209,7 @@ class FMWorker:
     def _fail(self, lease: Lease) -> None:
         with self._count_lock:
             self._counts["errors"] += 1
-        self._queue.nack.remote(lease.lease_id)  # back in the queue now, not after the timeout
+        self._queue.nack(lease.lease_id)  # back in the queue now, not after the timeout
 
     def _finish(self, lease: Lease, result: tuple, defer_ack: bool = False) -> dict[str, Any]:
         """Ledger report and cache write (in parallel), then the ack.
@@ -221,9 +222,8 @@ class FMWorker:
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
             scores = np.concatenate([g.priorities for g in lease.groups]).astype(np.float32)
-            ledger_ref = (self._ledger.evaluated_frame.remote(
-                wire.encode("evaluated", (users, items, secs)))
-                if self._ledger is not None else None)
+            ledger_ref = (self._ledger.evaluated(users, items, secs)
+                          if self._ledger is not None else None)
             now = max(g.now for g in lease.groups)
             written = self._cache.put(users, items, z, self.version, now, scores)
         except Exception:
@@ -236,7 +236,7 @@ class FMWorker:
         if self._fault == "after_write_before_ack":
             self._exit(self._fault)
         t1 = time.perf_counter()
-        ref = self._queue.ack.remote(lease.lease_id)
+        ref = self._queue.ack(lease.lease_id)
         acked: bool | None = None
         if defer_ack:
             self._settle_acks()  # the previous lease's ack: answered by now
@@ -346,7 +346,7 @@ class FMWorker:
                     if nxt is not None:
                         self._fail(nxt)
                     if ahead is not None and (held := ray.get(ahead)) is not None:
-                        self._fail(wire.decode_lease(held))
+                        self._fail(QueueClient.lease_of(held))
                     raise
                 if pending is not None:
                     t0 = time.perf_counter()
@@ -422,9 +422,9 @@ class WorkerPool:
         """``actor_options`` (placement: e.g. ``{"resources": {"fm_host": 1}}``) go to each
         worker's ``.options``, over ``num_cpus`` and the GPUs ``cfg.device`` asks for."""
         self.cfg = cfg
-        self.queue = queue
+        self.queue = QueueClient.of(queue)
         self.cache = cache
-        self.ledger = ledger
+        self.ledger = LedgerClient.of(ledger)
         self.num_gpus = worker_gpus(cfg)
         self._args = (str(Path(artifacts_dir).resolve()), ray.put(tables),
                       None if history is None else ray.put(history))
@@ -449,7 +449,7 @@ class WorkerPool:
         """Add workers while ``depth`` (default: the queue's) exceeds ``scale_up_depth`` per
         running worker, up to ``max_workers``; returns how many were added."""
         if depth is None:
-            depth = int(ray.get(self.queue.metrics.remote())["depth"])
+            depth = int(self.queue.metrics()["depth"])
         want = min(self.cfg.max_workers, max(len(self.workers),
                                               math.ceil(depth / self.cfg.scale_up_depth)))
         added = want - len(self.workers)
@@ -519,6 +519,7 @@ def drain_workers(workers: list[Any], queue: Any, timeout_s: float = 60.0,
                   idle_wait_s: float = 0.05) -> list[dict[str, Any] | None]:
     """Step ``workers`` (of any versions, sharing ``queue``) until nothing is leasable or
     leased; the step reports, in order. TimeoutError past ``timeout_s``."""
+    queue = QueueClient.of(queue)
     deadline = time.monotonic() + timeout_s
     reports: list[dict[str, Any] | None] = []
     while True:
@@ -526,7 +527,7 @@ def drain_workers(workers: list[Any], queue: Any, timeout_s: float = 60.0,
         reports += got
         if any(r is not None and r["lease"] is not None for r in got):
             continue
-        m = ray.get(queue.metrics.remote())
+        m = queue.metrics()
         if m["eligible"] == 0 and m["leased"] == 0:  # nothing leasable (gate) or pending
             return reports
         if time.monotonic() > deadline:

@@ -231,3 +231,65 @@ def create_queue(cfg: QueueConfig, queue_id: str | None = None, *, name: str | N
         opts["lifetime"] = "detached"
     opts.update(actor_options or {})
     return PrecomputeQueueActor.options(**opts).remote(cfg, queue_id)
+
+
+class QueueClient:
+    """The project's one way to call a precompute queue actor: what crosses is a SOLARIS
+    frame (``solaris.wire``) or plain scalars, the waited calls have a timeout, and the
+    handle stays inside (``handle``; tests reach it for fault injection).
+
+    ``put``, ``ack`` and ``nack`` return their ``ObjectRef`` (the router and the FM workers
+    do not wait on them); ``lease_ref`` / ``lease_of`` split a lease into its call and its
+    answer, so a worker can ask for the next lease while it computes the current one.
+    """
+
+    def __init__(self, handle: Any, timeout_s: float = 60.0) -> None:
+        self.handle = handle
+        self.timeout_s = timeout_s
+
+    @classmethod
+    def create(cls, cfg: QueueConfig, queue_id: str | None = None, **kw: Any) -> "QueueClient":
+        """``create_queue`` (same arguments) wrapped in a client."""
+        return cls(create_queue(cfg, queue_id, **kw))
+
+    @classmethod
+    def of(cls, queue: Any) -> "QueueClient":
+        """``queue`` if it is a client, else a client of the actor handle ``queue``."""
+        return queue if isinstance(queue, cls) else cls(queue)
+
+    def put(self, users: np.ndarray, items: np.ndarray, priorities: np.ndarray,
+            now: np.ndarray | float, surfaces: np.ndarray | int, version: str) -> Any:
+        """Queue one verifier batch (one ``picks`` frame); the ref gives the new pairs."""
+        return self.handle.put_frame.remote(wire.encode("picks", (
+            np.asarray(users, np.int64), np.asarray(items, np.int64),
+            np.asarray(priorities, np.float64), now if np.isscalar(now) else np.asarray(now),
+            surfaces if np.isscalar(surfaces) else np.asarray(surfaces), str(version))))
+
+    def lease_ref(self, max_pairs: int | None = None, version: str | None = None) -> Any:
+        """The call of a lease (``lease_of`` reads its answer)."""
+        return self.handle.lease_frame.remote(max_pairs, version)
+
+    @staticmethod
+    def lease_of(frame: bytes | None) -> Lease | None:
+        """The lease a ``lease_ref`` answered (None: nothing leasable)."""
+        return None if frame is None else wire.decode_lease(frame)
+
+    def lease(self, max_pairs: int | None = None, version: str | None = None) -> Lease | None:
+        """Lease whole request groups, waited on."""
+        return self.lease_of(ray.get(self.lease_ref(max_pairs, version), timeout=self.timeout_s))
+
+    def ack(self, lease_id: str) -> Any:
+        """The lease's pairs are in the cache (the ref: False for an expired lease)."""
+        return self.handle.ack.remote(lease_id)
+
+    def nack(self, lease_id: str) -> Any:
+        """Give a lease back unprocessed (its pairs are pending again at once)."""
+        return self.handle.nack.remote(lease_id)
+
+    def metrics(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """``PrecomputeQueueActor.metrics``, waited on (``timeout_s``, default the client's)."""
+        return ray.get(self.handle.metrics.remote(), timeout=timeout_s or self.timeout_s)
+
+    def set_gate(self, until: float | None, allowance: int | None) -> dict[str, Any]:
+        """The replay's event-time gate; returns the queue's metrics."""
+        return ray.get(self.handle.set_gate.remote(until, allowance), timeout=self.timeout_s)

@@ -55,6 +55,7 @@ from solaris.config import (ScheduleConfig, SolarisConfig, config_to_dict,  # no
                             load_config, parse_overrides, with_overrides)
 from solaris.errors import SolarisError  # noqa: E402
 from solaris.replay.closed_loop import SHOWN  # noqa: E402
+from solaris.replay.schedule import Ticks, tick_allowance  # noqa: E402
 from solaris.tiers import Tier  # noqa: E402
 
 log = logging.getLogger("jobs.replay")
@@ -88,15 +89,6 @@ class ReplayOptions:
         simulations of it (the closed loop, the prediction) run."""
         return with_overrides(cfg, {"schedule.tick_s": self.tick_s, "schedule.lag_s": self.lag_s,
                                     "schedule.budget_per_hour": self.budget_per_hour})
-
-
-def tick_allowance(budget_per_hour: float, tick_s: float, k: int) -> int | None:
-    """Pair-evaluations tick number ``k`` may release: the whole units B accrues in it
-    (units of a tick with no release are lost); None when there is no budget."""
-    if budget_per_hour <= 0:
-        return None
-    rate = budget_per_hour * tick_s / 3600.0
-    return int(math.floor(rate * (k + 1) + 1e-9) - math.floor(rate * k + 1e-9))
 
 
 # ---------------------------------------------------------------------------------- HTTP
@@ -305,14 +297,13 @@ class LiveReplay:
         # the app's stateful actors, owned by this driver: the app's replicas attach to them
         # by name, and a redeploy (the rollover) replaces replicas without losing them
         from actors.knn import create_knn_holder
-        from actors.ledger import LedgerActor
-        from actors.queue import create_queue
+        from actors.ledger import LedgerClient
+        from actors.queue import QueueClient
 
         group = CacheGroup.create(cfg.cache, group_id=app_id)
         self._owned = [  # held for the whole run
-            create_queue(cfg.queue, queue_id=app_id, name=names.queue(app_id)),
-            LedgerActor.options(name=names.ledger(app_id), get_if_exists=True).remote(),
-            create_knn_holder(cfg.knn, app_id)]
+            QueueClient.create(cfg.queue, queue_id=app_id, name=names.queue(app_id)),
+            LedgerClient.create(names.ledger(app_id)), create_knn_holder(cfg.knn, app_id)]
         group.wait_ready()
         self._deploy(self.art_dirs[:1], app_id)
         pre = serve.get_deployment_handle("Precompute", app_name="replay")
@@ -355,17 +346,12 @@ class LiveReplay:
                                           "labels": y.astype(int).tolist(),
                                           "now": float(lg.ts[r])})
 
-        tick = o.tick_s
-        t0 = math.floor(float(lg.ts[0]) / tick) * tick
-        k_of = np.floor((lg.ts.astype(np.float64) - t0) / tick).astype(np.int64)
-        req_ticks = np.unique(k_of)
-        bounds = np.searchsorted(k_of, req_ticks, side="left").tolist() + [R]
-        by_tick = {int(k): (bounds[j], bounds[j + 1]) for j, k in enumerate(req_ticks)}
+        plan = Ticks.of(lg.ts, o.tick_s)
         knn_every = o.knn_every_h * 3600.0
         next_knn = float(self.start) + knn_every if knn_every > 0 else math.inf
         roll_k = None
         if o.rollover_at is not None:
-            roll_k = int(req_ticks[min(len(req_ticks) - 1, int(o.rollover_at * len(req_ticks)))])
+            roll_k = plan.at_fraction(o.rollover_at)
         rolled = False
         versions = [m["version"] for m in self.manifests]
         from solaris.config import EnrichConfig
@@ -375,12 +361,10 @@ class LiveReplay:
         steps, evaluated, curve = 0, 0, []
         bar = _bar(R, "replay", o.progress)
         pool = ThreadPoolExecutor(o.concurrency, thread_name_prefix="replay-client")
-        k = int(req_ticks[0])
-        last_k = int(req_ticks[-1])
-        pending_due: int | None = None
+        k: int | None = plan.first
         try:
-            while True:
-                T_end = t0 + (k + 1) * tick
+            while k is not None:
+                T_end = plan.end(k)
                 if roll_k is not None and not rolled and k >= roll_k:
                     self.say("rolling out FM v2 (both versions precomputed from now on)")
                     self._deploy(self.art_dirs, app_id)
@@ -388,8 +372,8 @@ class LiveReplay:
                     router = serve.get_deployment_handle("LookupRouter", app_name="replay")
                     pre.pause.remote().result()
                     rolled = True
-                if k in by_tick:
-                    a, b = by_tick[k]
+                if (rows := plan.rows(k)) is not None:
+                    a, b = rows
                     list(pool.map(one, range(a, b)))
                     if o.closed_loop:  # show, label with the ground truth, feed back
                         self._label(a, b, scores, tiers, agg, client, pool)
@@ -401,7 +385,7 @@ class LiveReplay:
                                                        float(lg.ts[r]), v, None, None,
                                                        probe).pair_tier == Tier.PAIR))
                             for v in versions]) for r in range(a, b)]
-                allowance = tick_allowance(o.budget_per_hour, tick, k)
+                allowance = tick_allowance(o.budget_per_hour, o.tick_s, k)
                 got = pre.step_until.remote(T_end - o.lag_s, allowance).result()
                 steps += 1
                 evaluated += got["pairs"]
@@ -411,19 +395,9 @@ class LiveReplay:
                     knn_runs.append(run)
                     self._wait_knn(run["version"])
                     next_knn += knn_every
-                # the next tick that has anything to do
-                nxt = [int(x) for x in req_ticks[np.searchsorted(req_ticks, k, side="right"):][:1]]
-                if q["eligible"] > 0:  # the allowance ran out with work left
-                    nxt.append(k + 1)
-                elif q["depth"] > 0 and q["oldest_pending"] is not None:
-                    due = math.ceil((q["oldest_pending"] + o.lag_s - t0) / tick) - 1
-                    nxt.append(max(k + 1, due))
-                pending_due = min(nxt) if nxt else None
-                if pending_due is None or (pending_due > last_k and q["depth"] == 0):
-                    break
-                if pending_due > last_k + int(self.app_cfg.cache.read_ttl_s // tick) + 1:
-                    break  # work released after the window could serve nothing
-                k = pending_due
+                k = plan.next(k, eligible=q["eligible"], depth=q["depth"],
+                              oldest_pending=q["oldest_pending"], lag_s=o.lag_s,
+                              read_ttl_s=self.app_cfg.cache.read_ttl_s)
         finally:
             pool.shutdown(wait=True)
             bar.close()
@@ -462,9 +436,10 @@ def _ledger_report(app_id: str) -> dict | None:
     import ray
 
     from actors import names
+    from actors.ledger import LedgerClient
 
     try:
-        return ray.get(ray.get_actor(names.ledger(app_id)).report.remote(), timeout=30)
+        return LedgerClient(ray.get_actor(names.ledger(app_id))).report()
     except Exception:
         return None
 

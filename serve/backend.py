@@ -34,21 +34,20 @@ class Unavailable(SolarisError):
 
 
 class Backend:
-    """The app's handles on the actors: cache group, queue, ledger (created or attached)."""
+    """The app's clients of its actors: cache group, queue, ledger (created or attached)."""
 
     def __init__(self, cfg: SolarisConfig, settings: dict[str, Any]):
         from actors import names
         from actors.cache import CacheGroup
-        from actors.ledger import LedgerActor
-        from actors.queue import create_queue
+        from actors.ledger import LedgerClient
+        from actors.queue import QueueClient
 
         app_id = settings["app_id"]
         detached = cfg.serve.detached_state  # outlive the replica (a redeploy keeps them)
         self.group = CacheGroup.create(cfg.cache, group_id=app_id, detached=detached)
-        self.queue = create_queue(cfg.queue, queue_id=app_id, name=names.queue(app_id),
-                                  detached=detached)
-        self.ledger = LedgerActor.options(name=names.ledger(app_id), get_if_exists=True,
-                                          lifetime="detached" if detached else None).remote()
+        self.queue = QueueClient.create(cfg.queue, queue_id=app_id, name=names.queue(app_id),
+                                        detached=detached)
+        self.ledger = LedgerClient.create(names.ledger(app_id), detached=detached)
 
     def history_provider(self, timeout_s: float) -> Any:
         """The live history (on the cache shards) as a ``HistoryProvider`` for the request

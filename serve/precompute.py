@@ -54,9 +54,7 @@ class Precompute:
                 log.exception("metrics poll failed")
 
     def _collect(self) -> dict[str, Any]:
-        import ray
-
-        q = ray.get(self.backend.queue.metrics.remote(), timeout=5)
+        q = self.backend.queue.metrics(timeout_s=5)
         shards = [s for s in self.backend.group.metrics(timeout_s=5)["shards"] if s.get("up")]
         if not self._paused:
             for pool in self.pools.values():
@@ -90,17 +88,16 @@ class Precompute:
         work of request event time <= ``until`` and at most ``allowance`` pairs, and step
         every FM worker (all versions) until nothing is leasable or leased. What gets
         computed depends on the queue's order alone, not on how many workers share it."""
-        import ray
 
         from actors.precompute import drain_workers
 
         if not self._paused:
             self.pause()
-        ray.get(self.backend.queue.set_gate.remote(until, allowance), timeout=60)
+        self.backend.queue.set_gate(until, allowance)
         reports = drain_workers([w for p in self.pools.values() for w in p.workers],
                                 self.backend.queue, timeout_s)
         return {"pairs": sum(r["pairs"] for r in reports if r),
-                "queue": ray.get(self.backend.queue.metrics.remote(), timeout=60)}
+                "queue": self.backend.queue.metrics()}
 
     def summary(self) -> dict[str, Any]:
         """The last gauges, the queue's metrics and each pool's worker metrics."""

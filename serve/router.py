@@ -24,7 +24,7 @@ from starlette.background import BackgroundTask
 from serve.backend import QUIET, Backend, Unavailable, knn_tables
 from serve.http import (MAX_ID, RETRY_AFTER_S, FeedbackRequest, RankRequest, RankResponse,
                         ScaleRequest, api, problem)
-from solaris import verifier, wire
+from solaris import verifier
 from solaris.cache.query import Slots
 from solaris.config import SolarisConfig, config_to_dict, load_config
 from solaris.rollout import RolloutPolicy
@@ -332,8 +332,7 @@ class LookupRouter:
             impressions, picks = self.buffer.drain()
             self.backend.record_impressions_many(impressions)
             for version, (users, its, prios, nows, surfaces) in picks.items():
-                refs.append(self.backend.queue.put_frame.remote(wire.encode(
-                    "picks", (users, its, prios, nows, surfaces, str(version)))))
+                refs.append(self.backend.queue.put(users, its, prios, nows, surfaces, version))
                 self._m_enqueued.inc(float(len(users)))
             for t, n in enumerate(self._tier_counts.tolist()):
                 if n:  # Ray counters take only positive increments

@@ -11,6 +11,7 @@ from solaris.errors import ConfigError, DataError
 from solaris.replay.coverage import (ceiling_mask, coverage_by_tier, coverage_ceiling,
                                      coverage_over_time, simulate_pair_coverage)
 from solaris.replay.plots import coverage_time_plot, rollover_plot, sweep_plot
+from solaris.replay.schedule import Ticks
 from tests.tiny import request_log
 
 _log = request_log
@@ -268,16 +269,18 @@ def test_plots_write_png_files(tmp_path):
 
 
 # ------------------------------------------------------------ simulator vs the live queue
-def _live_rules(lg, scores, *, fraction, horizon, ttl, lag, tick, budget):
+def _live_rules(lg, scores, *, fraction, horizon, ttl, lag, tick, budget, skip=False):
     """The live path on keys, from its own parts: ``verifier.choose`` as the router calls it,
-    ``PrecomputeQueue`` with the replay's gate and ``tick_allowance``, a dict as the cache."""
+    ``PrecomputeQueue`` with the replay's gate and ``tick_allowance``, a dict as the cache.
+    Every tick in turn, or (``skip``) only the ticks ``Ticks.next`` says have anything to
+    do, as ``jobs/replay.py`` runs them; also returns the ticks run and the pairs written."""
     import math
 
     from solaris.config import QueueConfig, VerifierConfig
     from solaris.pqueue import PrecomputeQueue
     from solaris.verifier import choose
 
-    from jobs.replay import tick_allowance
+    from solaris.replay.schedule import tick_allowance
 
     q = PrecomputeQueue(QueueConfig(capacity=10**6, lease_pairs=4), clock=lambda: 0.0)
     vcfg = VerifierConfig(fraction=fraction, horizon_s=float(horizon))
@@ -285,7 +288,11 @@ def _live_rules(lg, scores, *, fraction, horizon, ttl, lag, tick, budget):
     found = np.zeros(lg.candidates.shape, bool)
     t0 = math.floor(lg.ts[0] / tick) * tick
     ks = np.floor((lg.ts - t0) / tick).astype(int)
-    for k in range(int(ks[-1]) + 1):
+    plan = Ticks.of(lg.ts, tick)
+    run = []
+    k = plan.first if skip else 0
+    while k is not None and (skip or k <= ks[-1]):
+        run.append(k)
         for r in np.flatnonzero(ks == k):
             u, t, items = int(lg.user[r]), float(lg.ts[r]), lg.candidates[r]
             w = np.array([store.get((u, int(i)), -np.inf) for i in items])
@@ -302,7 +309,13 @@ def _live_rules(lg, scores, *, fraction, horizon, ttl, lag, tick, budget):
                     if store.get((g.user, i), -np.inf) <= g.now:
                         store[(g.user, i)] = g.now
             q.ack(lease.lease_id)
-    return found
+        if skip:
+            m = q.metrics()
+            k = plan.next(k, eligible=m["eligible"], depth=m["depth"],
+                          oldest_pending=m["oldest_pending"], lag_s=lag, read_ttl_s=ttl)
+        else:
+            k += 1
+    return found, run, dict(store)
 
 
 @settings(max_examples=120, deadline=None)
@@ -315,9 +328,46 @@ def test_the_simulation_follows_the_live_queue_pair_for_pair(data, ttl, lag, tic
     sim = simulate_pair_coverage(lg, scores, fraction=fraction, horizon_s=horizon,
                                  read_ttl_s=ttl, lag_s=lag, tick_s=tick,
                                  budget_per_hour=budget)
-    live = _live_rules(lg, scores, fraction=fraction, horizon=horizon, ttl=ttl, lag=lag,
-                       tick=tick, budget=budget)
+    live, _, _ = _live_rules(lg, scores, fraction=fraction, horizon=horizon, ttl=ttl,
+                             lag=lag, tick=tick, budget=budget)
     assert np.array_equal(sim["found"], live)
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=logs(), ttl=st.integers(1, 120), lag=st.integers(0, 60), tick=st.integers(1, 30),
+       budget=st.sampled_from([0, 1800, 3600]), horizon=st.integers(0, 120))
+def test_the_replay_tick_schedule_skips_only_ticks_with_nothing_to_do(data, ttl, lag, tick,
+                                                                      budget, horizon):
+    """``Ticks.next`` (the replay's schedule) runs fewer ticks than every tick in turn and
+    gives the same coverage; the ticks it runs include every tick with requests."""
+    lg, scores = data
+    kw = dict(fraction=0.7, horizon=horizon, ttl=ttl, lag=lag, tick=tick, budget=budget)
+    every, ran_all, _ = _live_rules(lg, scores, **kw)
+    skipping, ran, _ = _live_rules(lg, scores, skip=True, **kw)
+    assert np.array_equal(every, skipping)
+    plan = Ticks.of(lg.ts, tick)
+    assert set(plan.ticks.tolist()) <= set(ran) and ran == sorted(set(ran))
+    assert [k for k in ran if k <= plan.last] == [k for k in ran_all if k in set(ran)]
+
+
+def test_tick_plan_rows_and_next_tick():
+    plan = Ticks.of(np.array([10.0, 12.0, 31.0, 95.0]), 10.0)  # ticks 0, 0, 2, 8 from t0=10
+    assert (plan.t0, plan.first, plan.last) == (10.0, 0, 8)
+    assert [plan.rows(k) for k in range(4)] == [(0, 2), None, (2, 3), None]
+    assert plan.rows(8) == (3, 4) and plan.end(2) == 40.0 and plan.at_fraction(0.5) == 2
+    idle = dict(eligible=0, depth=0, oldest_pending=None, lag_s=5.0, read_ttl_s=30.0)
+    assert plan.next(0, **idle) == 2 and plan.next(8, **idle) is None  # gaps skipped; done
+    assert plan.next(0, **{**idle, "eligible": 3, "depth": 3}) == 1  # budget ran out
+    # work still pending after the last request tick: the tick after runs
+    assert plan.next(8, **{**idle, "depth": 1, "oldest_pending": 95.0}) == 9
+    assert plan.next(0, **{**idle, "depth": 1, "oldest_pending": 60.0}) == 2  # next requests
+    # still pending after tick 2 (the allowance), due at 36 s: the next tick, 3
+    assert plan.next(2, **{**idle, "depth": 1, "oldest_pending": 31.0}) == 3
+    assert plan.next(2, **{**idle, "depth": 1, "oldest_pending": 51.0}) == 4  # due at 56 s: tick 4 ends at 60 s
+    # work due after the last request could read it (ttl 30 s = 3 ticks) ends the replay
+    assert plan.next(8, **{**idle, "depth": 1, "oldest_pending": 200.0}) is None
+    with pytest.raises(ValueError, match="ascending"):
+        Ticks.of(np.array([3.0, 1.0]), 10.0)
 
 
 def test_a_binding_budget_takes_request_groups_in_order_of_their_best_pair():

@@ -49,7 +49,7 @@ def test_row_index_finds_the_row_of_a_labelled_pair_within_the_bucket() -> None:
 
 
 def test_tick_allowance_spends_the_budget_exactly_over_ticks() -> None:
-    from jobs.replay import tick_allowance
+    from solaris.replay.schedule import tick_allowance
 
     got = [tick_allowance(90.0, 60.0, k) for k in range(40)]  # 1.5 per tick
     assert sum(got) == 60 and set(got) == {1, 2}
