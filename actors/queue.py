@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 import uuid
 from typing import Any
@@ -52,8 +51,8 @@ import ray
 from actors.shard import RECORD_TASK_EVENTS
 from solaris import wire
 from solaris.atomic import filesystem
-from solaris.cache.snapshot import read_snapshot, write_snapshot
 from solaris.config import QueueConfig
+from solaris.durable import Durable, every
 from solaris.pqueue import Lease, PrecomputeQueue
 
 log = logging.getLogger(__name__)
@@ -81,66 +80,31 @@ class PrecomputeQueueActor:
     def __init__(self, cfg: QueueConfig, queue_id: str = "default") -> None:
         self._cfg = cfg
         self._queue_id = queue_id
-        self._lock = threading.Lock()  # the queue vs the snapshot thread
-        self._snap_lock = threading.Lock()  # one snapshot write at a time
-        self._queue = PrecomputeQueue(cfg)
-        self._changes = 0  # state changes applied; the snapshot thread writes when ahead
-        self._written = 0  # changes the last completed snapshot covered
-        self._snapshots = 0
-        self._snapshot_errors = 0
-        self._last_snapshot_s = float("nan")
-        self._restored = 0
-        self._snap = (queue_snapshot_location(cfg.snapshot_uri, queue_id)
-                      if cfg.snapshot_uri else None)
-        if self._snap is not None:
-            self._restore()
-            threading.Thread(target=self._maintain, name=f"queue-{queue_id}-snapshot",
-                             daemon=True).start()
+
+        def restore(table: Any) -> PrecomputeQueue:
+            q = PrecomputeQueue(cfg)
+            q.restore(table)
+            return q
+
+        self._durable = Durable(
+            f"queue {queue_id}",
+            queue_snapshot_location(cfg.snapshot_uri, queue_id) if cfg.snapshot_uri else None,
+            lambda: PrecomputeQueue(cfg), restore, lambda q: q.snapshot())
+        self._lock = self._durable.lock  # the queue vs the snapshot thread
+        self._queue = self._durable.state
+        if self._durable.location is not None:
+            every(cfg.snapshot_every_s, self._durable.snapshot, f"queue-{queue_id}-snapshot")
 
     # ------------------------------------------------------------------ durability
-    def _restore(self) -> None:
-        fs, path = self._snap
-        try:
-            table = read_snapshot(fs, path)
-        except Exception:  # a corrupt snapshot must not crash-loop the queue: start empty
-            log.exception("queue %s: cannot read %s; starting empty", self._queue_id, path)
-            return
-        if table is None:
-            return
-        self._queue.restore(table)
-        self._restored = table.num_rows
-        log.info("queue %s: restored %d pairs from %s", self._queue_id, table.num_rows, path)
-
     def _snapshot(self) -> dict[str, Any]:
-        fs, path = self._snap
-        with self._snap_lock:
-            t0 = time.monotonic()
-            with self._lock:  # copy under the lock, write outside it
-                changes = self._changes
-                if changes == self._written:
-                    return {"path": path, "rows": None, "seconds": 0.0}
-                table = self._queue.snapshot()
-            try:
-                write_snapshot(fs, path, table)
-            except Exception:
-                self._snapshot_errors += 1
-                raise
-            self._written = changes
-            self._snapshots += 1
-            self._last_snapshot_s = time.monotonic() - t0
-        return {"path": path, "rows": table.num_rows, "seconds": self._last_snapshot_s}
-
-    def _maintain(self) -> None:
-        while True:
-            time.sleep(self._cfg.snapshot_every_s)
-            try:
-                self._snapshot()
-            except Exception:
-                log.exception("queue %s: snapshot failed", self._queue_id)
+        t0 = time.monotonic()
+        rows = self._durable.snapshot()
+        return {"path": self._durable.location[1], "rows": rows,
+                "seconds": 0.0 if rows is None else time.monotonic() - t0}
 
     def flush(self) -> dict[str, Any]:
         """Write the snapshot now if anything changed; on return that state is durable."""
-        if self._snap is None:
+        if self._durable.location is None:
             return {"path": None, "rows": None, "seconds": 0.0}
         return self._snapshot()
 
@@ -151,7 +115,7 @@ class PrecomputeQueueActor:
         with self._lock:
             new = self._queue.put(users, items, priorities, now, surfaces, version)
             if len(users):
-                self._changes += 1
+                self._durable.touch()
             return new
 
     def lease(self, max_pairs: int | None = None, version: str | None = None) -> Lease | None:
@@ -176,7 +140,7 @@ class PrecomputeQueueActor:
         """The lease's pairs are in the cache; False for an expired or unknown lease."""
         with self._lock:
             ok = self._queue.ack(lease_id)
-            self._changes += ok
+            self._durable.touch(int(ok))
             return ok
 
     def set_gate(self, until: float | None, allowance: int | None) -> dict[str, Any]:
@@ -199,10 +163,8 @@ class PrecomputeQueueActor:
         """The queue's depth and counters plus snapshot and restart bookkeeping."""
         with self._lock:
             m = self._queue.metrics()
-            m["dirty"] = self._changes != self._written and self._snap is not None
-        m.update(queue_id=self._queue_id, pid=os.getpid(), restored_pairs=self._restored,
-                 snapshots=self._snapshots, snapshot_errors=self._snapshot_errors,
-                 last_snapshot_s=self._last_snapshot_s)
+            d = self._durable.stats()
+        m.update(queue_id=self._queue_id, pid=os.getpid(), restored_pairs=d.pop("restored"), **d)
         return m
 
     # ------------------------------------------------------------------ fault injection (tests)

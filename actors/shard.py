@@ -26,21 +26,20 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 import warnings
 from typing import Any, Callable
 
 import numpy as np
-import pyarrow.fs as pafs
 import ray
 
 from actors import names
 from solaris import wire as frames
 from solaris.cache import wire
-from solaris.cache.snapshot import read_snapshot, snapshot_location, write_snapshot
+from solaris.cache.snapshot import snapshot_location
 from solaris.cache.store import PairStore
 from solaris.config import CacheConfig, HistoryConfig
+from solaris.durable import Durable, every
 from solaris.history import WINDOW_KEYS, HistoryStore
 
 log = logging.getLogger(__name__)
@@ -79,66 +78,33 @@ class CacheShard:
         self._shard = shard
         self._group_id = group_id
         self._clock = event_clock
-        self._lock = threading.Lock()  # the store is not thread-safe; calls run on 4 threads
-        self._snap_lock = threading.Lock()  # one snapshot write at a time
-        self._changes = 0  # puts and expiries applied; an unchanged store is not re-written
-        self._snapshotted_changes = 0
-        self._snapshots = 0
-        self._snapshot_errors = 0
-        self._last_snapshot_s = float("nan")
-        self._restored_entries = 0
-        self._hist_lock = threading.Lock()  # the history store, apart from the pair store
-        self._hist_changes = 0  # history writes applied (the snapshot timer compares)
-        self._hist_snapshotted = 0
-        self._restored_events = 0
         # answer calls, thread CPU seconds and wall seconds inside the actor, for queries with
         # the user's part and for neighbour probes only (where a lookup round's time goes)
         self._answer_stats = {"user": [0, 0.0, 0.0], "probe_only": [0, 0.0, 0.0]}
         with warnings.catch_warnings():  # Ray's property reads a deprecated attribute inside
             warnings.simplefilter("ignore", DeprecationWarning)
             self._restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
-        self._snap: tuple[pafs.FileSystem, str] | None = None
-        if cfg.snapshot_uri:
-            self._snap = snapshot_location(cfg.snapshot_uri, group_id, shard, cfg.num_shards)
-        self._store = self._restore()
-        self._history = self._restore_history()
-        if self._snap is not None or self._clock is not None:
-            threading.Thread(target=self._maintain, name=f"cache-shard-{shard}",
-                             daemon=True).start()
+        snap = (snapshot_location(cfg.snapshot_uri, group_id, shard, cfg.num_shards)
+                if cfg.snapshot_uri else None)
+        hcfg = self._history_cfg
 
-    def _restore(self) -> PairStore:
-        if self._snap is None:
-            return PairStore(self._cfg)
-        fs, path = self._snap
-        try:
-            table = read_snapshot(fs, path)
-            if table is None:
-                return PairStore(self._cfg)
-            store = PairStore.restore(self._cfg, table)
-        except Exception:  # a corrupt snapshot must not crash-loop the shard: start empty
-            log.exception("shard %d: could not restore %s; starting empty", self._shard, path)
-            return PairStore(self._cfg)
-        self._restored_entries = table.num_rows
-        log.info("shard %d: restored %d entries from %s", self._shard, table.num_rows, path)
-        return store
-
-    def _restore_history(self) -> HistoryStore:
-        store = HistoryStore(self._history_cfg)
-        if self._snap is None:
-            return store
-        fs, pair_path = self._snap
-        path = history_location(pair_path)
-        try:
-            table = read_snapshot(fs, path)
-            if table is None:
-                return store
+        def restore_history(table: Any) -> HistoryStore:
+            store = HistoryStore(hcfg)
             store.restore(table)
-        except Exception:  # as for pairs: a bad snapshot must not crash-loop the shard
-            log.exception("shard %d: could not restore %s; history starts empty",
-                          self._shard, path)
-            return HistoryStore(self._history_cfg)
-        self._restored_events = table.num_rows
-        return store
+            return store
+
+        # the pair store and the history, each behind its own lock (calls run on 4 threads)
+        self._pairs = Durable(f"shard {shard} pairs", snap, lambda: PairStore(cfg),
+                              lambda t: PairStore.restore(cfg, t), lambda st: st.snapshot())
+        self._hist = Durable(f"shard {shard} history",
+                             None if snap is None else (snap[0], history_location(snap[1])),
+                             lambda: HistoryStore(hcfg), restore_history,
+                             lambda st: st.snapshot())
+        self._lock, self._store = self._pairs.lock, self._pairs.state
+        self._hist_lock, self._history = self._hist.lock, self._hist.state
+        self._last_snapshot_s = float("nan")
+        if snap is not None or self._clock is not None:
+            every(cfg.snapshot_every_s, self._maintain, f"cache-shard-{shard}")
 
     # -- serving path
     def answer(self, query: bytes) -> bytes:
@@ -160,7 +126,7 @@ class CacheShard:
         """Write pair embeddings of users this shard owns; returns the entries written."""
         with self._lock:
             n = self._store.put(users, items, vectors, version, now, scores)
-            self._changes += 1
+            self._pairs.touch()
             return n
 
     @ray.method(max_task_retries=2)
@@ -181,7 +147,7 @@ class CacheShard:
         with self._hist_lock:
             for user, items, surfaces, now in records:
                 self._history.record_impressions(user, items, surfaces, now)
-            self._hist_changes += 1
+            self._hist.touch()
         return sum(len(r[1]) for r in records)
 
     @ray.method(concurrency_group=HISTORY_GROUP)
@@ -191,7 +157,7 @@ class CacheShard:
         user, items, labels, now = frames.decode(payload, "labels", 4)
         with self._hist_lock:
             self._history.record_labels(user, items, labels, now)
-            self._hist_changes += 1
+            self._hist.touch()
         return len(items)
 
     @ray.method(concurrency_group=HISTORY_GROUP)
@@ -202,7 +168,7 @@ class CacheShard:
         users, items, surfaces, labels, ts = frames.decode(payload, "history_log", 5)
         with self._hist_lock:
             self._history.replay_log(users, items, surfaces, labels, ts)
-            self._hist_changes += 1
+            self._hist.touch()
         return len(users)
 
     @ray.method(concurrency_group=HISTORY_GROUP)
@@ -228,68 +194,42 @@ class CacheShard:
         with self._hist_lock:
             m["history"] = self._history.metrics()
         m.update(shard=self._shard, group=self._group_id, pid=os.getpid(),
-                 restarted=self._restarted, restored_entries=self._restored_entries,
-                 restored_events=self._restored_events, snapshots=self._snapshots,
-                 snapshot_errors=self._snapshot_errors, last_snapshot_s=self._last_snapshot_s)
+                 restarted=self._restarted, restored_entries=self._pairs.restored,
+                 restored_events=self._hist.restored, snapshots=self._pairs.snapshots,
+                 history_snapshots=self._hist.snapshots,
+                 snapshot_errors=self._pairs.errors + self._hist.errors,
+                 last_snapshot_s=self._last_snapshot_s)
         return m
 
     # -- snapshots
     def snapshot_now(self) -> dict[str, Any]:
-        """Write both snapshots now (pairs and history, whatever changed); returns their
+        """Write both snapshots now (pairs and history, changed or not); returns their
         paths, rows (history: events) and seconds."""
-        if self._snap is None:
+        if self._pairs.location is None:
             return {"path": None, "rows": 0, "history_path": None, "history_rows": 0,
                     "seconds": 0.0}
-        return self._snapshot()
+        return self._snapshot(force=True)
 
-    def _snapshot(self, pairs: bool = True, history: bool = True) -> dict[str, Any]:
-        assert self._snap is not None
-        fs, path = self._snap
-        out: dict[str, Any] = {"path": path, "rows": None,
-                               "history_path": history_location(path), "history_rows": None}
-        with self._snap_lock:
-            t0 = time.monotonic()
-            try:
-                if pairs:
-                    with self._lock:  # copy out under the lock, write outside it
-                        table = self._store.snapshot()
-                        changes = self._changes
-                    write_snapshot(fs, path, table)
-                    self._snapshotted_changes = changes
-                    out["rows"] = table.num_rows
-                if history:
-                    with self._hist_lock:
-                        htable = self._history.snapshot()
-                        hchanges = self._hist_changes
-                    write_snapshot(fs, out["history_path"], htable)
-                    self._hist_snapshotted = hchanges
-                    out["history_rows"] = htable.num_rows
-            except Exception:
-                self._snapshot_errors += 1
-                raise
-            self._snapshots += 1
+    def _snapshot(self, force: bool = False) -> dict[str, Any]:
+        t0 = time.monotonic()
+        rows = self._pairs.snapshot(force)
+        history_rows = self._hist.snapshot(force)
+        if rows is not None or history_rows is not None:
             self._last_snapshot_s = time.monotonic() - t0
-        out["seconds"] = self._last_snapshot_s
-        return out
+        return {"path": self._pairs.location[1], "rows": rows,
+                "history_path": self._hist.location[1], "history_rows": history_rows,
+                "seconds": self._last_snapshot_s}
 
     def _maintain(self) -> None:
         """Every ``snapshot_every_s`` wall seconds: expire by the event clock (if one was
         given; the store also expires on every call's ``now``), then snapshot what changed
         (pairs, history or both)."""
-        while True:
-            time.sleep(self._cfg.snapshot_every_s)
-            try:
-                if self._clock is not None:
-                    with self._lock:
-                        if self._store.expire(self._clock()):
-                            self._changes += 1
-                if self._snap is not None:
-                    pairs = self._changes != self._snapshotted_changes
-                    history = self._hist_changes != self._hist_snapshotted
-                    if pairs or history:
-                        self._snapshot(pairs, history)
-            except Exception:
-                log.exception("shard %d: background expiry or snapshot failed", self._shard)
+        if self._clock is not None:
+            with self._lock:
+                if self._store.expire(self._clock()):
+                    self._pairs.touch()
+        if self._pairs.location is not None:
+            self._snapshot()
 
     # -- fault injection (tests): explicit points, never timing
     def crash(self) -> None:

@@ -192,8 +192,8 @@ def test_worker_node_killed_under_traffic(multinode, artifacts, tmp_path):
             for _ in range(CLIENTS):
                 clients.submit(traffic.client)
             try:
-                # every shard holds pairs, and two snapshots ran since (the first may have
-                # started before the pairs were written, or covered only the history)
+                # every shard holds pairs, and two pair snapshots ran since (the first may
+                # have started before the pairs were written)
                 def written() -> list | None:
                     ms = group.metrics(timeout_s=10)["shards"]
                     return ms if all(m["up"] and m["entries"] > 0 for m in ms) else None
