@@ -361,7 +361,7 @@ def neighbour_step(entries: int, n_requests: int, probe: int = 10,
         store.put(u, i, vec, VERSION, now)
     uk = w.user_knn()
     t0 = time.perf_counter()
-    meta = store._meta
+    meta = store.table.meta
     slots = np.flatnonzero(meta["vid"] == store._vid[VERSION])
     users, items = meta["user"][slots], meta["item"][slots]
     order = np.lexsort((users, items))
@@ -382,7 +382,7 @@ def neighbour_step(entries: int, n_requests: int, probe: int = 10,
         holders = post_users[pos]
         hit = np.isin(holders, nbrs)
         row, who, slot = row[hit], holders[hit], post_slots[pos[hit]]
-        age = NOW - gather(store._meta, slot)["written"]
+        age = NOW - gather(store.table.meta, slot)["written"]
         fresh = age <= ttl
         row, who, slot, age = row[fresh], who[fresh], slot[fresh], age[fresh]
         col = np.searchsorted(np.sort(nbrs), who)

@@ -25,22 +25,42 @@ pair (what speculation precision counts), not its use as a neighbour's imputatio
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from solaris.cache.index import key_hash
 from solaris.cache.query import ShardAnswer
-from solaris.cache.slab import gather
-
-if TYPE_CHECKING:
-    from solaris.cache.store import PairStore
-
+from solaris.cache.slab import SlotTable, gather
+from solaris.cache.sums import UserSums
 
 Keys = Callable[[np.ndarray], "np.ndarray | int"]
 
 
-def _find(store: "PairStore", h: np.ndarray, key_user: Keys, key_item: Keys, vid: int,
+@dataclass(frozen=True)
+class StoreView:
+    """What a read of a store sees: its slot table, its running sums, the live entries of
+    each version id, its counters (which reads count into) and the read TTL. The store
+    builds one and passes it; the reads touch nothing else (and change only the counters
+    and the table's read flags)."""
+
+    table: SlotTable
+    sums: UserSums
+    held: dict[int, int]  # version id -> live entries
+    counters: dict[str, int]
+    read_ttl_s: float
+
+    @property
+    def dim(self) -> int:
+        return self.table.codec.dim
+
+    def holds(self, vid: int) -> bool:
+        """Any live entry of version id ``vid`` (0: a version never written)."""
+        return vid != 0 and self.held.get(vid, 0) > 0
+
+
+def _find(store: StoreView, h: np.ndarray, key_user: Keys, key_item: Keys, vid: int,
           now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(pos, slot, age_s) of the keys held in version ``vid`` (any age), ascending positions.
 
@@ -49,23 +69,23 @@ def _find(store: "PairStore", h: np.ndarray, key_user: Keys, key_item: Keys, vid
     ``probe`` and one gather of the matched records (which also give the ages); a rejected
     fingerprint or a non-empty stash takes the general lookup.
     """
-    index = store._index
+    index = store.table.index
     if len(h) == 0 or index.live == 0:
         return _NONE, _NONE, _NO_AGE
     pos, slot, _ = index.probe(h)
-    m = gather(store._meta, slot)
+    m = gather(store.table.meta, slot)
     ok = (m["item"] == key_item(pos)) & (m["user"] == key_user(pos)) & (m["vid"] == vid)
     if ok.all() and not index.stashed:
         return pos, slot, now - m["written"]
     every = np.arange(len(h))
     users = np.broadcast_to(np.asarray(key_user(every), dtype=np.int64), h.shape)
-    slot, _ = index.lookup(h, store._verifier(users, key_item(every), vid))
+    slot, _ = index.lookup(h, store.table.verifier(users, key_item(every), vid))
     pos = np.flatnonzero(slot >= 0)
     slot = slot[pos]
-    return pos, slot, now - store._meta["written"][slot]
+    return pos, slot, now - store.table.meta["written"][slot]
 
 
-def _find_keys(store: "PairStore", users: np.ndarray | int, items: np.ndarray, vid: int,
+def _find_keys(store: StoreView, users: np.ndarray | int, items: np.ndarray, vid: int,
                now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``_find`` of keys (users[j], items[j]); ``users`` may be one int for all."""
     h = key_hash(users, items, vid)
@@ -74,7 +94,7 @@ def _find_keys(store: "PairStore", users: np.ndarray | int, items: np.ndarray, v
     return _find(store, h, lambda pos: users, items.__getitem__, vid, now)
 
 
-def _find_grid(store: "PairStore", users: np.ndarray, items: np.ndarray, vid: int,
+def _find_grid(store: StoreView, users: np.ndarray, items: np.ndarray, vid: int,
                now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``_find`` of every (item, user) of items (m,) x users (k,), item-major: position
     ``row * k + rank`` is (items[row], users[rank])."""
@@ -89,12 +109,12 @@ _NONE.setflags(write=False)
 _NO_AGE.setflags(write=False)
 
 
-def _vectors(store: "PairStore", slots: np.ndarray) -> np.ndarray:
+def _vectors(store: StoreView, slots: np.ndarray) -> np.ndarray:
     """Decoded float32 vectors (n, d) of these slots."""
-    return store.codec.decode(store._rows.take(slots, axis=0))
+    return store.table.vectors(slots)
 
 
-def _count_pairs(store: "PairStore", vid: int, users: np.ndarray | int, items: np.ndarray,
+def _count_pairs(store: StoreView, vid: int, users: np.ndarray | int, items: np.ndarray,
                  held: np.ndarray, hits: int) -> None:
     """Count own-pair hits, misses, stale reads and misses held in another version.
     ``held``: positions of the keys held in ``vid`` (any age); ``users``: per key, or one."""
@@ -102,13 +122,13 @@ def _count_pairs(store: "PairStore", vid: int, users: np.ndarray | int, items: n
     c["pair_hits"] += hits
     c["pair_misses"] += n - hits
     c["pair_stale"] += len(held) - hits
-    others = [v for v, cnt in store._vcount.items() if v != vid and cnt > 0]
+    others = [v for v, cnt in store.held.items() if v != vid and cnt > 0]
     if others and len(held) < n:  # a rollover signal: the pair exists, in another version
         absent = np.ones(n, bool)
         absent[held] = False
         users = np.broadcast_to(np.asarray(users, dtype=np.int64), (n,))
         for other in others:
-            slot, _ = store._lookup(users[absent], items[absent], other)
+            slot, _ = store.table.lookup(users[absent], items[absent], other)
             c["pair_other_version"] += int(np.count_nonzero(slot >= 0))
 
 
@@ -118,20 +138,20 @@ def _first_of_each(rows: np.ndarray) -> np.ndarray:
         else _NONE
 
 
-def answer_query(store: "PairStore", vid: int, now: float, items: np.ndarray, user: int,
+def answer_query(store: StoreView, vid: int, now: float, items: np.ndarray, user: int,
                  item_nbrs: np.ndarray, aggregate: bool, nbr_users: np.ndarray,
                  nbr_all: bool) -> ShardAnswer:
     """The ShardAnswer of a checked ShardQuery (its fields as arguments)."""
-    out = ShardAnswer.empty(store.codec.dim)
+    out = ShardAnswer.empty(store.dim)
     c = store.counters
     n_items, own, k = len(items), user >= 0, len(nbr_users)
     if own and aggregate:
         c["agg_requests"] += n_items
-    if vid == 0 or store._vcount.get(vid, 0) == 0:
+    if not store.holds(vid):
         if own:
             _count_pairs(store, vid, user, items, _NONE, 0)
         return out
-    ttl = store.cfg.read_ttl_s
+    ttl = store.read_ttl_s
     if not own:  # only the user-neighbour probe, of every candidate
         if k and n_items:
             pos, slot, age = _find_grid(store, nbr_users, items, vid, now)
@@ -150,13 +170,13 @@ def answer_query(store: "PairStore", vid: int, now: float, items: np.ndarray, us
     else:
         out.own_idx, out.own_fresh, out.own_age_s = hit, fresh[fresh], age[fresh]
         out.own_vectors = _vectors(store, slot[fresh])
-    store._meta["read"][slot[fresh]] = 1  # served as its user's own pair
+    store.table.mark_read(slot[fresh])  # served as its user's own pair
     _count_pairs(store, vid, user, items, pos, len(hit))
     if aggregate:
-        r = store._sums.find_one(user, vid)
+        r = store.sums.find_one(user, vid)
         if r >= 0:
-            out.agg_sum = store._sums.sums[r].copy()
-            out.agg_count = cnt = int(store._sums.counts[r])
+            out.agg_sum = store.sums.sums[r].copy()
+            out.agg_count = cnt = int(store.sums.counts[r])
             # candidates whose mean, leaving themselves out, still averages something
             c["agg_present"] += n_items if cnt > 1 else n_items - len(pos)
 
@@ -196,7 +216,7 @@ def answer_query(store: "PairStore", vid: int, now: float, items: np.ndarray, us
     return out
 
 
-def _neighbour_hits(out: ShardAnswer, store: "PairStore", pos: np.ndarray, slot: np.ndarray,
+def _neighbour_hits(out: ShardAnswer, store: StoreView, pos: np.ndarray, slot: np.ndarray,
                     age: np.ndarray, k: int, cols: np.ndarray, nbr_all: bool) -> np.ndarray:
     """Fill ``out``'s user-neighbour hits from the fresh hits of an item-major (item,
     neighbour) grid of ``len(cols)`` rows; returns the grid rows with a hit."""
@@ -212,37 +232,37 @@ def _neighbour_hits(out: ShardAnswer, store: "PairStore", pos: np.ndarray, slot:
 
 
 # ---- batch reads (PairStore.get / aggregate / holders) ------------------------------------------
-def get_pairs(store: "PairStore", vid: int, now: float, users: np.ndarray, items: np.ndarray
+def get_pairs(store: StoreView, vid: int, now: float, users: np.ndarray, items: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(found (n,), vectors (n, d) float32, age_s (n,)) of fresh pairs; zeros elsewhere."""
-    n, d = len(users), store.codec.dim
+    n, d = len(users), store.dim
     found, vecs, ages = np.zeros(n, bool), np.zeros((n, d), np.float32), np.zeros(n)
-    if vid == 0 or store._vcount.get(vid, 0) == 0:
+    if not store.holds(vid):
         _count_pairs(store, vid, users, items, _NONE, 0)
         return found, vecs, ages
     pos, slot, age = _find_keys(store, users, items, vid, now)
-    f = age <= store.cfg.read_ttl_s
+    f = age <= store.read_ttl_s
     hit = pos[f]
     found[hit], vecs[hit], ages[hit] = True, _vectors(store, slot[f]), age[f]
-    store._meta["read"][slot[f]] = 1
+    store.table.mark_read(slot[f])
     _count_pairs(store, vid, users, items, pos, len(hit))
     return found, vecs, ages
 
 
-def aggregate_rows(store: "PairStore", vid: int, users: np.ndarray, exclude: np.ndarray
+def aggregate_rows(store: StoreView, vid: int, users: np.ndarray, exclude: np.ndarray
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(vectors (a, d) float32, present (a,), count (a,)): the mean of each user's retained
     pairs, leaving out one item per row (where retained)."""
-    a, d = len(users), store.codec.dim
+    a, d = len(users), store.dim
     store.counters["agg_requests"] += a
-    if vid == 0 or store._vcount.get(vid, 0) == 0 or a == 0:
+    if not store.holds(vid) or a == 0:
         return np.zeros((a, d), np.float32), np.zeros(a, bool), np.zeros(a, np.int64)
-    sums = store._sums
+    sums = store.sums
     r = sums.find(users, vid)
     has = r >= 0
     num = np.where(has[:, None], sums.sums[np.maximum(r, 0)], 0.0)
     cnt = np.where(has, sums.counts[np.maximum(r, 0)], 0)
-    slot, _ = store._lookup(users, exclude, vid)
+    slot, _ = store.table.lookup(users, exclude, vid)
     e = np.flatnonzero(slot >= 0)  # the excluded item is retained: take it out
     num[e] -= _vectors(store, slot[e])
     cnt[e] -= 1
@@ -253,17 +273,17 @@ def aggregate_rows(store: "PairStore", vid: int, users: np.ndarray, exclude: np.
     return vec, present, cnt
 
 
-def holder_grid(store: "PairStore", vid: int, now: float, items: np.ndarray,
+def holder_grid(store: StoreView, vid: int, now: float, items: np.ndarray,
                 users: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(item_idx, user_idx, vectors, age_s) of every fresh (item, user) pair of the grid,
     ordered by item then user."""
-    m, k, d = len(items), len(users), store.codec.dim
+    m, k, d = len(items), len(users), store.dim
     store.counters["nbr_probes"] += m * k
-    if vid == 0 or store._vcount.get(vid, 0) == 0 or m * k == 0:
+    if not store.holds(vid) or m * k == 0:
         z = np.zeros(0, np.int64)
         return z, z, np.zeros((0, d), np.float32), np.zeros(0)
     pos, slot, age = _find_grid(store, users, items, vid, now)
-    f = age <= store.cfg.read_ttl_s
+    f = age <= store.read_ttl_s
     g = pos[f]
     store.counters["nbr_hits"] += len(g)
     return g // k, g % k, _vectors(store, slot[f]), age[f]

@@ -1,4 +1,5 @@
-"""PairStore <-> one Arrow table, so a restarted shard answers exactly as before.
+"""A PairStore's parts <-> one Arrow table (``to_table`` / ``from_table``), so a restarted
+shard answers exactly as before.
 
 One row per live entry: key, version, written_at, score, read flag and the codec's bytes
 verbatim (no re-encoding, so int8 / fp16 entries come back bit-identical). The float64
@@ -13,7 +14,7 @@ a shard restarted on another node finds it; a write lands whole or not at all.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -21,39 +22,38 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from solaris.atomic import filesystem, remove_stale, write_atomic
-from solaris.cache.index import key_hash
-from solaris.cache.slab import gather
+from solaris.cache.codec import Codec
+from solaris.cache.slab import SlotTable
+from solaris.cache.sums import UserSums
 from solaris.errors import DataError
-
-if TYPE_CHECKING:
-    from solaris.cache.store import PairStore
 
 FORMAT = 1
 
 
-def to_table(store: "PairStore") -> pa.Table:
-    """Every live entry of ``store`` as an Arrow table (see the module docstring)."""
-    live = np.flatnonzero(store._meta["vid"] != 0)
-    m = store._meta
+def to_table(slots: SlotTable, sums: UserSums, version_names: list[str], max_now: float,
+             counters: dict[str, int]) -> pa.Table:
+    """Every live entry of a store -- its slot table, running sums, version names (by id),
+    latest event time and counters -- as an Arrow table (see the module docstring)."""
+    codec = slots.codec
+    live = slots.live_slots()
+    m = slots.meta
     live = live[np.lexsort((m["item"][live], m["user"][live], m["vid"][live]))]
-    m = gather(store._meta, live)
-    n, d, rb = len(live), store.codec.dim, store.codec.row_bytes
-    rows = store._rows.take(live, axis=0)  # (n, row_bytes)
+    m = slots.records(live)
+    n, d, rb = len(live), codec.dim, codec.row_bytes
+    rows = slots.rows.take(live, axis=0)  # (n, row_bytes)
     first = np.ones(n, dtype=bool)  # opens a (user, version) group
     first[1:] = (m["user"][1:] != m["user"][:-1]) | (m["vid"][1:] != m["vid"][:-1])
     g = np.flatnonzero(first)
-    r = store._sums.find(m["user"][g], m["vid"][g])
+    r = sums.find(m["user"][g], m["vid"][g])
     assert (r >= 0).all(), "a live entry without a running sum"
     # a list column: d values on each group's first row, null elsewhere (no n x d copy)
     offsets = np.r_[0, np.cumsum(first * d)].astype(np.int64)
-    sum_col = pa.LargeListArray.from_arrays(pa.array(offsets),
-                                            pa.array(store._sums.sums[r].ravel()),
+    sum_col = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(sums.sums[r].ravel()),
                                             mask=pa.array(~first))
-    names = pa.array(store._vnames, type=pa.string())
+    names = pa.array(version_names, type=pa.string())
     version = pa.DictionaryArray.from_arrays(pa.array(m["vid"].astype(np.int32)), names)
-    meta = {"format": FORMAT, "codec": store.codec.name, "dim": d,
-            "max_now": store._max_now if np.isfinite(store._max_now) else None,
-            "counters": store.counters}
+    meta = {"format": FORMAT, "codec": codec.name, "dim": d,
+            "max_now": max_now if np.isfinite(max_now) else None, "counters": counters}
     return pa.table({
         "user": pa.array(m["user"]), "item": pa.array(m["item"]), "version": version,
         "written_at": pa.array(m["written"]), "score": pa.array(m["score"]),
@@ -64,18 +64,37 @@ def to_table(store: "PairStore") -> pa.Table:
     }).replace_schema_metadata({"solaris_pair_store": json.dumps(meta)})
 
 
-def load_into(store: "PairStore", table: pa.Table) -> None:
-    """Fill an empty ``store`` from ``to_table``'s output; raises DataError on a mismatch."""
+@dataclass
+class Entries:
+    """What ``from_table`` reads back: one row per entry, plus the running sums on each
+    (user, version) group's first row, the latest event time and the counters."""
+
+    users: np.ndarray  # (n,) int64
+    items: np.ndarray  # (n,) int64
+    versions: np.ndarray  # (n,) object: version names
+    written: np.ndarray  # (n,) float64
+    score: np.ndarray  # (n,) float32
+    read: np.ndarray  # (n,) uint8
+    rows: np.ndarray  # (n, row_bytes) uint8 codec bytes
+    sum_rows: np.ndarray  # (g,) positions opening a group
+    sums: np.ndarray  # (g, d) float64 their running sums
+    max_now: float | None
+    counters: dict[str, int]
+
+
+def from_table(table: pa.Table, codec: Codec) -> Entries:
+    """The entries of ``to_table``'s output, for a store of ``codec``; raises DataError on
+    a mismatch."""
     raw = (table.schema.metadata or {}).get(b"solaris_pair_store")
     if raw is None:
         raise DataError("snapshot table: missing 'solaris_pair_store' schema metadata")
     meta = json.loads(raw)
     if meta.get("format") != FORMAT:
         raise DataError(f"snapshot format={meta.get('format')!r}: expected {FORMAT}")
-    for key, want in (("codec", store.codec.name), ("dim", store.codec.dim)):
+    for key, want in (("codec", codec.name), ("dim", codec.dim)):
         if meta.get(key) != want:
             raise DataError(f"snapshot {key}={meta.get(key)!r}: this store has {want!r}")
-    n, d, rb = table.num_rows, store.codec.dim, store.codec.row_bytes
+    n, d, rb = table.num_rows, codec.dim, codec.row_bytes
 
     def col(name: str) -> pa.Array:
         if name not in table.column_names:
@@ -85,12 +104,6 @@ def load_into(store: "PairStore", table: pa.Table) -> None:
     version = col("version")
     if pa.types.is_dictionary(version.type):
         version = version.dictionary_decode()
-    vnames = np.asarray(version.to_pylist(), dtype=object)
-    users = col("user").to_numpy().astype(np.int64)
-    items = col("item").to_numpy().astype(np.int64)
-    written = col("written_at").to_numpy().astype(np.float64)
-    score = col("score").to_numpy().astype(np.float32)
-    read = col("read").to_numpy(zero_copy_only=False).astype(np.uint8)
     row_arr = col("row")
     if row_arr.type != pa.binary(rb):
         raise DataError(f"snapshot column 'row' type={row_arr.type}: expected {pa.binary(rb)}")
@@ -98,26 +111,21 @@ def load_into(store: "PairStore", table: pa.Table) -> None:
     if n:
         rows[:] = np.frombuffer(row_arr.buffers()[1], dtype=np.uint8, count=n * rb,
                                 offset=row_arr.offset * rb).reshape(n, rb)
-    if meta.get("max_now") is not None:
-        store._max_now = float(meta["max_now"])
-    for v in dict.fromkeys(vnames.tolist()):
-        vid = store._version_id(v, create=True)
-        sel = np.flatnonzero(vnames == v)
-        store._write(users[sel], items[sel], vid, written[sel], score[sel], read[sel],
-                     rows[sel], key_hash(users[sel], items[sel], vid))
-    # the writer's running sums, bit for bit (unless a smaller capacity evicted some rows:
-    # then the sums re-added on the way in are the right ones)
     sums = col("user_sum")
     valid = sums.is_valid().to_numpy(zero_copy_only=False).astype(bool)
     g = np.flatnonzero(valid)
-    if len(g) and store.live == n:
-        flat = sums.filter(pa.array(valid)).flatten().to_numpy().reshape(len(g), d)
-        vids = np.array([store._vid[v] for v in vnames[g]], dtype=np.uint16)
-        r = store._sums.find(users[g], vids)
-        assert (r >= 0).all(), "a restored group without a running sum"
-        store._sums.sums[r] = flat
-    store.counters.update({k: int(v) for k, v in meta.get("counters", {}).items()
-                           if k in store.counters})
+    flat = (sums.filter(pa.array(valid)).flatten().to_numpy().reshape(len(g), d) if len(g)
+            else np.zeros((0, d)))
+    return Entries(
+        users=col("user").to_numpy().astype(np.int64),
+        items=col("item").to_numpy().astype(np.int64),
+        versions=np.asarray(version.to_pylist(), dtype=object),
+        written=col("written_at").to_numpy().astype(np.float64),
+        score=col("score").to_numpy().astype(np.float32),
+        read=col("read").to_numpy(zero_copy_only=False).astype(np.uint8), rows=rows,
+        sum_rows=g, sums=flat,
+        max_now=None if meta.get("max_now") is None else float(meta["max_now"]),
+        counters={k: int(v) for k, v in meta.get("counters", {}).items()})
 
 
 # ---- files ---------------------------------------------------------------------------------------

@@ -3,12 +3,16 @@
 Layout (no Python object per entry: ~180 bytes per fp32 entry of width 32, ~90 for int8,
 index and running sums included):
 
-- ``_meta``: one 32-byte ``slab.META`` record per slot (user, item, written_at, verifier
-  score, version id, read flag); version id 0 marks a free slot. Checking a key's fields costs
-  one cache miss.
-- ``_rows``: the encoded vector of each slot (``codec.Codec`` bytes, int8 scale inline).
-- ``_index``: ``HashIndex`` over (user, item, version id) -> slot.
+- ``table``: the ``slab.SlotTable`` -- one 32-byte ``slab.META`` record per slot (user,
+  item, written_at, verifier score, version id, read flag; version id 0 marks a free slot),
+  the encoded vector of each slot (``codec.Codec`` bytes, int8 scale inline), the free list
+  and the ``HashIndex`` over (user, item, version id) -> slot.
 - ``_sums``: ``UserSums``, float64 running sums per (user, version) for the aggregate.
+- the versions (name <-> id, live entries of each) and the time buckets (live entries
+  written in each).
+
+Answers (``answer.py``) read the table and the sums through a ``StoreView``; snapshots
+(``snapshot.py``) are ``to_table`` / ``from_table`` of the same parts.
 
 Two windows (DESIGN.md): an entry is served as a pair embedding while
 ``now - written_at <= read_ttl_s``, and kept (for the aggregate) until its whole time bucket
@@ -23,11 +27,8 @@ never sees another's entries.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import logging
 import math
-from typing import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -35,37 +36,19 @@ import pyarrow as pa
 from solaris.cache import answer as _answer
 from solaris.cache import snapshot as _snap
 from solaris.cache.codec import Codec
-from solaris.cache.index import HashIndex, key_hash
+from solaris.cache.index import key_hash
 from solaris.cache.inputs import check_ids, check_query, check_time, check_version
 from solaris.cache.query import ShardAnswer, ShardQuery
-from solaris.cache.slab import META, gather
+from solaris.cache.slab import SlotTable
 from solaris.cache.sums import UserSums
 from solaris.config import CacheConfig
 from solaris.errors import RequestError
 
 log = logging.getLogger(__name__)
 
-_MIN_SLOTS = 256
-_GROW = 1.25  # slab growth factor (bounded by cfg.capacity)
-_SHRINK_BELOW = 0.6  # live share of the slab under which it is rebuilt smaller ...
-_SHRUNK = 1.15  # ... to this many slots per live entry
 _COUNTERS = ("pair_hits", "pair_misses", "pair_stale", "pair_other_version", "nbr_probes",
              "nbr_hits", "inbr_probes", "inbr_hits", "agg_requests", "agg_present",
              "evictions", "expired", "expired_unread", "dropped_on_put")
-
-
-def _libc_trim() -> Callable[[], None]:
-    """glibc keeps freed heap blocks mapped (its mmap threshold rises after large frees), so
-    after a slab or index is rebuilt the process would keep the old arrays' pages; trimming
-    hands them back, so resident memory follows the live size. A no-op elsewhere."""
-    try:
-        trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        return lambda: None
-    return lambda: trim(0) and None
-
-
-_trim_heap = _libc_trim()
 
 
 def lowest(score: np.ndarray, written: np.ndarray, k: int) -> np.ndarray:
@@ -93,18 +76,21 @@ class PairStore:
     def __init__(self, cfg: CacheConfig) -> None:
         self.cfg = cfg
         self.codec = Codec(cfg.codec, cfg.dim)
-        self._meta = np.zeros(0, dtype=META)
-        self._rows = np.zeros((0, self.codec.row_bytes), dtype=np.uint8)
-        self._free = np.zeros(0, dtype=np.int64)  # free slots; popped from the end
-        self._index = HashIndex()
+        self.table = SlotTable(self.codec, cfg.capacity)
         self._sums = UserSums(cfg.dim)
         self._vid: dict[str, int] = {}  # version -> id (1..65535); ids are never reused
         self._vnames: list[str] = [""]
         self._buckets: dict[int, int] = {}  # time bucket -> live entries written in it
         self._vcount: dict[int, int] = {}  # version id -> live entries
         self._max_now = -math.inf  # latest event time seen; expiry never goes back
-        self.live = 0
         self.counters = dict.fromkeys(_COUNTERS, 0)
+        self._view = _answer.StoreView(self.table, self._sums, self._vcount, self.counters,
+                                       cfg.read_ttl_s)
+
+    @property
+    def live(self) -> int:
+        """Live entries."""
+        return self.table.live
 
     # ---------------------------------------------------------------- versions and keys
     def _version_id(self, version: str, create: bool) -> int:
@@ -115,25 +101,6 @@ class PairStore:
             vid = self._vid[version] = len(self._vnames)
             self._vnames.append(version)
         return vid
-
-    def _lookup(self, users: np.ndarray, items: np.ndarray, vid: int | np.ndarray,
-                h: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(slot, cell) of each key (users, items, vid); -1 where absent. ``vid`` is one
-        version id or one per key."""
-        if h is None:
-            h = key_hash(users, items, vid)
-        return self._index.lookup(h, self._verifier(users, items, vid))
-
-    def _verifier(self, users: np.ndarray, items: np.ndarray, vid: int | np.ndarray):
-        """verify(pos, slots): does each slot hold key ``pos`` of (users, items, vid)."""
-        meta = self._meta
-        per_key = np.ndim(vid) > 0
-
-        def verify(pos: np.ndarray, slots: np.ndarray) -> np.ndarray:
-            m = gather(meta, slots)  # whole records in one pass (one cache line each)
-            same_v = m["vid"] == (vid[pos] if per_key else vid)
-            return (m["user"] == users[pos]) & (m["item"] == items[pos]) & same_v
-        return verify
 
     # ---------------------------------------------------------------- expiry
     def _cutoff(self) -> int:
@@ -154,7 +121,7 @@ class PairStore:
         return self.counters["expired"] - before
 
     def _expire_before(self, cutoff: int) -> None:
-        m = self._meta
+        m = self.table.meta
         bucket = np.floor(m["written"] / self.cfg.bucket_s)
         slots = np.flatnonzero((m["vid"] != 0) & (bucket < cutoff))
         if len(slots):
@@ -179,69 +146,12 @@ class PairStore:
                 self._buckets.pop(bi, None)
 
     def _remove(self, slots: np.ndarray) -> None:
-        """Free these live slots: index, running sums, bucket counts; shrink if mostly empty."""
-        m = gather(self._meta, slots)
-        found, cells = self._lookup(m["user"], m["item"], m["vid"])
-        assert (found == slots).all(), "a live slot missing from the index"
-        self._index.remove(cells)
-        self._sums.add(m["user"], m["vid"], self.codec.decode(self._rows[slots]), -1)
+        """Free these live slots: table, running sums, bucket and version counts."""
+        m, vectors = self.table.free(slots)
+        self._sums.add(m["user"], m["vid"], vectors, -1)
         self._bucket_add(m["written"], -1)
         for v, c in zip(*np.unique(m["vid"], return_counts=True)):
             self._vcount[int(v)] -= int(c)
-        self._meta[slots] = 0
-        self._free = np.concatenate([self._free, slots.astype(np.int64)])
-        self.live -= len(slots)
-        if len(self._meta) > _MIN_SLOTS and self.live < _SHRINK_BELOW * len(self._meta):
-            self._resize(min(self.cfg.capacity, max(_MIN_SLOTS, int(self.live * _SHRUNK))))
-        elif self._index.needs_rebuild(0):
-            self._rebuild_index()
-
-    def _resize(self, cap: int) -> None:
-        """Move live slots to new slabs of ``cap`` slots, compacted (shrink to free memory;
-        growth goes through ``_grow``, which keeps the slots where they are)."""
-        live = np.flatnonzero(self._meta["vid"] != 0)
-        n = len(live)
-        cap = max(cap, n)
-        meta = np.zeros(cap, dtype=META)
-        rows = np.zeros((cap, self.codec.row_bytes), dtype=np.uint8)
-        if n == len(self._meta):  # growing a full slab: no holes to skip
-            meta[:n], rows[:n] = self._meta, self._rows
-        else:
-            meta[:n] = gather(self._meta, live)
-            rows[:n] = self._rows.take(live, axis=0)
-        log.debug("slab %d -> %d slots (%d live)", len(self._meta), cap, n)
-        self._meta, self._rows = meta, rows
-        self._free = np.arange(cap - 1, n - 1, -1, dtype=np.int64)
-        self._rebuild_index()
-
-    def _rebuild_index(self, extra: int = 0) -> None:
-        live = np.flatnonzero(self._meta["vid"] != 0)
-        m = gather(self._meta, live)
-        self._index.rebuild(key_hash(m["user"], m["item"], m["vid"]), live, extra)
-        _trim_heap()
-
-    def _grow(self, cap: int) -> None:
-        """Enlarge the slabs to ``cap`` slots, every live slot keeping its number, so the
-        index stays valid: no rebuild (re-hashing and re-inserting every live key on each
-        growth made growing cost more than the writes themselves). Holes stay free and are
-        handed out first."""
-        old = len(self._meta)
-        meta = np.zeros(cap, dtype=META)
-        rows = np.zeros((cap, self.codec.row_bytes), dtype=np.uint8)
-        meta[:old], rows[:old] = self._meta, self._rows
-        log.debug("slab %d -> %d slots (%d live)", old, cap, self.live)
-        self._meta, self._rows = meta, rows
-        self._free = np.concatenate([np.arange(cap - 1, old - 1, -1, dtype=np.int64),
-                                     self._free])
-        _trim_heap()  # the old slabs' pages go back (see ``_libc_trim``)
-
-    def _alloc(self, k: int) -> np.ndarray:
-        if len(self._free) < k:
-            grown = max(self.live + k, int(len(self._meta) * _GROW), _MIN_SLOTS)
-            self._grow(min(self.cfg.capacity, grown))
-        assert len(self._free) >= k, "allocating past capacity"
-        out, self._free = self._free[len(self._free) - k:], self._free[:len(self._free) - k]
-        return out
 
     # ---------------------------------------------------------------- writes
     def put(self, users: np.ndarray, items: np.ndarray, vectors: np.ndarray, version: str,
@@ -279,35 +189,25 @@ class PairStore:
 
     def _write(self, users, items, vid: int, written, sc, read, rows, h) -> int:
         """Overwrite existing keys in place, evict if full, insert the rest (distinct keys)."""
+        t = self.table
         dec = self.codec.decode(rows).astype(np.float64)
-        slot, _ = self._lookup(users, items, vid, h)
+        slot, _ = t.lookup(users, items, vid, h)
         old = np.flatnonzero(slot >= 0)
         if len(old):
             s = slot[old]
-            prev = self.codec.decode(self._rows[s]).astype(np.float64)
+            prev = self.codec.decode(t.rows[s]).astype(np.float64)
             self._sums.adjust(self._sums.find(users[old], vid), dec[old] - prev)
-            self._bucket_add(self._meta["written"][s], -1)
+            self._bucket_add(t.meta["written"][s], -1)
             self._bucket_add(written[old], +1)
-            self._meta["written"][s] = written[old]
-            self._meta["score"][s] = sc[old]
-            self._meta["read"][s] = read[old]
-            self._rows[s] = rows[old]
+            t.overwrite(s, written[old], sc[old], read[old], rows[old])
         new = np.flatnonzero(slot < 0)
         stored = len(old)
         over = self.live + len(new) - self.cfg.capacity
         if over > 0:
             new = self._evict_for(new, sc, written, over)
         if len(new):
-            s = self._alloc(len(new))
-            m = self._meta
-            m["user"][s], m["item"][s], m["vid"][s] = users[new], items[new], vid
-            m["written"][s], m["score"][s], m["read"][s] = written[new], sc[new], read[new]
-            self._rows[s] = rows[new]
-            self.live += len(new)
-            if self._index.needs_rebuild(len(new)):
-                self._rebuild_index()  # the new slots are live already
-            else:
-                self._index.insert(h[new], s)
+            t.insert(users[new], items[new], vid, written[new], sc[new], read[new], rows[new],
+                     h[new])
             self._sums.add(users[new], np.full(len(new), vid), dec[new], +1)
             self._bucket_add(written[new], +1)
             self._vcount[vid] = self._vcount.get(vid, 0) + len(new)
@@ -319,9 +219,10 @@ class PairStore:
         runs rarely): drop the lowest (score, written) among live and incoming entries.
         Returns the incoming positions that survive."""
         extra = min(4096, max(1, self.cfg.capacity // 256))
-        live = np.flatnonzero(self._meta["vid"] != 0)
-        pool_score = np.concatenate([self._meta["score"][live], sc[new]])
-        pool_written = np.concatenate([self._meta["written"][live], written[new]])
+        meta = self.table.meta
+        live = self.table.live_slots()
+        pool_score = np.concatenate([meta["score"][live], sc[new]])
+        pool_written = np.concatenate([meta["written"][live], written[new]])
         k = min(len(pool_score), over + extra) if len(live) else over
         victims = lowest(pool_score, pool_written, k)
         old_v = victims[victims < len(live)]
@@ -337,7 +238,7 @@ class PairStore:
             now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(found (n,), vectors (n, d) float32, age_s (n,)) of fresh pairs of ``version``."""
         now, vid, users, items = self._read(now, version, users, items, "users", "items")
-        return _answer.get_pairs(self, vid, now, users, items)
+        return _answer.get_pairs(self._view, vid, now, users, items)
 
     def aggregate(self, users: np.ndarray, exclude_items: np.ndarray, version: str,
                   now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -345,7 +246,7 @@ class PairStore:
         ``version``, leaving out ``exclude_items`` (one item per row)."""
         now, vid, users, excl = self._read(now, version, users, exclude_items, "users",
                                            "exclude_items")
-        return _answer.aggregate_rows(self, vid, users, excl)
+        return _answer.aggregate_rows(self._view, vid, users, excl)
 
     def holders(self, items: np.ndarray, users: np.ndarray, version: str, now: float
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -357,7 +258,7 @@ class PairStore:
         items, users = check_ids(items, "items"), check_ids(users, "users")
         vid = self._version_id(version, create=False)
         self._advance(now)
-        return _answer.holder_grid(self, vid, now, items, users)
+        return _answer.holder_grid(self._view, vid, now, items, users)
 
     def _read(self, now, version, a, b, name_a: str, name_b: str):
         """Checked (now, version id, a, b) of a keyed read, after expiring up to ``now``."""
@@ -374,17 +275,17 @@ class PairStore:
         now, items, user, item_nbrs, nbr_users = check_query(q)
         vid = self._version_id(q.version, create=False)
         self._advance(now)
-        return _answer.answer_query(self, vid, now, items, user, item_nbrs, bool(q.aggregate),
-                                    nbr_users, bool(q.nbr_all))
+        return _answer.answer_query(self._view, vid, now, items, user, item_nbrs,
+                                    bool(q.aggregate), nbr_users, bool(q.nbr_all))
 
     # ---------------------------------------------------------------- state
     def metrics(self) -> dict:
         """Entries, bytes and counters (hits / misses by tier, expiry, evictions)."""
-        payload = int(self._rows.nbytes)
-        total = int(payload + self._meta.nbytes + self._free.nbytes + self._index.nbytes
-                    + self._sums.nbytes)
-        out = {"entries": self.live, "capacity": self.cfg.capacity, "slots": len(self._meta),
-               "payload_bytes": payload, "total_bytes": total, "index_bytes": self._index.nbytes,
+        t = self.table
+        payload = int(t.rows.nbytes)
+        total = int(t.nbytes + self._sums.nbytes)
+        out = {"entries": self.live, "capacity": self.cfg.capacity, "slots": len(t.meta),
+               "payload_bytes": payload, "total_bytes": total, "index_bytes": t.index.nbytes,
                "sums_bytes": self._sums.nbytes, "user_versions": self._sums.live,
                "codec": self.codec.name,
                "versions": {v: self._vcount.get(i, 0) for v, i in self._vid.items()
@@ -394,13 +295,31 @@ class PairStore:
 
     def snapshot(self) -> pa.Table:
         """Every live entry (codec bytes verbatim) plus running sums and counters."""
-        return _snap.to_table(self)
+        return _snap.to_table(self.table, self._sums, self._vnames, self._max_now,
+                              self.counters)
 
     @classmethod
     def restore(cls, cfg: CacheConfig, table: pa.Table) -> "PairStore":
-        """A store answering exactly as the one that wrote ``table``."""
+        """A store answering exactly as the one that wrote ``table``; DataError on a
+        mismatch (codec, width, format)."""
         store = cls(cfg)
-        _snap.load_into(store, table)
+        e = _snap.from_table(table, store.codec)
+        if e.max_now is not None:
+            store._max_now = e.max_now
+        for v in dict.fromkeys(e.versions.tolist()):
+            vid = store._version_id(v, create=True)
+            sel = np.flatnonzero(e.versions == v)
+            store._write(e.users[sel], e.items[sel], vid, e.written[sel], e.score[sel],
+                         e.read[sel], e.rows[sel], key_hash(e.users[sel], e.items[sel], vid))
+        # the writer's running sums, bit for bit (unless a smaller capacity evicted some
+        # rows: then the sums re-added on the way in are the right ones)
+        g = e.sum_rows
+        if len(g) and store.live == len(e.users):
+            vids = np.array([store._vid[v] for v in e.versions[g]], dtype=np.uint16)
+            r = store._sums.find(e.users[g], vids)
+            assert (r >= 0).all(), "a restored group without a running sum"
+            store._sums.sums[r] = e.sums
+        store.counters.update({k: v for k, v in e.counters.items() if k in store.counters})
         return store
 
 

@@ -162,7 +162,7 @@ def test_stashed_keys_take_the_general_lookup():
                    aggregate=True, nbr_users=np.array([0, 5, 6]))
     want = reference(entries, now, q)
     check(store.answer(q), want)
-    index = store._index
+    index = store.table.index
     live = np.flatnonzero(index._cells != np.iinfo(np.uint64).max)
     moved = live[::3]  # a third of the cells move to the stash, as failed kicks leave them
     index._stash_b = moved // 4
