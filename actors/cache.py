@@ -36,7 +36,7 @@ from actors.shard import SHARD_NUM_CPUS, CacheShard, shard_name
 from solaris import enrich
 from solaris import wire as frames
 from solaris.cache import wire
-from solaris.cache.inputs import check_ids, check_time
+from solaris.cache.inputs import check_ids, check_time, check_user
 from solaris.cache.query import ShardAnswer, ShardQuery, Slots
 from solaris.cache.ring import HashRing
 from solaris.config import CacheConfig, EnrichConfig, HistoryConfig
@@ -252,7 +252,7 @@ class CacheGroup:
         One call to the owning shard, not waited on. Raises RequestError for a bad request
         (checked here); a dead or failing shard is logged and counted, never raised.
         """
-        user = self._user_id(user)
+        user = check_user(user)
         items = check_ids(items, "items")
         now = check_time(now)
         surf = np.asarray(surfaces)
@@ -265,7 +265,7 @@ class CacheGroup:
                       now: float) -> None:
         """Labels (n, T) of 0/1 for ``user``'s ``items``, arriving at event time ``now``;
         fire-and-forget like ``record_impressions``."""
-        user = self._user_id(user)
+        user = check_user(user)
         items = check_ids(items, "items")
         now = check_time(now)
         y = np.asarray(labels)
@@ -274,11 +274,6 @@ class CacheGroup:
                                f"{y.shape}")
         self._send(user, "record_labels", frames.encode("labels", (user, items, y, now)))
 
-    @staticmethod
-    def _user_id(user: int) -> int:
-        if not isinstance(user, (int, np.integer)) or isinstance(user, bool) or user < 0:
-            raise RequestError(f"user={user!r}: must be a non-negative integer id")
-        return int(user)
 
     def record_impressions_many(self, records: Sequence[tuple[int, np.ndarray, Any, float]]
                                 ) -> None:
@@ -287,7 +282,7 @@ class CacheGroup:
         if not records:
             return
         by_shard: dict[int, list] = {}
-        users = np.array([self._user_id(r[0]) for r in records], np.int64)
+        users = np.array([check_user(r[0]) for r in records], np.int64)
         for rec, s in zip(records, self.shard_of(users).tolist()):
             user, items, surfaces, now = rec
             items = check_ids(items, "items")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from solaris.cache.inputs import check_ids, check_time, check_version
+from solaris.cache.inputs import check_ids, check_time, check_user, check_version
 from solaris.cache.query import ShardAnswer, ShardQuery, Slots
 from solaris.config import EnrichConfig
 from solaris.errors import DataError, RequestError
@@ -126,8 +126,7 @@ class RequestPlan:
 def plan(user: int, candidates: np.ndarray, user_knn: NeighbourTable | None,
          item_knn: NeighbourTable | None, cfg: EnrichConfig) -> RequestPlan:
     """The keys of one request; raises RequestError naming a bad user or candidate list."""
-    if not isinstance(user, (int, np.integer)) or isinstance(user, bool) or user < 0:
-        raise RequestError(f"user={user!r}: must be a non-negative integer id")
+    check_user(user)
     cands = check_ids(candidates, "candidates")
     if len(cands) > cfg.max_candidates:
         raise RequestError(f"candidates: {len(cands)} > enrich.max_candidates="

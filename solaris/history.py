@@ -27,7 +27,7 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from solaris.cache.inputs import check_ids, check_time
+from solaris.cache.inputs import check_ids, check_time, check_user
 from solaris.config import HistoryConfig
 from solaris.errors import DataError, RequestError
 
@@ -127,12 +127,6 @@ class HistoryStore:
 
     # ------------------------------------------------------------------ writes
     @staticmethod
-    def _user_id(user: int) -> int:
-        if not isinstance(user, (int, np.integer)) or user < 0:
-            raise RequestError(f"user={user!r}: must be a non-negative integer id")
-        return int(user)
-
-    @staticmethod
     def _surfaces(surfaces: np.ndarray | int | None, n: int) -> np.ndarray:
         if surfaces is None:
             return np.full(n, -1, np.int32)
@@ -146,7 +140,7 @@ class HistoryStore:
     def record_impressions(self, user: int, items: np.ndarray, surfaces: np.ndarray | int,
                            now: float) -> None:
         """Candidates shown to ``user`` at event time ``now`` (labels unknown yet)."""
-        user = self._user_id(user)
+        user = check_user(user)
         items = check_ids(items, "items")
         now = check_time(now)
         surf = self._surfaces(surfaces, len(items))
@@ -182,7 +176,7 @@ class HistoryStore:
         (late past the ring, or never seen) is appended as an event at ``ts`` (else
         ``now``) with ``surfaces`` (else unknown).
         """
-        user = self._user_id(user)
+        user = check_user(user)
         items = check_ids(items, "items")
         now = check_time(now)
         n = len(items)

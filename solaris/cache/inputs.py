@@ -29,6 +29,13 @@ def check_ids(x: np.ndarray, name: str) -> np.ndarray:
     return a
 
 
+def check_user(user: int) -> int:
+    """One user id: a non-negative integer (not a bool), or RequestError naming the value."""
+    if not isinstance(user, (int, np.integer)) or isinstance(user, bool) or user < 0:
+        raise RequestError(f"user={user!r}: must be a non-negative integer id")
+    return int(user)
+
+
 def check_time(now: float) -> float:
     """A finite event time in seconds (never wall time: DESIGN.md, two clocks)."""
     if not isinstance(now, (int, float, np.integer, np.floating)) or not math.isfinite(now):
