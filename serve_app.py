@@ -22,8 +22,8 @@ from serve.precompute import Precompute
 from serve.router import LookupRouter
 from serve.vm import VMReplicas
 from solaris.config import load_config
-from solaris.scoring import Artifacts
-from solaris.serving import default_artifacts_dir, ensure_artifacts, settings_from_args
+from solaris.online.scoring import Artifacts
+from solaris.online.serving import default_artifacts_dir, ensure_artifacts, settings_from_args
 
 __all__ = ["FeedbackRequest", "LookupRouter", "Precompute", "RankRequest", "RankResponse",
            "ScaleRequest", "VMReplicas", "api", "build_app"]

@@ -1,12 +1,12 @@
 """The client of a group of cache shards (``actors.shard.CacheShard``): one round per request.
 
 ``CacheGroup`` lives in the caller's process (the router): it creates or attaches to the named
-shards, places users on them with the consistent-hash ring, and turns ``solaris.enrich``'s plan
+shards, places users on them with the consistent-hash ring, and turns ``solaris.online.enrich``'s plan
 into one parallel round of ``answer`` calls with a deadline (DESIGN.md, "One round of remote
 calls per request"); a query and its answer each cross as one ``solaris.cache.wire`` byte
 string. A shard that is dead, restarting, failing or late reads as misses; the caller never
 sees an exception or waits past the deadline. The in-process equivalent of
-``CacheGroup.lookup`` is ``solaris.enrich.enrich_local`` on one store: both give the same
+``CacheGroup.lookup`` is ``solaris.online.enrich.enrich_local`` on one store: both give the same
 ``Slots``, bit for bit.
 
 Each shard also holds the behaviour history of the users it owns (``actors.shard``). The
@@ -33,7 +33,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
 from actors.shard import SHARD_NUM_CPUS, CacheShard, shard_name
-from solaris import enrich
+from solaris.online import enrich
 from solaris import wire as frames
 from solaris.cache import wire
 from solaris.cache.inputs import check_ids, check_time, check_user

@@ -10,7 +10,7 @@ import ray
 
 from actors import names
 from solaris.config import KnnConfig
-from solaris.serving import KnnTables, knn_version, load_knn
+from solaris.online.serving import KnnTables, knn_version, load_knn
 
 HOLDER_NUM_CPUS = 0.05
 

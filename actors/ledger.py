@@ -8,7 +8,7 @@ import numpy as np
 import ray
 
 from solaris import wire
-from solaris.ledger import CostLedger
+from solaris.precompute.ledger import CostLedger
 
 LEDGER_NUM_CPUS = 0.05
 

@@ -1,6 +1,6 @@
 """FM worker actors: lease from the precompute queue, run FM + encoder, write the cache, ack.
 
-``FMWorker`` wraps one ``solaris.precompute.PrecomputeWorker`` built in ``__init__`` from the
+``FMWorker`` wraps one ``solaris.precompute.worker.PrecomputeWorker`` built in ``__init__`` from the
 artifact files (``fm.pt`` and ``encoder.pt``, read with ``weights_only``), the side-feature
 tables and a history provider: by default (``history=None``) the live history held by the
 cache shards (``WindowHistory`` over ``CacheGroup.history_window``); a static provider
@@ -71,8 +71,8 @@ from actors.ledger import LedgerClient
 from actors.queue import QueueClient
 from solaris.config import PrecomputeConfig
 from solaris.errors import ConfigError
-from solaris.pqueue import Lease
-from solaris.precompute import (HistoryProvider, PrecomputeWorker, SideTables, WindowHistory,
+from solaris.precompute.pqueue import Lease
+from solaris.precompute.worker import (HistoryProvider, PrecomputeWorker, SideTables, WindowHistory,
                                 describe_device, load_models)
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The precompute queue actor: one ``solaris.pqueue.PrecomputeQueue`` behind a lock, made durable.
+"""The precompute queue actor: one ``solaris.precompute.pqueue.PrecomputeQueue`` behind a lock, made durable.
 
 ``PrecomputeQueueActor`` owns what the pure queue leaves out: one Ray call per batch
 (``put`` takes a whole verifier batch, ``lease`` returns whole request groups), the wall
@@ -53,7 +53,7 @@ from solaris import wire
 from solaris.atomic import filesystem
 from solaris.config import QueueConfig
 from solaris.durable import Durable, every
-from solaris.pqueue import Lease, PrecomputeQueue
+from solaris.precompute.pqueue import Lease, PrecomputeQueue
 
 log = logging.getLogger(__name__)
 

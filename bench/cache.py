@@ -87,7 +87,7 @@ class Workload:
 
     def user_knn(self):
         """(users, 100) neighbours from the user's community, nearest first."""
-        from solaris.enrich import NeighbourTable
+        from solaris.online.enrich import NeighbourTable
 
         rng = np.random.default_rng(self.seed + 1)
         ids = np.empty((self.users, USER_NEIGHBOURS), np.int64)
@@ -102,7 +102,7 @@ class Workload:
 
     def item_knn(self):
         """(items, 10) neighbours from the item's pool."""
-        from solaris.enrich import NeighbourTable
+        from solaris.online.enrich import NeighbourTable
 
         rng = np.random.default_rng(self.seed + 2)
         it = np.arange(self.items)
@@ -172,7 +172,7 @@ def latency(entries: int, n_requests: int, warmup: int, num_cpus: int = 2) -> di
     from solaris.tiers import LABELS as TIER_NAMES
     from solaris.cache.store import PairStore
     from solaris.config import EnrichConfig
-    from solaris.enrich import enrich_local
+    from solaris.online.enrich import enrich_local
 
     w = Workload(entries)
     uk, ik = w.user_knn(), w.item_knn()

@@ -41,7 +41,7 @@ def load(run: Path) -> tuple[dict, dict[str, np.ndarray], np.ndarray]:
 
 
 def recompute_policies(run: Path, rep: dict) -> dict:
-    """Every policy of ``solaris.speculation`` again on the run's shadow-arm log (runs made
+    """Every policy of ``solaris.precompute.speculation`` again on the run's shadow-arm log (runs made
     before a policy existed), with the run's schedule."""
     from solaris.config import QueueConfig, VerifierConfig
     from solaris.replay.closed_loop import POLICY_FRACTIONS, empty_log, shown_log

@@ -7,7 +7,7 @@ Data: ``n`` users x 64-d from a pinned Gaussian mixture (seed 0): 1024 component
 clusters, not uniform noise (on which every index looks bad) nor well separated blobs (on
 which every index looks perfect).
 
-Per size, the job's own code (``solaris.knn``) with the default ``KnnConfig``: exact
+Per size, the job's own code (``solaris.knn.tables``) with the default ``KnnConfig``: exact
 ``IndexFlatIP`` below ``exact_max`` (1M) rows, IVF at or above it.
 
 - ``build_s``: index build (k-means on a sample + add) plus the nprobe tuning to
@@ -68,7 +68,7 @@ def name_of(n: int) -> str:
 
 def measure(n: int, exact_max: int, queries: int = 200) -> dict:
     from solaris.config import KnnConfig
-    from solaris.knn import (LiveIndex, build_index, index_name, neighbours, normalise,
+    from solaris.knn.tables import (LiveIndex, build_index, index_name, neighbours, normalise,
                              recall_at_10, tune_nprobe)
 
     cfg = KnnConfig(exact_max=exact_max)

@@ -5,7 +5,7 @@
 Each RUN_DIR is a finished ``solaris replay``. Its request log (candidates, users, times) and
 the scores the verifier ranked by come from ``served.npz`` (runs written before it held
 them: the log is rebuilt from the run's config and window with the replay's ``SEED``, and the
-served scores stand in). Every policy of ``solaris.speculation`` then runs on the key-level
+served scores stand in). Every policy of ``solaris.precompute.speculation`` then runs on the key-level
 schedule simulation with the run's lag, tick, TTL and budget, over a sweep of fractions
 (the oracle once: it computes exactly what will be read). Reported per run:
 

@@ -37,7 +37,7 @@ def load_run(run: Path) -> tuple[RunProbs, dict, np.ndarray]:
     replay.json and the rows' request times."""
     from solaris.replay.evaluate import ServedRows, halves
     from solaris.replay.report import mapped
-    from solaris.scoring import Artifacts
+    from solaris.online.scoring import Artifacts
 
     rep = json.loads((run / "replay.json").read_text())
     art_dir = run / "artifacts"

@@ -290,7 +290,7 @@ def compute_ratio(artifacts: str, size: int = 500, reps: int = 15) -> dict[str, 
 
     from solaris.config import HistoryConfig
     from solaris.history import HistoryStore
-    from solaris.scoring import Artifacts, InlineFM, ScoreRequest, VMScorer
+    from solaris.online.scoring import Artifacts, InlineFM, ScoreRequest, VMScorer
 
     torch.set_num_threads(1)
     art = Artifacts.open(artifacts)
@@ -325,7 +325,7 @@ async def _run(args: argparse.Namespace, art_dir: str) -> dict[str, Any]:
     import aiohttp
     import requests
 
-    from solaris.scoring import Artifacts
+    from solaris.online.scoring import Artifacts
 
     art = Artifacts.open(art_dir)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -483,7 +483,7 @@ def main() -> int:
 
     import serve_app
     from solaris.config import load_config
-    from solaris.serving import default_artifacts_dir, ensure_artifacts
+    from solaris.online.serving import default_artifacts_dir, ensure_artifacts
 
     if args.artifacts and args.knn_data == "synthetic":
         p.error("--artifacts: pass --knn-data DIR (the data they were trained on) or none")

@@ -17,14 +17,14 @@ local ``DATA`` first. ``URI`` (a ``pyarrow.fs`` URI or a local directory;
 1. Ray Data reads the interaction log and one placeholder row per user (so users without
    events get a row too), groups by user, and keeps each user's last ``history_len`` events
    before ``--as-of`` (default: just after the last logged event)
-   (``solaris.user_encoder.recent_history``);
+   (``solaris.knn.user_encoder.recent_history``);
 2. ``map_batches`` with ``encode_users`` as tasks (at most ``--encoders`` at once, explicit
    ``--batch-size``, one GPU each where the cluster has GPUs) embeds them with the FM's
-   request tower (``solaris.user_encoder``); each worker process decodes the FM once per
+   request tower (``solaris.knn.user_encoder``); each worker process decodes the FM once per
    rebuild and keeps it for the batches it runs after;
 3. the driver builds the user index (exact or IVF by size), tunes it, checks recall@10
    against exact search and publishes the table, the faiss index and the pointer swap
-   (``solaris.knn``); then the same for the items' FM embeddings. A recall below
+   (``solaris.knn.tables``); then the same for the items' FM embeddings. A recall below
    ``knn.min_recall`` is refused (exit 2, the previous version stays current).
 
 ``--every S`` repeats the rebuild every S wall seconds (``--times N`` stops after N); a
@@ -107,7 +107,7 @@ def side_tables(data: DataDir) -> Any:
     from solaris.config import FeatureConfig
     from solaris.data.schema import Dataset, FeatureSpec, interaction_schema
     from solaris.features import FeatureTables
-    from solaris.precompute import SideTables
+    from solaris.precompute.worker import SideTables
 
     meta = data.meta()
     tasks = tuple(meta["tasks"])
@@ -145,7 +145,7 @@ def train_if_missing(cfg: SolarisConfig, data_dir: Path, artifacts: Path) -> Non
 def histories(g: dict[str, np.ndarray], tasks: tuple[str, ...], as_of: float, length: int
               ) -> dict[str, np.ndarray]:
     """map_groups fn: one user's events -> that user's last ``length`` events before as_of."""
-    from solaris.user_encoder import recent_history
+    from solaris.knn.user_encoder import recent_history
 
     labels = np.stack([g[t] for t in tasks], axis=1)
     return recent_history(g["user_id"], g["item_id"], g["ts"], g["seq"], g["surface"], labels,
@@ -170,7 +170,7 @@ def encode_users(batch: dict[str, np.ndarray], models: list, as_of: float,
     global _ENCODER
     import torch
 
-    from solaris.user_encoder import UserEncoder, request_inputs
+    from solaris.knn.user_encoder import UserEncoder, request_inputs
 
     key = models[0].hex()
     if _ENCODER is None or _ENCODER[0] != key:
@@ -266,9 +266,9 @@ def rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConfi
     """One rebuild against the connected Ray cluster; returns what was published."""
     import torch
 
-    from solaris.knn import build_table, new_version, publish
-    from solaris.precompute import load_models
-    from solaris.user_encoder import item_embeddings
+    from solaris.knn.tables import build_table, new_version, publish
+    from solaris.precompute.worker import load_models
+    from solaris.knn.user_encoder import item_embeddings
 
     t0 = time.perf_counter()
     artifacts = Path(artifacts)

@@ -466,7 +466,7 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
     ``truth``: the closed loop's MovieLens ground truth (``ds`` relabelled by it)."""
     from solaris.replay.coverage import coverage_over_time
     from solaris.replay.plots import coverage_time_plot, rollover_plot
-    from solaris.knn import load_current
+    from solaris.knn.tables import load_current
     from solaris.replay.report import (bounds_report, coverage_report, json_default,
                                        save_feature_log, served_rows, served_scores, take_rows,
                                        transfer_from_log)
@@ -728,7 +728,7 @@ def base_scores(lg: Any, live: dict, art_dirs: list[Path], task: str) -> np.ndar
     request was not served."""
     import dataclasses
 
-    from solaris.scoring import Artifacts, ScoreRequest, VMScorer
+    from solaris.online.scoring import Artifacts, ScoreRequest, VMScorer
 
     out = np.full(lg.candidates.shape, np.nan, np.float32)
     for d in art_dirs:
@@ -749,7 +749,7 @@ def evaluate_only(out: Path) -> int:
     """Recompute the transfer figures of a finished replay from ``OUT/feature_log.npz`` and
     rewrite them into ``OUT/replay.json``."""
     from solaris.replay.report import json_default, summary_table, transfer_from_log
-    from solaris.scoring import Artifacts
+    from solaris.online.scoring import Artifacts
 
     path = out / "replay.json"
     if not path.exists() or not (out / "feature_log.npz").exists():

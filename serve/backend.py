@@ -11,7 +11,7 @@ import numpy as np
 
 from solaris.config import SolarisConfig
 from solaris.errors import SolarisError
-from solaris.serving import KnnTables
+from solaris.online.serving import KnnTables
 
 # per-request access logs cost the hot path CPU; turn them on per deployment in a Serve config
 # (logging_config: {enable_access_log: true}) when wanted
@@ -52,7 +52,7 @@ class Backend:
     def history_provider(self, timeout_s: float) -> Any:
         """The live history (on the cache shards) as a ``HistoryProvider`` for the request
         path; a shard that misses ``timeout_s`` raises ``HistoryUnavailable``."""
-        from solaris.precompute import WindowHistory
+        from solaris.precompute.worker import WindowHistory
 
         return WindowHistory(functools.partial(self.group.history_window, timeout_s=timeout_s))
 

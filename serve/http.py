@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from solaris.scales import PAIR_TIERS
+from solaris.online.scales import PAIR_TIERS
 
 MAX_ID = 2**62  # ids are int64 on every path
 RETRY_AFTER_S = 2  # what a 503 asks the client to wait
@@ -60,7 +60,7 @@ class FeedbackRequest(BaseModel):
 
 
 class ScaleRequest(BaseModel):
-    """Change one scale of a residual VM at runtime (``solaris/scales.py``)."""
+    """Change one scale of a residual VM at runtime (``solaris/online/scales.py``)."""
 
     model_config = ConfigDict(extra="forbid")
     task: str

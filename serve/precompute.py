@@ -12,7 +12,7 @@ from ray.util import metrics as ray_metrics
 
 from serve.backend import Backend
 from solaris.config import load_config
-from solaris.scoring import Artifacts
+from solaris.online.scoring import Artifacts
 
 log = logging.getLogger("solaris.serve")
 

@@ -24,14 +24,14 @@ from starlette.background import BackgroundTask
 from serve.backend import QUIET, Backend, Unavailable, knn_tables
 from serve.http import (MAX_ID, RETRY_AFTER_S, FeedbackRequest, RankRequest, RankResponse,
                         ScaleRequest, api, problem)
-from solaris import verifier
+from solaris.online import verifier
 from solaris.cache.query import Slots
 from solaris.config import SolarisConfig, config_to_dict, load_config
-from solaris.rollout import RolloutPolicy
-from solaris.scales import ScaleError, ScaleTable
-from solaris.scoring import (Artifacts, InlineFM, PackedSlots, ScoreRequest, decode_scores,
+from solaris.online.rollout import RolloutPolicy
+from solaris.online.scales import ScaleError, ScaleTable
+from solaris.online.scoring import (Artifacts, InlineFM, PackedSlots, ScoreRequest, decode_scores,
                              encode_score_request)
-from solaris.serving import AfterAnswer, ColdNeighbours, ColdStartMemo, is_cold
+from solaris.online.serving import AfterAnswer, ColdNeighbours, ColdStartMemo, is_cold
 from solaris.tiers import LABELS as TIER_LABELS
 from solaris.tiers import NUM_TIERS, Tier
 
@@ -156,8 +156,8 @@ class LookupRouter:
         try:
             with self._inline_lock:
                 if self._user_enc is None:
-                    from solaris.precompute import load_models
-                    from solaris.user_encoder import UserEncoder
+                    from solaris.precompute.worker import load_models
+                    from solaris.knn.user_encoder import UserEncoder
 
                     art = self.arts[self.policy.active[self.tasks[0]]]
                     fm, _, _ = load_models(art.root)

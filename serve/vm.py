@@ -11,7 +11,7 @@ from ray import serve
 
 from serve.backend import QUIET
 from solaris.config import load_config
-from solaris.scoring import Artifacts, VMScorer, decode_score_request, encode_scores
+from solaris.online.scoring import Artifacts, VMScorer, decode_score_request, encode_scores
 
 log = logging.getLogger("solaris.serve")
 
@@ -41,7 +41,7 @@ class VMReplicas:
     async def score(self, payloads: list[bytes]) -> list[bytes]:
         """A ``scores`` frame per request, of its (2, C) served probabilities and the VM
         alone's inside the residual VM (the verifier's ranking). Each payload is one
-        ``score_request`` frame (``solaris.scoring.encode_score_request``): one buffer per
+        ``score_request`` frame (``solaris.online.scoring.encode_score_request``): one buffer per
         call instead of a dozen arrays Ray would serialise."""
         reqs = [decode_score_request(p) for p in payloads]
         out: list[bytes | None] = [None] * len(reqs)

@@ -32,7 +32,7 @@ from solaris.errors import RequestError
 MAGIC = 0x53_4F_4C_46_52_4D_31  # "SOLFRM1"
 KINDS = {  # name -> code; a code is never reused for another meaning
     "shard_query": 1, "shard_answer": 2,  # router -> shard -> router (solaris.cache.wire)
-    "score_request": 3, "scores": 4,  # router -> VM replica -> router (solaris.scoring)
+    "score_request": 3, "scores": 4,  # router -> VM replica -> router (solaris.online.scoring)
     "impressions": 5, "labels": 6, "history_log": 7,  # writes to a shard's history
     "window_query": 8, "window": 9,  # a history read (FM workers, the router's cold start)
     "pairs": 10,  # FM worker -> shard: pair embeddings
@@ -185,7 +185,7 @@ _SEP = "\x1f"  # between the groups' version strings in a lease frame
 
 
 def encode_lease(lease: Any) -> bytes:
-    """A ``solaris.pqueue.Lease`` as one ``lease`` frame."""
+    """A ``solaris.precompute.pqueue.Lease`` as one ``lease`` frame."""
     g = lease.groups
     versions = [x.version for x in g]
     if any(_SEP in v for v in versions):
@@ -203,8 +203,8 @@ def encode_lease(lease: Any) -> bytes:
 
 
 def decode_lease(buf: Any) -> Any:
-    """The ``solaris.pqueue.Lease`` ``encode_lease`` framed (writable arrays, as leased)."""
-    from solaris.pqueue import Group, Lease
+    """The ``solaris.precompute.pqueue.Lease`` ``encode_lease`` framed (writable arrays, as leased)."""
+    from solaris.precompute.pqueue import Group, Lease
 
     lease_id, deadline, users, nows, surfs, versions, counts, items, prios, queued = decode(
         buf, "lease", 10)

@@ -1,8 +1,8 @@
 """The contract between the router (enrichment), the cache client and one shard's store.
 
-A request's lookup is planned once (``solaris.enrich.plan``), split by shard into one
+A request's lookup is planned once (``solaris.online.enrich.plan``), split by shard into one
 ``ShardQuery`` each, answered by each shard's ``PairStore.answer`` in one call, and the
-``ShardAnswer``s are assembled into the VM's slots (``solaris.enrich.assemble``). A shard that
+``ShardAnswer``s are assembled into the VM's slots (``solaris.online.enrich.assemble``). A shard that
 did not answer in time contributes ``None`` (or ``ShardAnswer.empty``): all its keys miss.
 
 The reduction happens on the shard, so an answer carries only what was found, at most one

@@ -25,14 +25,14 @@ from solaris.cache.query import Slots
 from solaris.cache.store import PairStore
 from solaris.config import SolarisConfig
 from solaris.data.schema import Dataset
-from solaris.enrich import NeighbourTable, enrich_local
+from solaris.online.enrich import NeighbourTable, enrich_local
 from solaris.features import FeatureTables
 from solaris.history import request_inputs
 from solaris.models.encoder import PairEncoder
 from solaris.models.batch import vm_batch
 from solaris.models.fm import FoundationModel
-from solaris.pqueue import Group
-from solaris.precompute import PrecomputeWorker, SideTables
+from solaris.precompute.pqueue import Group
+from solaris.precompute.worker import PrecomputeWorker, SideTables
 from solaris.replay.coverage import simulate_pair_coverage
 from solaris.replay.log import RequestLog
 from solaris.replay.prepare import row_index
@@ -87,9 +87,9 @@ def knn_tables_as_of(fm: FoundationModel, tables: FeatureTables, as_of: float,
     """(user table, item table) as the KNN job builds them at ``as_of``: every user with an
     event before ``as_of``, embedded by the FM's request tower over its history then; the
     FM's item embeddings."""
-    from solaris.knn import build_table
-    from solaris.user_encoder import UserEncoder, item_embeddings, recent_history
-    from solaris.user_encoder import request_inputs as user_request_inputs
+    from solaris.knn.tables import build_table
+    from solaris.knn.user_encoder import UserEncoder, item_embeddings, recent_history
+    from solaris.knn.user_encoder import request_inputs as user_request_inputs
 
     before = tables.ts < as_of
     hist = recent_history(tables.user[before], tables.item[before], tables.ts[before],

@@ -29,7 +29,7 @@ import numpy as np
 from solaris.errors import ConfigError, DataError
 from solaris.eval.metrics import auc
 from solaris.replay.log import RequestLog
-from solaris.verifier import top_count
+from solaris.online.verifier import top_count
 
 
 def _check_windows(**windows: float) -> None:

@@ -49,7 +49,7 @@ from solaris.config import SolarisConfig
 from solaris.data.rating_truth import RatingTruth
 from solaris.data.schema import ITEM, TS, USER
 from solaris.data.synthetic_truth import Arrivals, SessionTruth, uniforms
-from solaris.enrich import NeighbourTable, enrich_local
+from solaris.online.enrich import NeighbourTable, enrich_local
 from solaris.errors import ConfigError
 from solaris.eval.metrics import point_ci
 from solaris.history import HistoryStore
@@ -181,7 +181,7 @@ def run_arm(ctx: LoopContext, arm: str, opts: LoopOptions,
             progress: Callable[[int], None] | None = None) -> ArmLog:
     """One arm over the whole window, request by request in event order."""
     from solaris.eval.served import put_writes, select_slots, worker_vectors
-    from solaris.scoring import ScoreRequest
+    from solaris.online.scoring import ScoreRequest
 
     cfg, lg = ctx.cfg, ctx.lg
     r, c = lg.candidates.shape
@@ -432,9 +432,9 @@ def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions,
     times, the causal retrieval of the real log), unlabelled."""
     from solaris.eval.served import knn_tables_as_of
     from solaris.features import FeatureTables
-    from solaris.precompute import PrecomputeWorker, load_models
+    from solaris.precompute.worker import PrecomputeWorker, load_models
     from solaris.replay.prepare import seed_history, window
-    from solaris.scoring import Artifacts, InlineFM, ScoreRequest, VMScorer
+    from solaris.online.scoring import Artifacts, InlineFM, ScoreRequest, VMScorer
 
     _, start = window(ds, cfg)
     if cfg.data.dataset == "synthetic":
@@ -482,7 +482,7 @@ def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions,
                                                 int(lg.surface[i]), None)])[0]
                      for i in range(lg.num_requests)]).astype(np.float64)
     fm, enc, version = load_models(art_dir)
-    from solaris.scales import ScaleTable
+    from solaris.online.scales import ScaleTable
 
     manifest = json.loads((Path(art_dir) / "manifest.json").read_text())
     enrich = ScaleTable({version: manifest}).enrich_for(version, cfg.enrich)

@@ -22,7 +22,7 @@ import numpy as np
 from solaris.errors import ConfigError, DataError
 from solaris.replay.log import RequestLog
 from solaris.tiers import LABELS, Tier
-from solaris.speculation import Candidates, Policy, RandomPolicy, VerifierPolicy, admit, top_count
+from solaris.precompute.speculation import Candidates, Policy, RandomPolicy, VerifierPolicy, admit, top_count
 
 LEVELS = LABELS[Tier.PAIR:]  # cumulative tier order: pair, user_neighbour, item_neighbour
 SHARES = (*LEVELS, "aggregate", "effective")
@@ -149,9 +149,9 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
 
     * serving at ts: a candidate's pair is *found* when the store holds it written at w with
       ``ts - w <= read_ttl_s`` (its age ``ts - w``);
-    * the verifier (``solaris.verifier.choose``): the top ``ceil(fraction * C)`` candidates by
+    * the verifier (``solaris.online.verifier.choose``): the top ``ceil(fraction * C)`` candidates by
       ``scores[r]`` (ties: smaller item id; ``random_picks``: a seeded uniform sample of as
-      many; ``policy``: any ``solaris.speculation`` policy's bets, the verifier's by
+      many; ``policy``: any ``solaris.precompute.speculation`` policy's bets, the verifier's by
       default), those not found or with age > ``read_ttl_s - horizon_s``. They are queued with
       the policy's priority (the verifier's: the score; random picks': uniform random) and
       the request's ts. A pair
@@ -163,7 +163,7 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
     * at the tick's end ``T_end = T + tick_s``: pending pairs whose request ts <=
       ``T_end - lag_s`` are eligible; ``budget_per_hour * tick_s / 3600`` evaluations are
       added to an allowance, its whole part is spent and lost if unused, its fraction
-      carried. As the live queue leases (``solaris.pqueue``), pairs go by request group
+      carried. As the live queue leases (``solaris.precompute.pqueue``), pairs go by request group
       (user, request ts, surface): groups in order of their best pending priority (ties: the
       group created first), each whole, the last one the allowance ends inside cut to its
       best pairs (ties: smaller item id). Each taken pair is one FM evaluation and is
@@ -410,13 +410,13 @@ def cost_at_coverage(curve: list[dict], pair: float) -> float | None:
 def compare_policies(request_log: RequestLog, scores: np.ndarray, *, fraction: float,
                      fractions: tuple[float, ...], seed: int, read_ttl_s: float, lag_s: float,
                      **kw) -> dict:
-    """Every policy of ``solaris.speculation`` on the schedule simulation at equal FM cost:
+    """Every policy of ``solaris.precompute.speculation`` on the schedule simulation at equal FM cost:
     cost curves over ``fractions`` (and ``fraction``, the verifier's own), each policy's
     coverage interpolated at the verifier's cost, the FM evaluations each needs to match
     the verifier (as a share of the verifier's), ``verifier_over_random`` and the share of
     the verifier-to-oracle gap each closes; plus the log's candidate recurrence. ``kw``: the
     other schedule arguments of ``simulate_pair_coverage``."""
-    from solaris.speculation import POLICIES, make_policy
+    from solaris.precompute.speculation import POLICIES, make_policy
 
     fr = tuple(sorted(set(fractions) | {fraction}))
     makers = {name: (lambda name=name: make_policy(name, seed=seed, read_ttl_s=read_ttl_s,

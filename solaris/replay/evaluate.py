@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from solaris.cache.query import Slots
 from solaris.eval import metrics as M
 from solaris.eval.served import select_slots
-from solaris.scoring import ScoreRequest, VMScorer
+from solaris.online.scoring import ScoreRequest, VMScorer
 from solaris.tiers import NUM_TIERS, STEPS, Tier
 
 TIER_STEPS = STEPS  # (name, tiers kept, aggregate on), cumulative (solaris.tiers)

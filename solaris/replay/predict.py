@@ -106,7 +106,7 @@ def predict(art_dir: str | Path, ds: Dataset, *, start_ts: int | None = None,
     as a replay of it would: nothing they chose was chosen on it.
     """
     from solaris.replay.prepare import check_trained_before
-    from solaris.scoring import Artifacts
+    from solaris.online.scoring import Artifacts
 
     say = say or (lambda _m: None)
     art_dir = Path(art_dir)
@@ -182,12 +182,12 @@ def served_period(art_dir: Path, manifest: dict, past: Dataset, cfg: SolarisConf
     from solaris.eval import metrics as M
     from solaris.eval.served import simulate_period
     from solaris.features import FeatureTables
-    from solaris.precompute import load_models
+    from solaris.precompute.worker import load_models
     from solaris.replay.coverage import coverage_by_tier
     from solaris.replay.evaluate import base_calibrated_tr, halves, score, transfer
     from solaris.replay.log import build_request_log
-    from solaris.scales import ScaleTable
-    from solaris.scoring import Artifacts, VMScorer
+    from solaris.online.scales import ScaleTable
+    from solaris.online.scoring import Artifacts, VMScorer
     from solaris.train.artifacts import load_base
     from solaris.train.teacher import Teacher, teacher_outputs
 

@@ -70,7 +70,7 @@ def mapped(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_ttl_s: flo
     import dataclasses
 
     from solaris.replay.evaluate import score
-    from solaris.scoring import Artifacts, VMScorer
+    from solaris.online.scoring import Artifacts, VMScorer
 
     keep = np.flatnonzero(row >= 0)
     rows = take_rows(rows, keep)

@@ -33,7 +33,7 @@ from solaris.data.split import time_split
 from solaris.eval import metrics as M
 from solaris.errors import CheckpointError
 from solaris.features import FeatureTables
-from solaris.precompute import SideTables
+from solaris.precompute.worker import SideTables
 from solaris.models.vm import VerticalModel
 from solaris.train.checkpoint import load_checkpoint, save_checkpoint
 from solaris.train.teacher import build_teacher, vm_inputs, z_at_age

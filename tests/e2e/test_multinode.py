@@ -47,8 +47,8 @@ from actors.precompute import WorkerPool  # noqa: E402
 from actors.queue import create_queue  # noqa: E402
 from solaris.config import EnrichConfig, HistoryConfig, PrecomputeConfig, load_config  # noqa: E402
 from solaris.data.load import load_dataset  # noqa: E402
-from solaris.scoring import Artifacts  # noqa: E402
-from solaris.serving import settings_from_args  # noqa: E402
+from solaris.online.scoring import Artifacts  # noqa: E402
+from solaris.online.serving import settings_from_args  # noqa: E402
 from solaris.tiers import Tier  # noqa: E402
 from solaris.train.artifacts import train_artifacts  # noqa: E402
 from tests.tiny import TINY  # noqa: E402  test_serve_app's sizes: quality is not under test

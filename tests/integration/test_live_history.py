@@ -31,8 +31,8 @@ from solaris.config import (CacheConfig, EnrichConfig, HistoryConfig,  # noqa: E
 from solaris.data.load import load_dataset  # noqa: E402
 from solaris.features import FeatureTables  # noqa: E402
 from solaris.history import HistoryStore  # noqa: E402
-from solaris.pqueue import Group  # noqa: E402
-from solaris.precompute import PrecomputeWorker, SideTables, load_models  # noqa: E402
+from solaris.precompute.pqueue import Group  # noqa: E402
+from solaris.precompute.worker import PrecomputeWorker, SideTables, load_models  # noqa: E402
 from solaris.tiers import Tier  # noqa: E402
 from solaris.train.artifacts import train_artifacts  # noqa: E402
 

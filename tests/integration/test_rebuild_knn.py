@@ -19,7 +19,7 @@ from jobs.rebuild_knn import main, rebuild  # noqa: E402
 from solaris.config import (EncoderConfig, FMConfig, KnnConfig,  # noqa: E402
                             SyntheticConfig, config_to_dict)
 from solaris.errors import CheckpointError  # noqa: E402
-from solaris.knn import current_version, load_current, load_live  # noqa: E402
+from solaris.knn.tables import current_version, load_current, load_live  # noqa: E402
 
 L = 8
 VERSION = "fm-knn-test"

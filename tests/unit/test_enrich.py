@@ -12,7 +12,7 @@ from solaris.cache import wire
 from solaris.cache.ring import HashRing
 from solaris.cache.store import PairStore
 from solaris.config import CacheConfig, EnrichConfig
-from solaris.enrich import NeighbourTable, assemble, enrich_local, plan, route
+from solaris.online.enrich import NeighbourTable, assemble, enrich_local, plan, route
 from solaris.errors import RequestError
 from solaris.tiers import Tier
 

@@ -13,9 +13,9 @@ import torch
 from solaris.config import (FeatureConfig, FMConfig, HistoryConfig, KnnConfig,
                             SyntheticConfig)
 from solaris.errors import ConfigError, DataError, RequestError
-from solaris.knn import (LiveIndex, build_table, current_version, load_current, load_live,
+from solaris.knn.tables import (LiveIndex, build_table, current_version, load_current, load_live,
                          normalise, publish, recall_at_10, build_index)
-from solaris.user_encoder import UserEncoder, item_embeddings, recent_history, request_inputs
+from solaris.knn.user_encoder import UserEncoder, item_embeddings, recent_history, request_inputs
 
 
 def mixture(n: int, d: int = 16, comps: int = 20, seed: int = 0) -> np.ndarray:
@@ -281,7 +281,7 @@ def test_user_encoder_is_the_request_tower_without_the_id(fm_world):
 
 
 def test_cold_start_memo_answers_exactly_what_a_fresh_query_gives(fm_world):
-    from solaris.serving import ColdStartMemo
+    from solaris.online.serving import ColdStartMemo
 
     ft, fm = fm_world
     enc = UserEncoder(fm)

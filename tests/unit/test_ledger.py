@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from solaris.errors import RequestError
-from solaris.ledger import CostLedger
+from solaris.precompute.ledger import CostLedger
 
 
 def a(*x: int) -> np.ndarray:

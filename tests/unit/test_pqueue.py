@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from solaris.config import QueueConfig
 from solaris.errors import RequestError
-from solaris.pqueue import PrecomputeQueue
+from solaris.precompute.pqueue import PrecomputeQueue
 
 V = "fm-v1"
 

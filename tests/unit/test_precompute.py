@@ -14,8 +14,8 @@ from solaris.features import FeatureTables
 from solaris.history import HistoryStore
 from solaris.models.encoder import PairEncoder
 from solaris.models.fm import FoundationModel
-from solaris.pqueue import Group, PrecomputeQueue
-from solaris.precompute import PrecomputeWorker, WindowHistory, describe_device
+from solaris.precompute.pqueue import Group, PrecomputeQueue
+from solaris.precompute.worker import PrecomputeWorker, WindowHistory, describe_device
 
 L = 8
 V = "fm-test"

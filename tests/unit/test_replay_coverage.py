@@ -277,8 +277,8 @@ def _live_rules(lg, scores, *, fraction, horizon, ttl, lag, tick, budget, skip=F
     import math
 
     from solaris.config import QueueConfig, VerifierConfig
-    from solaris.pqueue import PrecomputeQueue
-    from solaris.verifier import choose
+    from solaris.precompute.pqueue import PrecomputeQueue
+    from solaris.online.verifier import choose
 
     from solaris.replay.schedule import tick_allowance
 

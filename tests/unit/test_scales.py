@@ -5,7 +5,7 @@ import pytest
 
 from solaris.config import EnrichConfig
 from solaris.errors import RequestError
-from solaris.scales import ScaleTable
+from solaris.online.scales import ScaleTable
 
 OFF = {"pair": {"pair": 1.0, "user_neighbour": 0.0, "item_neighbour": 0.0}, "aggregate": 0.0}
 

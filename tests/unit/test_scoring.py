@@ -12,7 +12,7 @@ from solaris.config import HistoryConfig, load_config
 from solaris.data.load import load_dataset
 from solaris.errors import CheckpointError, RequestError
 from solaris.history import HistoryStore
-from solaris.scoring import Artifacts, InlineFM, ScoreRequest, VMScorer
+from solaris.online.scoring import Artifacts, InlineFM, ScoreRequest, VMScorer
 from solaris.tiers import Tier
 from solaris.train.artifacts import train_artifacts
 from tests import tiny
@@ -86,7 +86,7 @@ def test_missing_task_and_missing_artifacts_are_named(art, tmp_path):
 
 
 def test_packed_slots_round_trip_exactly():
-    from solaris.scoring import PackedSlots
+    from solaris.online.scoring import PackedSlots
 
     rng = np.random.default_rng(3)
     c, d = 50, 8

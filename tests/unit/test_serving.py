@@ -7,8 +7,8 @@ import pytest
 
 from solaris.config import KnnConfig
 from solaris.errors import ConfigError
-from solaris.rollout import RolloutPolicy
-from solaris.serving import KnnSnapshot, KnnTables, settings_from_args
+from solaris.online.rollout import RolloutPolicy
+from solaris.online.serving import KnnSnapshot, KnnTables, settings_from_args
 
 
 def test_rollout_switches_only_after_catching_up_and_never_back():
@@ -114,7 +114,7 @@ def test_settings_name_unknown_args():
 def test_after_answer_buffers_and_drains_per_version():
     import numpy as np
 
-    from solaris.serving import AfterAnswer
+    from solaris.online.serving import AfterAnswer
 
     b = AfterAnswer(max_requests=3)
     assert not b.add(1, np.array([5, 6, 7]), 0, 10.0, {"v1": (np.array([5]), np.array([0.9]))})
@@ -134,7 +134,7 @@ def test_after_answer_buffers_and_drains_per_version():
 def test_after_answer_counts_requests_without_impressions():
     import numpy as np
 
-    from solaris.serving import AfterAnswer
+    from solaris.online.serving import AfterAnswer
 
     b = AfterAnswer(max_requests=2)
     assert not b.add(1, np.array([], np.int64), 0, 1.0, {})  # impressions_top_k = 0

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 from solaris.config import VerifierConfig
 from solaris.errors import ConfigError
 from solaris.replay.coverage import coverage_ceiling, simulate_pair_coverage
-from solaris.speculation import (FEATURES, Candidates, LearnedPolicy, OraclePolicy, RandomPolicy,
+from solaris.precompute.speculation import (FEATURES, Candidates, LearnedPolicy, OraclePolicy, RandomPolicy,
                                  RecurrencePolicy, VerifierPolicy, admit, make_policy)
-from solaris.verifier import choose
+from solaris.online.verifier import choose
 from tests.tiny import request_log
 from tests.unit.test_replay_coverage import logs
 
@@ -169,7 +169,7 @@ def test_the_allocated_policy_spends_on_the_users_who_come_back():
     # 20 busy users (a request every 20 minutes) and 40 who come about once a day; every
     # user's top candidates by the VM are labelled, but only a busy user's come back labelled
     # within the TTL
-    from solaris.speculation import AllocatedPolicy
+    from solaris.precompute.speculation import AllocatedPolicy
 
     rng = np.random.default_rng(1)
     rows = []

@@ -15,7 +15,7 @@ from solaris.config import load_config
 from solaris.data.load import load_dataset
 from solaris.features import FeatureTables
 from solaris.models.batch import KEYS, vm_batch
-from solaris.scoring import Artifacts, ScoreRequest, VMScorer
+from solaris.online.scoring import Artifacts, ScoreRequest, VMScorer
 from solaris.tiers import LABELS, NUM_TIERS, Tier
 from solaris.train.artifacts import train_artifacts
 from solaris.train.vertical import SlotArrays, VMInputs

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from solaris.config import VerifierConfig
 from solaris.errors import ConfigError, RequestError
-from solaris.verifier import BudgetController, choose, top_count
+from solaris.online.verifier import BudgetController, choose, top_count
 
 TTL = 4 * 3600.0
 CFG = VerifierConfig(fraction=0.2, horizon_s=1800.0)

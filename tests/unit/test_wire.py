@@ -19,8 +19,8 @@ from solaris.cache.query import Slots
 from solaris.config import HistoryConfig
 from solaris.errors import RequestError
 from solaris.history import WINDOW_KEYS, HistoryStore
-from solaris.pqueue import Group, Lease
-from solaris.scoring import (PackedSlots, ScoreRequest, decode_score_request, decode_scores,
+from solaris.precompute.pqueue import Group, Lease
+from solaris.online.scoring import (PackedSlots, ScoreRequest, decode_score_request, decode_scores,
                              encode_score_request, encode_scores)
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -149,7 +149,7 @@ def test_plain_check_names_the_argument():
 # the modules whose code runs on either side of a call between the project's processes
 CROSSING = ["serve_app.py", *sorted(str(p.relative_to(ROOT)) for d in ("serve", "actors")
                                     for p in (ROOT / d).glob("*.py")),
-            "solaris/wire.py", "solaris/cache/wire.py", "solaris/scoring.py"]
+            "solaris/wire.py", "solaris/cache/wire.py", "solaris/online/scoring.py"]
 
 
 @pytest.mark.parametrize("path", CROSSING)

@@ -22,7 +22,7 @@ import numpy as np
 
 from solaris.config import VerifierConfig
 from solaris.errors import RequestError
-from solaris.speculation import Candidates, VerifierPolicy, admit, top_count
+from solaris.precompute.speculation import Candidates, VerifierPolicy, admit, top_count
 
 __all__ = ["BudgetController", "choose", "top_count"]
 
@@ -66,7 +66,7 @@ def choose(scores: np.ndarray, items: np.ndarray, found_fresh: np.ndarray, age_s
     f = cfg.fraction if fraction is None else fraction
     if top_count(c, f) == 0:
         return np.zeros(0, dtype=np.int64)
-    # the verifier policy (solaris.speculation), as the schedule simulation runs it
+    # the verifier policy (solaris.precompute.speculation), as the schedule simulation runs it
     top, _ = VerifierPolicy().rank(Candidates(0, 0.0, it, s), f)
     return top[admit(top, found, age, read_ttl_s, cfg.horizon_s) & ~busy[top]]
 

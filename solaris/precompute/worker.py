@@ -33,7 +33,7 @@ from solaris.errors import CheckpointError, RequestError
 from solaris.history import request_inputs
 from solaris.models.encoder import PairEncoder
 from solaris.models.fm import REQUEST_KEYS, FoundationModel
-from solaris.pqueue import Group
+from solaris.precompute.pqueue import Group
 from solaris.train.checkpoint import load_checkpoint
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ item embeddings (the other candidate) 0.879, no better than random for imputatio
 its neighbours share more items (item Jaccard 0.052 vs 0.033).
 
 The router embeds a cold-start user with ``UserEncoder.encode(history.batch(...))`` (the
-history store builds the same request-side inputs) and asks ``solaris.knn.LiveIndex``.
+history store builds the same request-side inputs) and asks ``solaris.knn.tables.LiveIndex``.
 The job builds them from logged events with ``recent_history`` + ``request_inputs``, which
 give exactly what ``HistoryStore.batch`` gives for the same events (tested).
 

@@ -94,13 +94,13 @@ def ensure_artifacts(cfg: SolarisConfig, out: Path,
 
 @dataclass(frozen=True)
 class KnnSnapshot:
-    """One published KNN build: user and item neighbour tables (``solaris.enrich``) and the
+    """One published KNN build: user and item neighbour tables (``solaris.online.enrich``) and the
     user index for cold-start queries."""
 
     version: str
-    users: Any  # solaris.enrich.NeighbourTable | None
-    items: Any  # solaris.enrich.NeighbourTable | None
-    live: Any = None  # solaris.knn.LiveIndex | None, or (index bytes, ids, version) in transit
+    users: Any  # solaris.online.enrich.NeighbourTable | None
+    items: Any  # solaris.online.enrich.NeighbourTable | None
+    live: Any = None  # solaris.knn.tables.LiveIndex | None, or (index bytes, ids, version) in transit
 
     def shareable(self) -> "KnnSnapshot":
         """This snapshot with the faiss index as bytes: plain arrays, so one copy in Ray's
@@ -115,7 +115,7 @@ class KnnSnapshot:
         neighbour tables stay shared)."""
         if not isinstance(self.live, tuple):
             return self
-        from solaris.knn import LiveIndex
+        from solaris.knn.tables import LiveIndex
 
         return KnnSnapshot(self.version, self.users, self.items, LiveIndex.from_bytes(*self.live))
 
@@ -123,7 +123,7 @@ class KnnSnapshot:
 def knn_version(uri: str) -> str | None:
     """The published user (and item) KNN versions under ``uri``, one string; None before
     the first user publish. Reads only the pointer files."""
-    from solaris import knn
+    from solaris.knn.tables import tables as knn
 
     user = knn.current_version(uri, "user")
     if user is None:
@@ -134,7 +134,7 @@ def knn_version(uri: str) -> str | None:
 def load_knn(uri: str) -> KnnSnapshot:
     """The published tables under ``uri`` (``jobs/rebuild_knn.py``): the user table and
     its live index; the item table where one is published."""
-    from solaris import knn
+    from solaris.knn.tables import tables as knn
 
     uv, users, live = knn.load_published(uri, "user")
     if live is None:  # published without an index: no cold-start queries, tables still serve
@@ -148,7 +148,7 @@ def load_knn(uri: str) -> KnnSnapshot:
 class ColdNeighbours:
     """A one-row neighbour table for a user the published table does not hold: the user
     encoder's embedding of the user's history as of the request, queried against the live
-    index (``solaris.enrich.plan`` reads ``nearest`` only)."""
+    index (``solaris.online.enrich.plan`` reads ``nearest`` only)."""
 
     def __init__(self, user: int, ids: Any, sims: Any, version: str):
         self.user, self.ids, self.sims, self.version = user, ids, sims, version
@@ -180,7 +180,7 @@ class ColdStartMemo:
     def key(version: str, probe: int, req: dict[str, Any]) -> bytes:
         """A digest of the query's inputs (every ``ENCODER_INPUTS`` array's dtype, shape and
         bytes)."""
-        from solaris.user_encoder import ENCODER_INPUTS
+        from solaris.knn.user_encoder import ENCODER_INPUTS
 
         h = hashlib.blake2b(digest_size=20)
         h.update(f"{version}|{probe}".encode())

@@ -17,7 +17,7 @@ immutable file, so it sees the old table or the new one, never a partial one; th
 whose recall is below ``min_recall`` is refused before anything is written.
 
 Read: ``current_version(uri)`` reads only the pointer (cheap enough to poll);
-``load_current(uri)`` returns the ``solaris.enrich.NeighbourTable`` the router's enrichment
+``load_current(uri)`` returns the ``solaris.online.enrich.NeighbourTable`` the router's enrichment
 consumes; ``load_live(uri)`` the ``LiveIndex`` that answers cold-start queries for users the
 table does not hold.
 """
@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from solaris.atomic import filesystem, save_on
 from solaris.cache.snapshot import write_snapshot
 from solaris.config import KnnConfig
-from solaris.enrich import NeighbourTable
+from solaris.online.enrich import NeighbourTable
 from solaris.errors import DataError, RequestError
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ the FM, and at what queue priority (DESIGN.md step 5).
 One implementation per policy, each a pure object over one request at a time
 (``Candidates``); a stateful policy also ``observe``s every request after it ranks it, so it
 only ever knows the past. The router runs the default (``VerifierPolicy``, through
-``solaris.verifier.choose``) live; the key-level schedule simulation
+``solaris.online.verifier.choose``) live; the key-level schedule simulation
 (``solaris.replay.coverage.simulate_pair_coverage``) runs any of them, so policies can be
 compared at equal FM cost in seconds.
 

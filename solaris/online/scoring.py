@@ -28,8 +28,8 @@ from solaris.data.schema import FeatureSpec
 from solaris.errors import CheckpointError, RequestError
 from solaris.models.batch import vm_batch
 from solaris.models.residual import ResidualVM
-from solaris.pqueue import Group
-from solaris.precompute import HistoryProvider, PrecomputeWorker, SideTables, load_models
+from solaris.precompute.pqueue import Group
+from solaris.precompute.worker import HistoryProvider, PrecomputeWorker, SideTables, load_models
 from solaris.tiers import Tier
 from solaris.train.artifacts import load_side_tables, vm_alone_from_checkpoint
 from solaris.train.checkpoint import load_checkpoint
@@ -124,7 +124,7 @@ class ScoreRequest:
     items: np.ndarray  # (C,) int64
     surface: int
     slots: Slots | PackedSlots | None  # None: no SOLARIS inputs (the VM alone)
-    # (2, 4) the router's live scales for this VM (``solaris/scales.py``); None: the VM's own
+    # (2, 4) the router's live scales for this VM (``solaris/online/scales.py``); None: the VM's own
     scales: np.ndarray | None = None
 
 
@@ -241,7 +241,7 @@ class VMScorer:
         """(2, 4) the scales this VM applies (a jointly trained VM: every tier on)."""
         if self.residual:
             return self.model.scale.numpy().copy()
-        from solaris.scales import scale_array
+        from solaris.online.scales import scale_array
         return scale_array(None)
 
     @torch.inference_mode()
