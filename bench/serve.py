@@ -425,7 +425,9 @@ async def _run(args: argparse.Namespace, art_dir: str) -> dict[str, Any]:
     # the router's lookup rounds over the whole run (warm-up included): shard answers that
     # missed the deadline (``cache.deadline_ms``, read as misses) or failed, per shard
     out["cache_client"] = {k: (stats.get("cache_client") or {}).get(k)
-                           for k in ("lookups", "late", "failed")}
+                           for k in ("lookups", "late", "failed", "history_writes")}
+    # the after-answer work over the whole run: SOLARIS requests, flushes, queue calls
+    out["after_answer"] = stats.get("after_answer")
     pre = stats.get("precompute") or {}
     workers = [w for ws in (pre.get("workers") or {}).values() for w in ws if w]
     out["fm_workers"] = {"ran_in_warmup": bool(workers),

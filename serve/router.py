@@ -75,6 +75,7 @@ class LookupRouter:
         self._after_pending = 0  # answered requests whose after-answer work has not run yet
         self.buffer = AfterAnswer(cfg.serve.flush_requests)
         self._flusher: asyncio.Task | None = None
+        self._after_calls = {"flushes": 0, "queue_calls": 0}  # actor calls after answers
         self._tier_counts = np.zeros(NUM_TIERS, np.int64)
         self._agg_count = 0
         # seconds of the last requests per mode by phase (enrich, VM call, answer; the lookup
@@ -330,9 +331,11 @@ class LookupRouter:
         refs: list = []
         try:
             impressions, picks = self.buffer.drain()
+            self._after_calls["flushes"] += 1
             self.backend.record_impressions_many(impressions)
             for version, (users, its, prios, nows, surfaces) in picks.items():
                 refs.append(self.backend.queue.put(users, its, prios, nows, surfaces, version))
+                self._after_calls["queue_calls"] += 1
                 self._m_enqueued.inc(float(len(users)))
             for t, n in enumerate(self._tier_counts.tolist()):
                 if n:  # Ray counters take only positive increments
@@ -421,6 +424,10 @@ class LookupRouter:
         out: dict[str, Any] = {"rollout": self.policy.state(), "mode": self.cfg.serve.mode,
                                "phases_p50": phases,
                                "cache_client": self.backend.group.client_counts(),
+                               # the after-answer work: requests, flushes and their actor
+                               # calls (history writes: cache_client.history_writes.sent)
+                               "after_answer": {"requests": self._requests,
+                                                **self._after_calls},
                                "serve": config_to_dict(self.cfg.serve),
                                "scales": self.scales.state(),
                                "knn": {"version": self.knn.version, "swaps": self.knn.swaps,
