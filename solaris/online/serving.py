@@ -123,7 +123,7 @@ class KnnSnapshot:
 def knn_version(uri: str) -> str | None:
     """The published user (and item) KNN versions under ``uri``, one string; None before
     the first user publish. Reads only the pointer files."""
-    from solaris.knn.tables import tables as knn
+    from solaris.knn import tables as knn
 
     user = knn.current_version(uri, "user")
     if user is None:
@@ -134,7 +134,7 @@ def knn_version(uri: str) -> str | None:
 def load_knn(uri: str) -> KnnSnapshot:
     """The published tables under ``uri`` (``jobs/rebuild_knn.py``): the user table and
     its live index; the item table where one is published."""
-    from solaris.knn.tables import tables as knn
+    from solaris.knn import tables as knn
 
     uv, users, live = knn.load_published(uri, "user")
     if live is None:  # published without an index: no cold-start queries, tables still serve

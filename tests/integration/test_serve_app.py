@@ -301,7 +301,7 @@ def test_shard_then_vm_replica_killed_under_load(app):
 
 
 def _publish_knn(app, seed: int) -> str:
-    from solaris.knn.tables import tables as knn
+    from solaris.knn import tables as knn
 
     rng = np.random.default_rng(seed)
     users = np.arange(250)  # users 250.. are not in the table: cold starts
