@@ -321,6 +321,21 @@ def compute_ratio(artifacts: str, size: int = 500, reps: int = 15) -> dict[str, 
     return out
 
 
+def _force_all_tiers(art: Any) -> dict[str, Any]:
+    """Set every scale of every VM of ``art`` to 1 through ``POST /scales``; returns the
+    scales the router reports after."""
+    import requests
+
+    from solaris.online.scales import PAIR_TIERS
+
+    for task in art.tasks:
+        for slot, tier in [("pair", t) for t in PAIR_TIERS] + [("aggregate", None)]:
+            r = requests.post(URL.replace("/rank", "/scales"), timeout=30, json={
+                "task": task, "slot": slot, "tier": tier, "scale": 1.0})
+            r.raise_for_status()
+    return requests.get(URL.replace("/rank", "/scales"), timeout=30).json()
+
+
 async def _run(args: argparse.Namespace, art_dir: str) -> dict[str, Any]:
     import aiohttp
     import requests
@@ -334,6 +349,9 @@ async def _run(args: argparse.Namespace, art_dir: str) -> dict[str, Any]:
     async with aiohttp.ClientSession(connector=conn) as session:
         client = Client(session)
         works = {s: _workload(art.num_users, art.num_items, s, args.pool, s) for s in sizes}
+        if args.all_tiers:  # every tier and the aggregate looked up and applied, whatever
+            # the scales the VMs chose on validation (the cost of the full lookup)
+            out["scales_forced"] = _force_all_tiers(art)
         for s in sizes:  # warm every path once, then let speculation fill the cache a while
             for m in MODES:
                 await client.rank(*works[s][0], m)
@@ -472,6 +490,9 @@ def main() -> int:
     p.add_argument("--sat-runs", type=int, default=3,
                    help="closed-loop runs whose median is the VM-alone saturation rate")
     p.add_argument("--conc", type=int, default=8, help="clients of the saturation run")
+    p.add_argument("--all-tiers", action="store_true",
+                   help="set every VM's scales to 1 first (POST /scales), so every tier and "
+                        "the aggregate are looked up and applied: the full lookup's cost")
     p.add_argument("--workers-during-trials", action="store_true",
                    help="keep the FM workers running in the timed trials (default: they fill "
                         "the cache in the warm-up, then pause: on 2 cores they would take the "

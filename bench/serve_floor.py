@@ -5,8 +5,8 @@ benchmark at 2 and 4 cache shards, in one run.
 
 Runs ``bench/actor_call.py`` (what one actor call costs each side, the threaded kind a cache
 shard is), then ``bench/serve.py`` at 500 candidates, the VM alone and SOLARIS only, a
-quarter of the VM-alone saturation rate, KNN tables published (every tier on), once per
-shard count. For each it reports SOLARIS's extra CPU per request over the VM alone (medians
+quarter of the VM-alone saturation rate, KNN tables published and every tier forced on
+(``--all-tiers``: every VM's scales set to 1, so no tier is skipped), once per shard count. For each it reports SOLARIS's extra CPU per request over the VM alone (medians
 over interleaved trials, every process of the run summed) against its floor:
 
     actor calls per SOLARIS request x one call's CPU (caller + actor) + 1.5 ms
@@ -84,7 +84,7 @@ def main() -> int:
             js = tmp_p / f"serve{n}.json"
             _run([py, "bench/serve.py", "--json", str(js), "--sizes", "500", "--modes",
                   "vm,solaris", "--load", str(args.load), "--trials", str(args.trials),
-                  "--requests", str(args.requests), "--config", str(cfg),
+                  "--requests", str(args.requests), "--config", str(cfg), "--all-tiers",
                   "--num-cpus", str(args.num_cpus)])
             serve = json.loads(js.read_text())
             out["by_shards"][str(n)] = {"floor": floor_of(serve, call), "serve": serve}

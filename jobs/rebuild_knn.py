@@ -228,7 +228,8 @@ def user_embeddings(data: DataDir, fm: Any, as_of: float | None, encoders: int,
         batch_format="numpy", num_cpus=task_cpus)
     models = ray.put((fm, tables))  # held here until the embeddings are read back
     emb = hist.map_batches(encode_users, fn_kwargs={"models": [models], "as_of": as_of},
-                           batch_size=batch_size, batch_format="numpy", concurrency=encoders,
+                           batch_size=batch_size, batch_format="numpy",
+                           compute=ray.data.TaskPoolStrategy(size=encoders),
                            num_cpus=encoder_cpus, num_gpus=1 if use_gpu else 0)
     ids, vecs = [], []
     for b in emb.iter_batches(batch_size=8192, batch_format="numpy"):

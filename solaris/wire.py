@@ -215,15 +215,3 @@ def decode_lease(buf: Any) -> Any:
               for u, t, s, v, a, b, q in zip(users.tolist(), nows.tolist(), surfs.tolist(), vs,
                                              starts, ends, queued.tolist())]
     return Lease(lease_id, groups, deadline)
-
-
-PLAIN = (bytes, int, float, bool, str, type(None))
-
-
-def check_plain(method: str, args: Sequence[Any]) -> None:
-    """Raise ``TypeError`` naming the argument if a call's ``args`` hold anything Ray would
-    pickle (the request path sends frames and plain scalars only)."""
-    for i, a in enumerate(args):
-        if not isinstance(a, PLAIN):
-            raise TypeError(f"{method}: argument {i} is a {type(a).__name__}; calls between "
-                            "SOLARIS processes carry frames (solaris.wire) and plain scalars")
