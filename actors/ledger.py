@@ -1,4 +1,6 @@
-"""The cost-ledger actor: one ``CostLedger`` that outlives the workers reporting to it."""
+"""The cost-ledger actor: one ``CostLedger`` that outlives the workers reporting to it.
+Duplicates and speculation precision are the cache shards' counts
+(``solaris.precompute.ledger.speculation_report``)."""
 
 from __future__ import annotations
 
@@ -21,28 +23,15 @@ class LedgerActor:
         self._ledger = CostLedger()
 
     def evaluated(self, users: np.ndarray, items: np.ndarray, seconds: float) -> int:
-        """Record FM evaluations; returns how many were duplicates."""
+        """Record FM evaluations; returns how many."""
         return self._ledger.evaluated(users, items, seconds)
 
     def evaluated_frame(self, payload: bytes) -> int:
         """``evaluated`` with its arguments in one ``evaluated`` frame (``solaris.wire``)."""
         return self._ledger.evaluated(*wire.decode(payload, "evaluated", 3))
 
-    def served(self, n: int = 1) -> None:
-        """``n`` requests answered (the router)."""
-        self._ledger.served(n)
-
-    def read(self, users: np.ndarray, items: np.ndarray) -> None:
-        """Pairs served as pair embeddings (the router's hits)."""
-        self._ledger.read(users, items)
-
-    def expired(self, users: np.ndarray, items: np.ndarray,
-                was_read: np.ndarray | None = None) -> None:
-        """Entries that left the cache (the shards)."""
-        self._ledger.expired(users, items, was_read)
-
     def report(self) -> dict:
-        """``CostLedger.report``: evaluations, duplicates, FM-seconds, precision."""
+        """``CostLedger.report``: evaluations and FM-seconds."""
         return self._ledger.report()
 
 
@@ -70,7 +59,7 @@ class LedgerClient:
         return ledger if ledger is None or isinstance(ledger, cls) else cls(ledger)
 
     def evaluated(self, users: np.ndarray, items: np.ndarray, seconds: float) -> Any:
-        """Record FM evaluations; the ref gives how many were duplicates."""
+        """Record FM evaluations; the ref gives how many."""
         return self.handle.evaluated_frame.remote(wire.encode("evaluated", (
             np.asarray(users, np.int64), np.asarray(items, np.int64), float(seconds))))
 

@@ -12,12 +12,12 @@ cache shards (``WindowHistory`` over ``CacheGroup.history_window``); a static pr
    owning cache shards; a shard that does not answer gives the lease back, ``nack``);
    ``PrecomputeWorker.run``: the FM's request part once per group, the candidate part over
    every leased item in one batch, the encoder (``run_naive``: the plain per-pair forward);
-3. report the evaluations to the ``LedgerActor`` (``actors/ledger.py``; ``CostLedger``: a pair evaluated while the
-   ledger still holds an earlier evaluation of it counts as a duplicate) and, in parallel,
+3. report the evaluations to the ``LedgerActor`` (``actors/ledger.py``; the FM's cost) and,
+   in parallel,
    write the vectors to the owning cache shards (``CacheGroup.put``, one call per shard) with
    the model version and the verifier scores as eviction ranks;
 4. ``ack`` the lease (after the write: a crash before it makes the pairs come back, and the
-   retry overwrites the same cache keys -- one live entry, one counted duplicate).
+   retry overwrites the same cache keys -- one live entry; the shard counts the duplicate).
 
 ``drain`` (and the background loop) pipelines these cycles: the next lease is in hand
 (and its live histories are being read) before the current forward, the one after it is
@@ -130,7 +130,7 @@ class FMWorker:
         self._acks: deque = deque()  # (lease id, ref) of sent acks not yet read (pipeline)
         self._stop = threading.Event()
         self._loop: threading.Thread | None = None
-        self._counts = dict.fromkeys(("steps", "leases", "pairs", "written", "duplicates",
+        self._counts = dict.fromkeys(("steps", "leases", "pairs", "written",
                                       "late_acks", "errors", "ledger_errors"), 0)
         self._fm_seconds = 0.0
         # wall seconds per phase of the steps (where the time goes; "lease" counts empty polls)
@@ -229,7 +229,7 @@ class FMWorker:
         except Exception:
             self._fail(lease)
             raise
-        dups = self._ledger_result(ledger_ref)
+        self._ledger_result(ledger_ref)
         if written < len(users):
             log.warning("FM worker %d: %d of %d pairs written (shard down or store full)",
                         self._id, written, len(users))
@@ -252,10 +252,9 @@ class FMWorker:
             c["leases"] += 1
             c["pairs"] += len(users)
             c["written"] += written
-            c["duplicates"] += dups
             self._fm_seconds += secs
         return {"lease": lease.lease_id, "pairs": len(users), "written": written,
-                "duplicates": dups, "acked": acked, "fm_seconds": secs}
+                "acked": acked, "fm_seconds": secs}
 
     def _ack_result(self, lease_id: str, ref: Any) -> bool:
         """Whether the queue took the ack; a late ack (expired lease, restarted or dead
@@ -277,18 +276,17 @@ class FMWorker:
         while self._acks:
             self._ack_result(*self._acks.popleft())
 
-    def _ledger_result(self, ref: Any) -> int:
-        """Duplicates the ledger counted; accounting is best effort: a dead ledger is logged
+    def _ledger_result(self, ref: Any) -> None:
+        """Wait for the ledger's report; accounting is best effort: a dead ledger is logged
         and counted, never a reason to hold back the cache write's ack."""
         if ref is None:
-            return 0
+            return
         try:
-            return int(ray.get(ref))
+            ray.get(ref)
         except RayError as exc:
             with self._count_lock:
                 self._counts["ledger_errors"] += 1
             log.warning("FM worker %d: ledger report failed: %s", self._id, type(exc).__name__)
-            return 0
 
     def step(self, max_pairs: int | None = None, naive: bool = False) -> dict[str, Any]:
         """One lease -> compute -> write -> ack cycle, nothing overlapped; ``naive`` runs
@@ -296,8 +294,8 @@ class FMWorker:
         with self._step_lock:
             lease = self._lease(self._lease_ref(max_pairs))
             if lease is None:
-                return {"lease": None, "pairs": 0, "written": 0, "duplicates": 0,
-                        "acked": False, "fm_seconds": 0.0}
+                return {"lease": None, "pairs": 0, "written": 0, "acked": False,
+                        "fm_seconds": 0.0}
             return self._finish(lease, self._compute(lease, naive))
 
     def drain(self, naive: bool = False, max_leases: int | None = None,
@@ -311,13 +309,12 @@ class FMWorker:
 
     def _pipeline(self, naive: bool, max_leases: int | None,
                   lease_pairs: int | None = None) -> dict[str, Any]:
-        out = {"leases": 0, "pairs": 0, "written": 0, "duplicates": 0, "late_acks": 0,
-               "fm_seconds": 0.0}
+        out = {"leases": 0, "pairs": 0, "written": 0, "late_acks": 0, "fm_seconds": 0.0}
         late0 = self._counts["late_acks"]
 
         def add(r: dict[str, Any]) -> None:
             out["leases"] += 1
-            for k in ("pairs", "written", "duplicates", "fm_seconds"):
+            for k in ("pairs", "written", "fm_seconds"):
                 out[k] += r[k]
         pending: Future | None = None
         asked = 1
@@ -396,7 +393,7 @@ class FMWorker:
         return loop is not None
 
     def metrics(self) -> dict[str, Any]:
-        """Steps, leases, pairs, writes, duplicates, late acks, FM-seconds, device, pid."""
+        """Steps, leases, pairs, writes, late acks, FM-seconds, device, pid."""
         return {**self._counts, "fm_seconds": self._fm_seconds,
                 "phase_seconds": dict(self._phase), "worker": self._id,
                 "version": self.version, "device": self._device,

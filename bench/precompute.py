@@ -156,6 +156,7 @@ def measure(w: dict, work: Path, trials: int, pairs: int, lease_sizes: list[int]
     from actors.precompute import WorkerPool
     from actors.queue import create_queue
     from solaris.config import CacheConfig, PrecomputeConfig, QueueConfig
+    from solaris.precompute.ledger import speculation_report
 
     ray.init(address="local", num_cpus=num_cpus, object_store_memory=300 * 1024**2,
              include_dashboard=False, logging_level="warning",
@@ -210,12 +211,12 @@ def measure(w: dict, work: Path, trials: int, pairs: int, lease_sizes: list[int]
         for (lp, c, mode), ph in phases.items():
             phase_us.setdefault(lp, {}).setdefault(c, {})[mode] = {
                 name: 1e6 * v / pairs_done[(lp, c, mode)] for name, v in ph.items()}
-        led = ray.get(ledger.report.remote())
+        led = speculation_report(ray.get(ledger.report.remote()), cache.metrics()["shards"], 0)
         wm = ray.get(worker.metrics.remote())
         pool.shutdown()
         cache.shutdown()
-        return {"trials": out, "phase_us_per_pair": phase_us, "ledger": {k: led[k] for k in ("evaluations", "duplicates",
-                                                              "fm_seconds")},
+        return {"trials": out, "phase_us_per_pair": phase_us,
+                "ledger": {k: led[k] for k in ("evaluations", "duplicates", "fm_seconds")},
                 "worker": {k: wm[k] for k in ("leases", "pairs", "written", "late_acks",
                                               "fm_seconds", "device", "phase_seconds",
                                               "history")}}

@@ -54,6 +54,7 @@ from solaris import atomic  # noqa: E402
 from solaris.config import (ScheduleConfig, SolarisConfig, config_to_dict,  # noqa: E402
                             load_config, parse_overrides, with_overrides)
 from solaris.errors import SolarisError  # noqa: E402
+from solaris.precompute.ledger import speculation_report  # noqa: E402
 from solaris.replay.closed_loop import SHOWN  # noqa: E402
 from solaris.replay.schedule import Ticks, tick_allowance  # noqa: E402
 from solaris.tiers import Tier  # noqa: E402
@@ -501,19 +502,17 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
     rep.update(bounds_report(lg, live, acfg, load_current(lr.knn_uri, "user")[1],
                              lag_s=opts.lag_s))
     evals = int(live["evaluated"])
-    ledger = live["ledger"] or {}
-    shards = [s for s in live["shards"]["shards"] if s.get("up")]
-    expired = sum(int(s.get("expired", 0)) for s in shards)
-    unread = sum(int(s.get("expired_unread", 0)) for s in shards)
+    spec = speculation_report(live["ledger"],
+                              [s for s in live["shards"]["shards"] if s.get("up")],
+                              int(lg.num_requests))
     rep.update({
-        "speculation_precision": (expired - unread) / expired if expired else None,
-        "speculation_precision_entries": expired,
-        "expired_unread_share": unread / expired if expired else None,
+        "speculation_precision": spec["speculation_precision"],
+        "speculation_precision_entries": spec["ended"],
+        "expired_unread_share": spec["expired_unread_share"],
         "fm_evals": evals,
         "fm_evals_per_1k_requests": 1000.0 * evals / max(1, lg.num_requests),
-        "fm_duplicates": ledger.get("duplicates"),
-        "fm_seconds_per_1k_requests": (1000.0 * float(ledger.get("fm_seconds", 0.0))
-                                       / max(1, lg.num_requests)) if ledger else None,
+        "fm_duplicates": spec["duplicates"],
+        "fm_seconds_per_1k_requests": spec["fm_seconds_per_1k"],
         "lag_s": opts.lag_s, "budget_per_hour": opts.budget_per_hour, "tick_s": opts.tick_s,
         "read_ttl_s": acfg.cache.read_ttl_s, "retention_s": acfg.cache.retention_s,
         "fraction": acfg.verifier.fraction, "workers": opts.workers,
@@ -526,7 +525,7 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
         "seconds": round(live["seconds"], 1), "artifacts_seconds": prep["artifacts_seconds"],
         "window_start": prep["window_start"], "window_end": float(lg.ts[-1]),
         "fm_evals_per_event_hour": evals * 3600.0 / max(1.0, float(lg.ts[-1] - lg.ts[0])),
-        "ledger": ledger,
+        "speculation": spec,
     })
     task = ds.tasks[0]
     within = cfg.features.request_granularity_s if ds.requests is None else 1.0

@@ -12,6 +12,7 @@ from ray.util import metrics as ray_metrics
 
 from serve.backend import Backend
 from solaris.config import load_config
+from solaris.precompute.ledger import speculation_report
 from solaris.online.scoring import Artifacts
 
 log = logging.getLogger("solaris.serve")
@@ -42,6 +43,7 @@ class Precompute:
             ("version_mismatch", "own-pair lookups that found only another version (cumulative)"),
             ("fm_workers", "running FM workers"))}
         self._last: dict[str, Any] = {}
+        self._counts: tuple[dict | None, list[dict]] = (None, [])  # ledger, shards (last poll)
         self._paused = False
         self._stop = threading.Event()
         threading.Thread(target=self._poll, name="solaris-gauges", daemon=True).start()
@@ -66,6 +68,12 @@ class Precompute:
                 "fm_workers": sum(len(p.workers) for p in self.pools.values())}
         for k, v in vals.items():
             self._gauges[k].set(float(v))
+        try:
+            ledger = self.backend.ledger.report()
+        except Exception as e:  # accounting is best effort: the gauges still count
+            log.warning("ledger report failed: %s", type(e).__name__)
+            ledger = None
+        self._counts = (ledger, shards)
         return {"queue": q, **vals}
 
     def pause(self) -> int:
@@ -99,9 +107,12 @@ class Precompute:
         return {"pairs": sum(r["pairs"] for r in reports if r),
                 "queue": self.backend.queue.metrics()}
 
-    def summary(self) -> dict[str, Any]:
-        """The last gauges, the queue's metrics and each pool's worker metrics."""
+    def summary(self, served: int = 0) -> dict[str, Any]:
+        """The last gauges, the queue's metrics, each pool's worker metrics and the
+        speculation figures (``speculation_report``: the FM's cost per 1,000 of ``served``
+        requests, duplicates, speculation precision)."""
         out = dict(self._last or self._collect())
+        out["speculation"] = speculation_report(*self._counts, served=max(0, int(served)))
         out["workers"] = {v: p.metrics() for v, p in self.pools.items()}
         # where the FM runs: "cpu" or "cuda:<index> (<GPU name>)", one entry per device
         out["fm_devices"] = sorted({m["device"] for ms in out["workers"].values()

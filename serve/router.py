@@ -438,7 +438,7 @@ class LookupRouter:
         if self.precompute is not None:
             try:
                 out["precompute"] = await asyncio.wait_for(
-                    self.precompute.summary.remote(), timeout=10)
+                    self.precompute.summary.remote(self._requests), timeout=10)
             except Exception as e:
                 out["precompute"] = {"error": type(e).__name__}
         return out

@@ -48,7 +48,8 @@ log = logging.getLogger(__name__)
 
 _COUNTERS = ("pair_hits", "pair_misses", "pair_stale", "pair_other_version", "nbr_probes",
              "nbr_hits", "inbr_probes", "inbr_hits", "agg_requests", "agg_present",
-             "evictions", "expired", "expired_unread", "dropped_on_put")
+             "evictions", "expired", "expired_unread", "dropped_on_put", "replaced",
+             "replaced_read", "duplicates", "evicted_live", "evicted_read")
 
 
 def lowest(score: np.ndarray, written: np.ndarray, k: int) -> np.ndarray:
@@ -195,6 +196,12 @@ class PairStore:
         old = np.flatnonzero(slot >= 0)
         if len(old):
             s = slot[old]
+            # a replaced entry ends here, with its read flag (speculation precision); one
+            # still fresh for reads was evaluated again for nothing: a duplicate
+            self.counters["replaced"] += len(s)
+            self.counters["replaced_read"] += int(np.count_nonzero(t.meta["read"][s]))
+            self.counters["duplicates"] += int(np.count_nonzero(
+                written[old] - t.meta["written"][s] <= self.cfg.read_ttl_s))
             prev = self.codec.decode(t.rows[s]).astype(np.float64)
             self._sums.adjust(self._sums.find(users[old], vid), dec[old] - prev)
             self._bucket_add(t.meta["written"][s], -1)
@@ -228,6 +235,8 @@ class PairStore:
         old_v = victims[victims < len(live)]
         if len(old_v):
             self.counters["evictions"] += len(old_v)
+            self.counters["evicted_live"] += len(old_v)
+            self.counters["evicted_read"] += int(np.count_nonzero(meta["read"][live[old_v]]))
             self._remove(live[old_v])
         dropped = victims[victims >= len(live)] - len(live)
         self.counters["evictions"] += len(dropped)

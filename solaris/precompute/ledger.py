@@ -1,151 +1,84 @@
 """What speculation costs and what it buys (DESIGN.md, "Precompute cost", "Speculation precision").
 
-``CostLedger`` is fed events by whoever sees them -- the router (``served``), the FM workers
-(``evaluated``), the cache (``read``, ``expired``) -- and reports:
+Each figure has one source, the one that sees it happen:
 
-- FM pair-evaluations and FM-seconds per 1,000 served requests, duplicates included and
-  counted separately. A duplicate is an evaluation of a pair that already had a live entry
-  (of the ledger's version): the caller may say so (``duplicate_mask``, e.g. from a cache
-  lookup before the write), else the ledger infers it from the pairs it saw evaluated and
-  not yet expired -- which covers a pair evaluated twice because its lease expired.
-- Speculation precision: the share of precomputed entries read at least once before they
-  ended (expired, or were replaced by a re-evaluation), and the share that expired unread.
+- ``CostLedger`` (one per FM+encoder version, in the ledger actor) counts the FM's work: the
+  pair evaluations the FM workers report and their FM-seconds.
+- The cache shards (``solaris.cache.store.PairStore`` counters) see every entry end -- it
+  expires, is evicted, or is replaced by a re-evaluation -- with the entry's read flag (set
+  when it was served as its user's own pair), and count a re-evaluation of a pair whose entry
+  was still fresh for reads as a **duplicate**.
 
-One ledger per FM+encoder version. Pairs are tracked in a dict of int64 keys while live, so
-its size follows the cache's; each batch goes through the dict with C-level calls (``map``
-over ``dict.get`` / ``pop``, ``dict.update``), never a Python loop per pair, so an FM worker's
-report costs ~0.1 us per pair. numpy in, plain numbers out.
+``speculation_report`` is the one place that turns the two into the reported figures:
+evaluations, duplicates and FM-seconds per 1,000 served requests, speculation precision (the
+share of ended entries read at least once) and the share that expired unread. numpy in,
+plain numbers out.
 """
 
 from __future__ import annotations
 
-import logging
-import operator
-from itertools import compress, repeat
+from typing import Any, Iterable
 
 import numpy as np
 
 from solaris.cache.inputs import check_ids
 from solaris.errors import RequestError
 
-log = logging.getLogger(__name__)
-
-_COUNTERS = ("served", "evaluations", "duplicates", "reads", "reads_untracked",
-             "first_reads", "expired", "expired_read", "expired_untracked", "replaced",
-             "replaced_read")
-
-
-def _keys(users: np.ndarray, items: np.ndarray) -> list[int]:
-    u, i = check_ids(users, "users"), check_ids(items, "items")
-    if len(u) != len(i):
-        raise RequestError(f"items: length {len(i)} != users length {len(u)}")
-    if len(u) and (u.max() >= 2 ** 31 or i.max() >= 2 ** 32):
-        raise RequestError(f"ids too large for the ledger key: user {int(u.max())}, "
-                           f"item {int(i.max())}")
-    return ((u << 32) | i).tolist()
+# the shard counters speculation_report sums (every PairStore counts them)
+SHARD_COUNTERS = ("expired", "expired_unread", "replaced", "replaced_read", "evicted_live",
+                  "evicted_read", "duplicates")
 
 
 class CostLedger:
-    """Counts FM work, served requests, reads and expiries; ``report`` turns them into rates."""
+    """Counts the FM's pair evaluations and FM-seconds of one FM+encoder version."""
 
     def __init__(self) -> None:
-        self._open: dict[int, bool] = {}  # live precomputed pair -> read at least once
+        self.evaluations = 0
         self.fm_seconds = 0.0
-        self.counters = dict.fromkeys(_COUNTERS, 0)
 
-    def served(self, n: int = 1) -> None:
-        """``n`` requests were answered (the denominator of every per-1,000 rate)."""
-        if n < 0:
-            raise RequestError(f"n={n!r}: must be >= 0")
-        self.counters["served"] += int(n)
-
-    def evaluated(self, users: np.ndarray, items: np.ndarray, seconds: float,
-                  duplicate_mask: np.ndarray | None = None) -> int:
-        """The FM evaluated these pairs in ``seconds``; returns how many were duplicates.
-
-        Without ``duplicate_mask`` a pair counts as a duplicate when the ledger still holds
-        an earlier evaluation of it (live: not reported expired). Either way the earlier
-        entry ends as "replaced" and the new one starts unread.
-        """
-        keys = _keys(users, items)
+    def evaluated(self, users: np.ndarray, items: np.ndarray, seconds: float) -> int:
+        """The FM evaluated these pairs in ``seconds``; returns how many."""
+        u, i = check_ids(users, "users"), check_ids(items, "items")
+        if len(u) != len(i):
+            raise RequestError(f"items: length {len(i)} != users length {len(u)}")
         if not np.isfinite(seconds) or seconds < 0:
             raise RequestError(f"seconds={seconds!r}: must be a finite value >= 0")
-        if duplicate_mask is not None:
-            dup = np.asarray(duplicate_mask, bool)
-            if dup.shape != (len(keys),):
-                raise RequestError(f"duplicate_mask: expected shape ({len(keys)},), got "
-                                   f"{dup.shape}")
-        # One pass per batch through C-level dict calls, no Python loop per pair. A key may
-        # repeat in a batch: its first occurrence sees the ledger's entry (or none), every
-        # later one the entry the first just opened -- a replaced, unread duplicate.
-        batch = dict.fromkeys(keys, False)  # distinct keys, first-occurrence order
-        prev = list(map(self._open.get, batch))
-        repeats = len(keys) - len(batch)
-        replaced = repeats + len(batch) - prev.count(None)
-        self.counters["replaced"] += replaced
-        self.counters["replaced_read"] += prev.count(True)
-        n_dup = replaced if duplicate_mask is None else int(np.count_nonzero(dup))
-        self._open.update(batch)
-        self.counters["evaluations"] += len(keys)
-        self.counters["duplicates"] += n_dup
+        self.evaluations += len(u)
         self.fm_seconds += float(seconds)
-        return n_dup
+        return len(u)
 
-    def read(self, users: np.ndarray, items: np.ndarray) -> None:
-        """These pairs were served as pair embeddings (hits of precomputed entries)."""
-        keys = _keys(users, items)
-        self.counters["reads"] += len(keys)
-        # every read of a pair the ledger does not hold is untracked; a held, unread pair
-        # turns read once (its first read), whatever the repeats in the batch
-        self.counters["reads_untracked"] += list(map(self._open.get, keys)).count(None)
-        batch = dict.fromkeys(keys)
-        unread = list(compress(batch, map(operator.is_, map(self._open.get, batch),
-                                          repeat(False))))
-        self._open.update(dict.fromkeys(unread, True))
-        self.counters["first_reads"] += len(unread)
+    def report(self) -> dict[str, Any]:
+        """``evaluations`` and ``fm_seconds`` so far."""
+        return {"evaluations": self.evaluations, "fm_seconds": self.fm_seconds}
 
-    def expired(self, users: np.ndarray, items: np.ndarray,
-                was_read: np.ndarray | None = None) -> None:
-        """These entries ended (left the cache). ``was_read`` (the cache's own read flags)
-        overrides what the ledger saw; entries the ledger never saw evaluated count only
-        when it is given."""
-        keys = _keys(users, items)
-        flags = None if was_read is None else np.asarray(was_read, bool)
-        if flags is not None and flags.shape != (len(keys),):
-            raise RequestError(f"was_read: expected shape ({len(keys)},), got {flags.shape}")
-        batch = dict.fromkeys(keys)  # a repeated key ends once: later repeats find nothing
-        prev = list(map(self._open.pop, batch, repeat(None)))
-        if flags is not None:  # every row counts, read as the cache says
-            self.counters["expired"] += len(keys)
-            self.counters["expired_read"] += int(np.count_nonzero(flags))
-            return
-        untracked = len(keys) - len(batch) + prev.count(None)
-        self.counters["expired_untracked"] += untracked
-        self.counters["expired"] += len(keys) - untracked
-        self.counters["expired_read"] += prev.count(True)
 
-    def report(self) -> dict:
-        """Costs per 1,000 served requests and speculation precision (None where undefined)."""
-        c = self.counters
+def speculation_report(ledger: dict[str, Any] | None, shards: Iterable[dict[str, Any]],
+                       served: int) -> dict[str, Any]:
+    """The FM's costs per 1,000 of ``served`` requests and speculation precision, from a
+    ``CostLedger.report`` (None: no ledger, costs unknown) and the shards' metrics (the
+    shards that answered). A figure whose denominator is 0 is None."""
+    if served < 0:
+        raise RequestError(f"served={served!r}: must be >= 0")
+    c = dict.fromkeys(SHARD_COUNTERS, 0)
+    for s in shards:
+        for k in SHARD_COUNTERS:
+            c[k] += int(s.get(k, 0))
+    ended = c["expired"] + c["replaced"] + c["evicted_live"]
+    ended_read = (c["expired"] - c["expired_unread"]) + c["replaced_read"] + c["evicted_read"]
 
-        def per_1k(x: float) -> float | None:
-            return 1000.0 * x / c["served"] if c["served"] else None
-
-        def share(a: int, b: int) -> float | None:
-            return a / b if b else None
-        ended = c["expired"] + c["replaced"]
-        return {
-            **c,
-            "fm_seconds": self.fm_seconds,
-            "unique_evaluations": c["evaluations"] - c["duplicates"],
-            "evaluations_per_1k": per_1k(c["evaluations"]),
-            "duplicates_per_1k": per_1k(c["duplicates"]),
-            "fm_seconds_per_1k": per_1k(self.fm_seconds),
-            "duplicate_share": share(c["duplicates"], c["evaluations"]),
-            "live": len(self._open),
-            "live_read": sum(self._open.values()),
-            # entries that ended (expired or replaced) having been read at least once
-            "speculation_precision": share(c["expired_read"] + c["replaced_read"], ended),
-            "expired_unread": c["expired"] - c["expired_read"],
-            "expired_unread_share": share(c["expired"] - c["expired_read"], c["expired"]),
-        }
+    def share(a: float, b: float) -> float | None:
+        return a / b if b else None
+    evals = None if ledger is None else int(ledger["evaluations"])
+    fm_s = None if ledger is None else float(ledger["fm_seconds"])
+    return {
+        "served": int(served), "evaluations": evals, "fm_seconds": fm_s,
+        "duplicates": c["duplicates"],
+        "unique_evaluations": None if evals is None else evals - c["duplicates"],
+        "evaluations_per_1k": None if evals is None else share(1000.0 * evals, served),
+        "duplicates_per_1k": share(1000.0 * c["duplicates"], served),
+        "fm_seconds_per_1k": None if fm_s is None else share(1000.0 * fm_s, served),
+        "duplicate_share": None if evals is None else share(c["duplicates"], evals),
+        "ended": ended, "ended_read": ended_read, **{f"shard_{k}": v for k, v in c.items()},
+        "speculation_precision": share(ended_read, ended),
+        "expired_unread_share": share(c["expired_unread"], c["expired"]),
+    }

@@ -1,6 +1,6 @@
 """Precompute on a local Ray with faults at named points: a worker killed mid-forward or after
 its cache write but before its ack, the queue actor killed with pending work. Afterwards every
-accepted pair has exactly one live cache entry, none is missing, and the ledger counts the
+accepted pair has exactly one live cache entry, none is missing, and the shards count the
 duplicate FM evaluations. A flood far above the queue's bound keeps it within the bound.
 
 The workers run the production wiring: the live history held by the cache shards, seeded
@@ -29,6 +29,7 @@ from ray.exceptions import RayActorError  # noqa: E402
 from tests import tiny  # noqa: E402
 from actors.cache import CacheGroup  # noqa: E402
 from actors.ledger import LedgerActor  # noqa: E402
+from solaris.precompute.ledger import speculation_report  # noqa: E402
 from actors.precompute import WorkerPool  # noqa: E402
 from actors.queue import create_queue  # noqa: E402
 from solaris.precompute.worker import SideTables  # noqa: E402
@@ -149,6 +150,12 @@ def in_flight(env: Env) -> int:
     return int(ray.get(env.queue.metrics.remote())["leased"])
 
 
+def costs(env: Env) -> dict:
+    """The ledger's evaluations with the shards' duplicates (``speculation_report``)."""
+    return speculation_report(ray.get(env.ledger.report.remote()),
+                              env.cache.metrics()["shards"], served=0)
+
+
 def test_worker_killed_mid_forward(env: Env, world: World):
     put_all(env, world)
     victim, other = env.pool.workers
@@ -161,7 +168,7 @@ def test_worker_killed_mid_forward(env: Env, world: World):
     assert_each_pair_once(env, world)
     q = ray.get(env.queue.metrics.remote())
     assert q["expired_leases"] == 1 and q["expired_pairs"] == lost
-    led = ray.get(env.ledger.report.remote())
+    led = costs(env)
     # the killed forward never finished: nothing was evaluated twice, nothing written twice
     assert led["evaluations"] == len(world.users) and led["duplicates"] == 0
     assert ray.get(victim.metrics.remote())["restarted"]
@@ -178,7 +185,7 @@ def test_worker_killed_after_write_before_ack(env: Env, world: World):
     assert written == LEASE_PAIRS  # in the cache, but not acked
     env.pool.drain(timeout_s=60)
     assert_each_pair_once(env, world)  # evaluated twice, written twice, one live entry
-    led = ray.get(env.ledger.report.remote())
+    led = costs(env)
     assert led["duplicates"] == LEASE_PAIRS
     assert led["evaluations"] == len(world.users) + LEASE_PAIRS
     assert led["unique_evaluations"] == len(world.users)
@@ -198,7 +205,7 @@ def test_queue_killed_with_pending_work(env: Env, world: World):
     assert not ray.get(env.queue.ack.remote(held.lease_id))  # the old lease is gone
     env.pool.drain(timeout_s=60)
     assert_each_pair_once(env, world)
-    led = ray.get(env.ledger.report.remote())
+    led = costs(env)
     # the acks after the last snapshot were lost: those pairs came back and ran again
     assert led["duplicates"] == acked
     assert led["evaluations"] == len(world.users) + acked
@@ -212,7 +219,7 @@ def test_pipelined_drain_and_scaling_with_depth(env: Env, world: World):
     got = ray.get(env.pool.workers[0].drain.remote())  # lease ahead, write behind
     assert got["pairs"] == len(world.users) and got["late_acks"] == 0
     assert_each_pair_once(env, world)
-    led = ray.get(env.ledger.report.remote())
+    led = costs(env)
     assert led["evaluations"] == len(world.users) and led["duplicates"] == 0
 
 

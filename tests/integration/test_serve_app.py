@@ -91,6 +91,18 @@ def test_precompute_fills_the_cache_for_repeated_requests(app):
         time.sleep(0.5)
     # the verifier's top 20% were precomputed by the FM workers and are now served
     assert tiers.count("pair") >= int(0.2 * len(cands))
+    # /stats: the FM's cost (the ledger) per 1,000 of the router's requests and the shards'
+    # duplicates and endings, from one report (the gauges are polled every 2 s)
+    while time.monotonic() < deadline + 30:
+        stats = requests.get(app["base"] + "/stats", timeout=TIMEOUT_S).json()
+        spec = stats["precompute"]["speculation"]
+        if (spec["evaluations"] or 0) >= tiers.count("pair"):
+            break
+        time.sleep(0.5)
+    assert spec["evaluations"] >= tiers.count("pair") and spec["duplicates"] >= 0
+    assert 4 <= spec["served"] <= stats["after_answer"]["requests"]
+    assert spec["evaluations_per_1k"] == pytest.approx(1000 * spec["evaluations"]
+                                                       / spec["served"])
 
 
 def test_scales_switch_a_correction_off_at_runtime_and_misses_score_as_the_vm_alone(app):

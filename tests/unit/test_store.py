@@ -456,3 +456,29 @@ def test_scalar_hash_equals_the_vectorised_one():
     for c in (0, 1, 65535):
         assert [key_hash_one(int(x), int(y), c) for x, y in zip(a, b)] == \
             key_hash(a, b, c).tolist()
+
+
+# ------------------------------------------------------------------ how entries end
+
+def test_every_way_an_entry_ends_is_counted_with_its_read_flag():
+    """Replaced (a duplicate while still fresh for reads, a refresh after), evicted, expired:
+    each ending counts the entry's read flag -- what speculation precision is made of."""
+    store = PairStore(make_cfg(capacity=3))
+    one, v = np.ones((1, D)), "v1"
+    store.put(np.array([0, 0]), np.array([1, 2]), np.ones((2, D)), v, T0)
+    store.get(np.array([0]), np.array([1]), v, T0 + 10)  # (0, 1) read
+    store.put(np.array([0]), np.array([1]), one, v, T0 + 20)  # fresh: a duplicate
+    m = store.metrics()
+    assert (m["replaced"], m["replaced_read"], m["duplicates"]) == (1, 1, 1)
+    store.get(np.array([0]), np.array([1]), v, T0 + 30)  # the new (0, 1) read too
+    store.put(np.array([0]), np.array([2]), one, v, T0 + 4000)  # stale: a refresh
+    m = store.metrics()
+    assert (m["replaced"], m["replaced_read"], m["duplicates"]) == (2, 1, 1)
+    # two higher-scored newcomers into a store of 3: both old entries are evicted
+    store.put(np.array([0, 0]), np.array([3, 4]), np.ones((2, D)), v, T0 + 4001,
+              scores=np.array([1.0, 1.0]))
+    m = store.metrics()
+    assert (m["evicted_live"], m["evicted_read"], m["entries"]) == (2, 1, 2)
+    store.expire(T0 + 4001 + 5 * 3600)  # the rest expire unread
+    m = store.metrics()
+    assert (m["expired"], m["expired_unread"], m["entries"]) == (2, 2, 0)
