@@ -130,11 +130,11 @@ class PrecomputeQueueActor:
 
     def lease_frame(self, max_pairs: int | None = None, version: str | None = None
                     ) -> bytes | None:
-        """``lease`` as one ``lease`` frame (``solaris.wire.encode_lease``; what FM workers
+        """``lease`` as one ``lease`` frame (``Lease.to_frame``; what FM workers
         call): a lease carries two arrays per request group, and Ray would serialise each on
         its own (~0.1 ms apiece; 200 groups at 10 candidates per request)."""
         lease = self.lease(max_pairs, version)
-        return None if lease is None else wire.encode_lease(lease)
+        return None if lease is None else lease.to_frame()
 
     def ack(self, lease_id: str) -> bool:
         """The lease's pairs are in the cache; False for an expired or unknown lease."""
@@ -234,7 +234,7 @@ class QueueClient:
     @staticmethod
     def lease_of(frame: bytes | None) -> Lease | None:
         """The lease a ``lease_ref`` answered (None: nothing leasable)."""
-        return None if frame is None else wire.decode_lease(frame)
+        return None if frame is None else Lease.from_frame(frame)
 
     def lease(self, max_pairs: int | None = None, version: str | None = None) -> Lease | None:
         """Lease whole request groups, waited on."""

@@ -362,7 +362,7 @@ def neighbour_step(entries: int, n_requests: int, probe: int = 10,
     uk = w.user_knn()
     t0 = time.perf_counter()
     meta = store.table.meta
-    slots = np.flatnonzero(meta["vid"] == store._vid[VERSION])
+    slots = np.flatnonzero(meta["vid"] == store.version_id(VERSION))
     users, items = meta["user"][slots], meta["item"][slots]
     order = np.lexsort((users, items))
     post_users = users[order].astype(np.int32)

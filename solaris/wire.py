@@ -179,39 +179,3 @@ def encode_window(window: dict[str, np.ndarray], keys: Sequence[str]) -> bytes:
 def decode_window(buf: Any, keys: Sequence[str]) -> dict[str, np.ndarray]:
     """The window ``encode_window`` framed."""
     return dict(zip(keys, decode(buf, "window", len(keys))))
-
-
-_SEP = "\x1f"  # between the groups' version strings in a lease frame
-
-
-def encode_lease(lease: Any) -> bytes:
-    """A ``solaris.precompute.pqueue.Lease`` as one ``lease`` frame."""
-    g = lease.groups
-    versions = [x.version for x in g]
-    if any(_SEP in v for v in versions):
-        raise ValueError(f"lease: a version string holds {_SEP!r}")
-    n = len(g)
-    return encode("lease", (
-        str(lease.lease_id), float(lease.deadline),
-        np.fromiter((x.user for x in g), np.int64, n), np.fromiter((x.now for x in g), np.float64, n),
-        np.fromiter((x.surface for x in g), np.int64, n), _SEP.join(versions),
-        np.fromiter((len(x.items) for x in g), np.int64, n),
-        np.concatenate([np.asarray(x.items, np.int64) for x in g]) if n else np.zeros(0, np.int64),
-        (np.concatenate([np.asarray(x.priorities, np.float64) for x in g]) if n
-         else np.zeros(0)),
-        np.fromiter((x.queued_at for x in g), np.float64, n)))
-
-
-def decode_lease(buf: Any) -> Any:
-    """The ``solaris.precompute.pqueue.Lease`` ``encode_lease`` framed (writable arrays, as leased)."""
-    from solaris.precompute.pqueue import Group, Lease
-
-    lease_id, deadline, users, nows, surfs, versions, counts, items, prios, queued = decode(
-        buf, "lease", 10)
-    ends = np.cumsum(counts).tolist()
-    starts = [0, *ends[:-1]]
-    vs = versions.split(_SEP) if len(users) else []
-    groups = [Group(u, t, s, v, items[a:b].copy(), prios[a:b].copy(), q)
-              for u, t, s, v, a, b, q in zip(users.tolist(), nows.tolist(), surfs.tolist(), vs,
-                                             starts, ends, queued.tolist())]
-    return Lease(lease_id, groups, deadline)

@@ -94,6 +94,10 @@ class PairStore:
         return self.table.live
 
     # ---------------------------------------------------------------- versions and keys
+    def version_id(self, version: str) -> int:
+        """The id the entries of ``version`` carry in ``table.meta["vid"]`` (0: never written)."""
+        return self._version_id(version, create=False)
+
     def _version_id(self, version: str, create: bool) -> int:
         vid = self._vid.get(check_version(version), 0)
         if vid == 0 and create:

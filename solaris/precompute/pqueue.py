@@ -33,11 +33,12 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
 
+from solaris import wire
 from solaris.cache.inputs import check_ids, check_version
 from solaris.config import QueueConfig
 from solaris.errors import DataError, RequestError
@@ -75,6 +76,41 @@ class Lease:
     @property
     def num_pairs(self) -> int:
         return sum(len(g.items) for g in self.groups)
+
+    def to_frame(self) -> bytes:
+        """This lease as one ``lease`` frame (``solaris.wire``): what an FM worker receives."""
+        g = self.groups
+        versions = [x.version for x in g]
+        if any(_SEP in v for v in versions):
+            raise ValueError(f"lease: a version string holds {_SEP!r}")
+        n = len(g)
+        return wire.encode("lease", (
+            str(self.lease_id), float(self.deadline),
+            np.fromiter((x.user for x in g), np.int64, n),
+            np.fromiter((x.now for x in g), np.float64, n),
+            np.fromiter((x.surface for x in g), np.int64, n), _SEP.join(versions),
+            np.fromiter((len(x.items) for x in g), np.int64, n),
+            (np.concatenate([np.asarray(x.items, np.int64) for x in g]) if n
+             else np.zeros(0, np.int64)),
+            (np.concatenate([np.asarray(x.priorities, np.float64) for x in g]) if n
+             else np.zeros(0)),
+            np.fromiter((x.queued_at for x in g), np.float64, n)))
+
+    @classmethod
+    def from_frame(cls, buf: Any) -> "Lease":
+        """The lease ``to_frame`` framed (writable arrays, as leased)."""
+        lease_id, deadline, users, nows, surfs, versions, counts, items, prios, queued = (
+            wire.decode(buf, "lease", 10))
+        ends = np.cumsum(counts).tolist()
+        starts = [0, *ends[:-1]]
+        vs = versions.split(_SEP) if len(users) else []
+        groups = [Group(u, t, s, v, items[a:b].copy(), prios[a:b].copy(), q)
+                  for u, t, s, v, a, b, q in zip(users.tolist(), nows.tolist(), surfs.tolist(),
+                                                 vs, starts, ends, queued.tolist())]
+        return cls(lease_id, groups, deadline)
+
+
+_SEP = "\x1f"  # between the groups' version strings in a lease frame
 
 
 class _Pair:

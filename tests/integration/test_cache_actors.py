@@ -261,7 +261,7 @@ def test_request_path_pickles_nothing(local_ray, tmp_path: Path, monkeypatch):
     from ray._private.serialization import SerializationContext
 
     from actors.ledger import LedgerActor
-    from actors.queue import PrecomputeQueueActor
+    from actors.queue import PrecomputeQueueActor, QueueClient
     from solaris import wire
     from solaris.config import QueueConfig
 
@@ -304,7 +304,7 @@ def test_request_path_pickles_nothing(local_ray, tmp_path: Path, monkeypatch):
             users, np.array([50, 51, 52, 53]), np.array([0.9, 0.8, 0.7, 0.6]),
             np.full(4, NOW), np.zeros(4, np.int64), V))))
         assert new == 4
-        lease = wire.decode_lease(ray.get(queue.lease_frame.remote(10, V)))
+        lease = QueueClient.lease_of(ray.get(queue.lease_frame.remote(10, V)))
         assert lease.num_pairs == 4
         ray.get(ledger.evaluated_frame.remote(wire.encode("evaluated", (
             users, np.array([50, 51, 52, 53]), 0.01))))
@@ -316,8 +316,7 @@ def test_request_path_pickles_nothing(local_ray, tmp_path: Path, monkeypatch):
         batch_calls = len(set(group.shard_of(np.array([3, 7])).tolist()))  # one per shard
         assert (writes["sent"], writes["failed"]) == (batch_calls + 2, 0)
 
-    finally:
-        monkeypatch.undo()
+    finally:  # the patch is undone by the fixture as well, should an assertion fail first
         ray.kill(queue)
         ray.kill(ledger)
         group.shutdown()

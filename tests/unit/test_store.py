@@ -137,6 +137,10 @@ def test_version_is_part_of_the_key_and_other_versions_are_counted():
     assert found.tolist() == [False, True]
     m = store.metrics()
     assert m["pair_other_version"] == 2 and m["versions"] == {"old": 1, "new": 1}
+    vids = store.table.meta["vid"]
+    assert sorted(vids[vids != 0].tolist()) == [store.version_id("old"), store.version_id("new")]
+    assert store.version_id("never") == 0 and 0 not in (store.version_id("old"),
+                                                         store.version_id("new"))
 
 
 def test_read_ttl_boundary_and_retention_keeps_stale_pairs_for_the_aggregate():
