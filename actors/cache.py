@@ -41,6 +41,7 @@ from solaris.cache.query import ShardAnswer, ShardQuery, Slots
 from solaris.cache.ring import HashRing
 from solaris.config import CacheConfig, EnrichConfig, HistoryConfig
 from solaris.errors import ConfigError, RequestError, SolarisError
+from solaris.knn.neighbours import NeighbourTable
 from solaris.history import WINDOW_KEYS, merge_windows
 
 log = logging.getLogger(__name__)
@@ -150,7 +151,7 @@ class CacheGroup:
 
     # -- serving path
     def lookup(self, user: int, candidates: np.ndarray, now: float, version: str,
-               user_knn: enrich.NeighbourTable | None, item_knn: enrich.NeighbourTable | None,
+               user_knn: NeighbourTable | None, item_knn: NeighbourTable | None,
                enrich_cfg: EnrichConfig, deadline_ms: float | None = None,
                phases: dict[str, float] | None = None) -> Slots:
         """The request's two SOLARIS slots from one parallel round of shard calls.
@@ -166,8 +167,8 @@ class CacheGroup:
         return self._end_round(rnd, collect(rnd.refs, rnd.deadline), phases)
 
     async def lookup_async(self, user: int, candidates: np.ndarray, now: float, version: str,
-                           user_knn: enrich.NeighbourTable | None,
-                           item_knn: enrich.NeighbourTable | None, enrich_cfg: EnrichConfig,
+                           user_knn: NeighbourTable | None,
+                           item_knn: NeighbourTable | None, enrich_cfg: EnrichConfig,
                            deadline_ms: float | None = None,
                            phases: dict[str, float] | None = None) -> Slots:
         """``lookup`` for an event loop (a Serve replica): the round is awaited, no thread
@@ -178,8 +179,8 @@ class CacheGroup:
         return self._end_round(rnd, await collect_async(rnd.refs, rnd.deadline), phases)
 
     def _start_round(self, user: int, candidates: np.ndarray, now: float, version: str,
-                     user_knn: enrich.NeighbourTable | None,
-                     item_knn: enrich.NeighbourTable | None, enrich_cfg: EnrichConfig,
+                     user_knn: NeighbourTable | None,
+                     item_knn: NeighbourTable | None, enrich_cfg: EnrichConfig,
                      deadline_ms: float | None) -> "_Round":
         """Plan a lookup, route its keys by shard and send each shard its query."""
         t0 = time.monotonic()

@@ -87,7 +87,7 @@ class Workload:
 
     def user_knn(self):
         """(users, 100) neighbours from the user's community, nearest first."""
-        from solaris.online.enrich import NeighbourTable
+        from solaris.knn.neighbours import NeighbourTable
 
         rng = np.random.default_rng(self.seed + 1)
         ids = np.empty((self.users, USER_NEIGHBOURS), np.int64)
@@ -102,7 +102,7 @@ class Workload:
 
     def item_knn(self):
         """(items, 10) neighbours from the item's pool."""
-        from solaris.online.enrich import NeighbourTable
+        from solaris.knn.neighbours import NeighbourTable
 
         rng = np.random.default_rng(self.seed + 2)
         it = np.arange(self.items)

@@ -31,7 +31,8 @@ from solaris.online.rollout import RolloutPolicy
 from solaris.online.scales import ScaleError, ScaleTable
 from solaris.online.scoring import (Artifacts, InlineFM, PackedSlots, ScoreRequest, decode_scores,
                              encode_score_request)
-from solaris.online.serving import AfterAnswer, ColdNeighbours, ColdStartMemo, is_cold
+from solaris.knn.neighbours import NeighbourTable
+from solaris.online.serving import AfterAnswer, ColdStartMemo, is_cold
 from solaris.tiers import LABELS as TIER_LABELS
 from solaris.tiers import NUM_TIERS, Tier
 
@@ -151,7 +152,7 @@ class LookupRouter:
         self._knn_poll = None
 
     def _cold_neighbours(self, user: int, now: float, surface: int, knn: Any
-                         ) -> ColdNeighbours | None:
+                         ) -> NeighbourTable | None:
         """Neighbours of a user the published table lacks: the user encoder over the user's
         history as of ``now``, queried against the live index. None (next tier) on failure."""
         try:
@@ -175,7 +176,7 @@ class LookupRouter:
 
             ids, sims = self._cold_memo.get(knn.version, probe, req, query)
             self._cold_starts += 1
-            return ColdNeighbours(user, ids, sims, knn.version)
+            return NeighbourTable.one(user, ids, sims, knn.version)
         except Exception:
             log.exception("cold-start neighbours for user %s failed; next tier", user)
             return None

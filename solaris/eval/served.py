@@ -25,7 +25,8 @@ from solaris.cache.query import Slots
 from solaris.cache.store import PairStore
 from solaris.config import SolarisConfig
 from solaris.data.schema import Dataset
-from solaris.online.enrich import NeighbourTable, enrich_local
+from solaris.knn.neighbours import NeighbourTable
+from solaris.online.enrich import enrich_local
 from solaris.features import FeatureTables
 from solaris.history import request_inputs
 from solaris.models.encoder import PairEncoder

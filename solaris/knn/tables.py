@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from solaris.atomic import filesystem, save_on
 from solaris.cache.snapshot import write_snapshot
 from solaris.config import KnnConfig
-from solaris.online.enrich import NeighbourTable
+from solaris.knn.neighbours import NeighbourTable
 from solaris.errors import DataError, RequestError
 
 log = logging.getLogger(__name__)

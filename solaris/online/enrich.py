@@ -23,7 +23,8 @@ import numpy as np
 from solaris.cache.inputs import check_ids, check_time, check_user, check_version
 from solaris.cache.query import ShardAnswer, ShardQuery, Slots
 from solaris.config import EnrichConfig
-from solaris.errors import DataError, RequestError
+from solaris.errors import RequestError
+from solaris.knn.neighbours import NeighbourTable
 from solaris.tiers import Tier
 
 if TYPE_CHECKING:
@@ -31,78 +32,6 @@ if TYPE_CHECKING:
 
 ShardOf = Callable[[np.ndarray], np.ndarray]
 _MIN_WEIGHT = 1e-6  # weighted mode: non-positive similarities count (almost) nothing
-
-
-@dataclass
-class NeighbourTable:
-    """A KNN table: row r lists the neighbours of id r, nearest first.
-
-    Ids outside ``[0, n)`` have no neighbours. A row's own id and -1 pads are skipped.
-    """
-
-    ids: np.ndarray  # (n, K) int64, -1 = pad
-    sims: np.ndarray  # (n, K) float32 similarity of each neighbour
-    version: str  # the KNN build that made the table
-
-    def __post_init__(self) -> None:
-        self.ids = np.asarray(self.ids, dtype=np.int64)
-        self.sims = np.asarray(self.sims, dtype=np.float32)
-        if self.ids.ndim != 2 or self.ids.shape != self.sims.shape:
-            raise DataError(f"NeighbourTable ids shape={self.ids.shape}, sims shape="
-                            f"{self.sims.shape}: expected two equal (n, K) shapes")
-
-    def neighbours(self, keys: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(ids (len, k) int64 with -1 pad, sims (len, k) float32 with 0 pad) of each key."""
-        ids, sims = self._select(keys, k, True)
-        assert sims is not None
-        return ids, sims
-
-    def nearest(self, key: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(ids (<= k,) int64, sims float32) of one key's k nearest real neighbours: pads and
-        the key itself skipped, no padding (``neighbours`` of one key, without its pads)."""
-        if not 0 <= key < len(self.ids) or k == 0:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-        ids = self.ids[key]
-        keep = np.flatnonzero((ids >= 0) & (ids != key))[:k]
-        return ids[keep], self.sims[key, keep]
-
-    def neighbour_ids(self, keys: np.ndarray, k: int) -> np.ndarray:
-        """``neighbours(keys, k)[0]`` without gathering the similarities."""
-        return self._select(keys, k, False)[0]
-
-    def _select(self, keys: np.ndarray, k: int, with_sims: bool
-                ) -> tuple[np.ndarray, np.ndarray | None]:
-        keys = np.asarray(keys, dtype=np.int64)
-        n, width = self.ids.shape
-        out_ids = np.full((len(keys), k), -1, dtype=np.int64)
-        out_sims = np.zeros((len(keys), k), dtype=np.float32) if with_sims else None
-        if k == 0 or width == 0 or len(keys) == 0:
-            return out_ids, out_sims
-        known = (keys >= 0) & (keys < n)
-        everything = bool(known.all())
-        rows = None if everything else np.flatnonzero(known)
-        kk = keys if everything else keys[rows]
-        ids = self.ids[kk, :k]  # (r, min(k, K)): only the first k of each row are copied
-        valid = (ids >= 0) & (ids != kk[:, None])
-        if valid.all() and width >= k:  # the usual case: the first k are real neighbours
-            if everything:
-                out_ids = ids
-            else:
-                out_ids[rows] = ids
-            if with_sims:
-                out_sims[slice(None) if everything else rows] = self.sims[kk, :k]
-            return out_ids, out_sims
-        # pads or the key itself among the first k: compact each row's valid neighbours
-        ids = self.ids.take(kk, axis=0)  # (r, K)
-        valid = (ids >= 0) & (ids != kk[:, None])
-        rows = np.arange(len(keys)) if everything else rows
-        rank = np.cumsum(valid, axis=1) - 1  # position among the row's valid neighbours
-        src = np.flatnonzero(valid & (rank < k))  # flat (row, column) of the kept ones
-        dst = rows[src // width] * k + rank.ravel()[src]  # flat (key, rank) in the output
-        out_ids.ravel()[dst] = ids.ravel()[src]
-        if with_sims:
-            out_sims.ravel()[dst] = self.sims.take(kk, axis=0).ravel()[src]
-        return out_ids, out_sims
 
 
 @dataclass

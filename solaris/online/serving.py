@@ -16,7 +16,6 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -25,6 +24,7 @@ from cachetools import LRUCache
 
 from solaris.config import KnnConfig, SolarisConfig, config_to_dict, load_config
 from solaris.errors import ConfigError
+from solaris.knn.neighbours import KnnSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -92,34 +92,6 @@ def ensure_artifacts(cfg: SolarisConfig, out: Path,
     return out
 
 
-@dataclass(frozen=True)
-class KnnSnapshot:
-    """One published KNN build: user and item neighbour tables (``solaris.online.enrich``) and the
-    user index for cold-start queries."""
-
-    version: str
-    users: Any  # solaris.online.enrich.NeighbourTable | None
-    items: Any  # solaris.online.enrich.NeighbourTable | None
-    live: Any = None  # solaris.knn.tables.LiveIndex | None, or (index bytes, ids, version) in transit
-
-    def shareable(self) -> "KnnSnapshot":
-        """This snapshot with the faiss index as bytes: plain arrays, so one copy in Ray's
-        object store serves every router replica (numpy arrays are read zero-copy)."""
-        live = self.live
-        if live is not None and not isinstance(live, tuple):
-            live = (live.to_bytes(), live.ids, live.version)
-        return KnnSnapshot(self.version, self.users, self.items, live)
-
-    def usable(self) -> "KnnSnapshot":
-        """``shareable``'s inverse: the faiss index rebuilt from its bytes (per replica; the
-        neighbour tables stay shared)."""
-        if not isinstance(self.live, tuple):
-            return self
-        from solaris.knn.tables import LiveIndex
-
-        return KnnSnapshot(self.version, self.users, self.items, LiveIndex.from_bytes(*self.live))
-
-
 def knn_version(uri: str) -> str | None:
     """The published user (and item) KNN versions under ``uri``, one string; None before
     the first user publish. Reads only the pointer files."""
@@ -143,21 +115,6 @@ def load_knn(uri: str) -> KnnSnapshot:
     if knn.current_version(uri, "item") is not None:
         iv, items = knn.load_current(uri, "item")
     return KnnSnapshot(f"{uv}|{iv}", users, items, live)
-
-
-class ColdNeighbours:
-    """A one-row neighbour table for a user the published table does not hold: the user
-    encoder's embedding of the user's history as of the request, queried against the live
-    index (``solaris.online.enrich.plan`` reads ``nearest`` only)."""
-
-    def __init__(self, user: int, ids: Any, sims: Any, version: str):
-        self.user, self.ids, self.sims, self.version = user, ids, sims, version
-
-    def nearest(self, key: int, k: int) -> tuple[Any, Any]:
-        if key != self.user:
-            return self.ids[:0], self.sims[:0]
-        keep = (self.ids >= 0) & (self.ids != key)
-        return self.ids[keep][:k], self.sims[keep][:k]
 
 
 class ColdStartMemo:
@@ -218,7 +175,7 @@ class ColdStartMemo:
 
 def is_cold(table: Any, user: int) -> bool:
     """Whether ``table`` (a NeighbourTable or None) has no neighbour for ``user``."""
-    return table is None or user >= len(table.ids) or not (table.ids[user] >= 0).any()
+    return table is None or not table.has(user)
 
 
 class KnnTables:

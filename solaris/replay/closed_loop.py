@@ -49,7 +49,8 @@ from solaris.config import SolarisConfig
 from solaris.data.rating_truth import RatingTruth
 from solaris.data.schema import ITEM, TS, USER
 from solaris.data.synthetic_truth import Arrivals, SessionTruth, uniforms
-from solaris.online.enrich import NeighbourTable, enrich_local
+from solaris.knn.neighbours import NeighbourTable
+from solaris.online.enrich import enrich_local
 from solaris.errors import ConfigError
 from solaris.eval.metrics import point_ci
 from solaris.history import HistoryStore

@@ -19,7 +19,8 @@ from solaris.cache.query import Slots  # noqa: E402
 from solaris.cache.snapshot import snapshot_location  # noqa: E402
 from solaris.cache.store import PairStore  # noqa: E402
 from solaris.config import CacheConfig, EnrichConfig  # noqa: E402
-from solaris.online.enrich import NeighbourTable, enrich_local  # noqa: E402
+from solaris.knn.neighbours import NeighbourTable  # noqa: E402
+from solaris.online.enrich import enrich_local  # noqa: E402
 from solaris.tiers import Tier  # noqa: E402
 
 DIM = 8

@@ -12,8 +12,9 @@ from solaris.cache import wire
 from solaris.cache.ring import HashRing
 from solaris.cache.store import PairStore
 from solaris.config import CacheConfig, EnrichConfig
-from solaris.online.enrich import NeighbourTable, assemble, enrich_local, plan, route
-from solaris.errors import RequestError
+from solaris.knn.neighbours import NeighbourTable
+from solaris.online.enrich import assemble, enrich_local, plan, route
+from solaris.errors import DataError, RequestError
 from solaris.tiers import Tier
 
 D, N_USERS, N_ITEMS, V = 3, 14, 16, "fm-v1"
@@ -246,3 +247,30 @@ def test_nearest_of_one_key_equals_its_neighbours_row():
             keep = row_ids[0] >= 0
             assert ids.tolist() == row_ids[0][keep].tolist()
             assert sims.tolist() == row_sims[0][keep].tolist()
+
+
+def test_a_one_row_table_answers_as_its_row_of_the_dense_table():
+    """A cold-start user's query is a one-row ``NeighbourTable`` (``first`` = the user):
+    for that user it answers exactly as the dense table's row would, for every other id
+    it holds nothing."""
+    from solaris.online.serving import is_cold
+
+    rng = np.random.default_rng(6)
+    dense = NeighbourTable(rng.integers(-1, 12, (12, 7)), rng.random((12, 7)), "k")
+    for user in range(12):
+        one = NeighbourTable.one(user, dense.ids[user], dense.sims[user], "k")
+        keys = np.array([user, user - 1, user + 1, -1, 10**9])
+        for k in (0, 1, 3, 7, 9):
+            assert [a.tolist() for a in one.nearest(user, k)] == \
+                [a.tolist() for a in dense.nearest(user, k)]
+            assert one.nearest(user + 1, k)[0].size == 0
+            ids, sims = one.neighbours(keys, k)
+            want_ids, want_sims = dense.neighbours(keys[:1], k)
+            assert ids[0].tolist() == want_ids[0].tolist()
+            assert sims[0].tolist() == want_sims[0].tolist()
+            assert (ids[1:] == -1).all() and (sims[1:] == 0).all()
+            assert (one.neighbour_ids(keys, k) == ids).all()
+        assert one.has(user) == dense.has(user) == (not is_cold(dense, user))
+        assert not one.has(user + 1) and not one.has(user - 1)
+    with pytest.raises(DataError, match="first=-1"):
+        NeighbourTable(np.zeros((1, 2)), np.zeros((1, 2)), "k", first=-1)

@@ -8,7 +8,8 @@ import pytest
 from solaris.config import KnnConfig
 from solaris.errors import ConfigError
 from solaris.online.rollout import RolloutPolicy
-from solaris.online.serving import KnnSnapshot, KnnTables, settings_from_args
+from solaris.knn.neighbours import KnnSnapshot
+from solaris.online.serving import KnnTables, settings_from_args
 
 
 def test_rollout_switches_only_after_catching_up_and_never_back():
