@@ -149,6 +149,19 @@ class CacheGroup:
         """Shard index of each user (consistent hashing: a user's pairs live on one shard)."""
         return self.ring.shard_of(np.asarray(users, dtype=np.int64))
 
+    def rows_by_shard(self, users: np.ndarray) -> dict[int, np.ndarray]:
+        """The positions of ``users`` each shard owns (shards owning none left out)."""
+        shard = self.shard_of(users)
+        return {int(s): np.flatnonzero(shard == s) for s in np.unique(shard)}
+
+    def _fan_out(self, users: np.ndarray, call: Callable[[Any, np.ndarray], Any],
+                 rows: dict[int, np.ndarray] | None = None) -> dict[int, Any]:
+        """One call per shard owning some of ``users``: ``call(shard handle, positions)``
+        (``rows``: ``rows_by_shard(users)`` if already known); the refs by shard, for
+        ``_gather`` or ``collect``."""
+        rows = self.rows_by_shard(users) if rows is None else rows
+        return {s: call(self.shards[s], r) for s, r in rows.items()}
+
     # -- serving path
     def lookup(self, user: int, candidates: np.ndarray, now: float, version: str,
                user_knn: NeighbourTable | None, item_knn: NeighbourTable | None,
@@ -236,13 +249,10 @@ class CacheGroup:
         if not (len(users) == len(items) == len(vectors)):
             raise RequestError(f"put: users ({len(users)}), items ({len(items)}) and vectors "
                              f"({len(vectors)}) differ in length")
-        shard = self.shard_of(users)
-        refs = {}
-        for s in np.unique(shard):
-            m = shard == s
-            refs[int(s)] = self.shards[int(s)].put_frame.remote(frames.encode("pairs", (
-                users[m], items[m], vectors[m], str(version), float(now),
-                None if scores is None else np.asarray(scores)[m])))
+        sc = None if scores is None else np.asarray(scores)
+        refs = self._fan_out(users, lambda h, m: h.put_frame.remote(frames.encode("pairs", (
+            users[m], items[m], vectors[m], str(version), float(now),
+            None if sc is None else sc[m]))))
         return sum(self._gather(refs, timeout_s, "put", 0).values())
 
     # -- history: fire-and-forget writes (the router), one-round reads (the FM workers)
@@ -373,11 +383,9 @@ class CacheGroup:
         if now.shape != users.shape:
             raise RequestError(f"now: expected {len(users)} event times, got shape {now.shape}")
         deadline = time.monotonic() + timeout_s
-        shard = self.shard_of(users)
-        rows = {int(s): np.flatnonzero(shard == s) for s in np.unique(shard)}
-        refs = {s: self.shards[s].history_window.remote(
-                    frames.encode("window_query", (users[r], now[r], history_len)))
-                for s, r in rows.items()}
+        rows = self.rows_by_shard(users)
+        refs = self._fan_out(users, lambda h, r: h.history_window.remote(
+            frames.encode("window_query", (users[r], now[r], history_len))), rows)
 
         def result() -> dict[str, np.ndarray]:
             got, late, failed = collect(refs, deadline)
@@ -405,12 +413,8 @@ class CacheGroup:
             raise RequestError(f"replay_history: users ({len(users)}), items ({len(items)}), "
                                f"surfaces ({len(surfaces)}), labels ({len(labels)}) and ts "
                                f"({len(ts)}) differ in length")
-        shard = self.shard_of(users)
-        refs = {}
-        for s in np.unique(shard):
-            m = shard == s
-            refs[int(s)] = self.shards[int(s)].replay_history.remote(frames.encode(
-                "history_log", (users[m], items[m], surfaces[m], labels[m], ts[m])))
+        refs = self._fan_out(users, lambda h, m: h.replay_history.remote(frames.encode(
+            "history_log", (users[m], items[m], surfaces[m], labels[m], ts[m]))))
         return sum(self._gather(refs, timeout_s, "replay_history", 0).values())
 
     def metrics(self, timeout_s: float = 5.0) -> dict[str, Any]:
