@@ -120,7 +120,9 @@ class FMWorker:
             history = WindowHistory(cache.history_window, cache.history_window_start)
         self._live_history = isinstance(history, WindowHistory)
         self._worker = PrecomputeWorker(fm, enc, history, tables, version,
-                                        "cuda" if use_gpu else "cpu")
+                                        "cuda" if use_gpu else "cpu",
+                                        block_requests=cfg.block_requests,
+                                        block_pairs=cfg.block_pairs)
         self.version = version
         self._fault: str | None = None
         self._hook: Any = None

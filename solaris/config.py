@@ -455,9 +455,18 @@ class PrecomputeConfig:
     device: str = "auto"  # auto (a GPU where one exists, else CPU) | cpu | cuda
     threads: int = 1  # torch intra-op threads per CPU worker
     idle_wait_s: float = 0.05  # wall seconds a worker waits after an empty lease
+    # the FM forward runs in blocks of this many request groups / pairs, the last padded, so
+    # a pair's vector does not depend on what else its lease holds (solaris.models.blocks);
+    # a GPU worker may want larger blocks; 0: one call per lease
+    block_requests: int = 32
+    block_pairs: int = 256
 
     def __post_init__(self) -> None:
         _check(self.workers >= 1, "precompute.workers", self.workers, "must be >= 1")
+        _check(self.block_requests >= 0, "precompute.block_requests", self.block_requests,
+               "must be >= 0")
+        _check(self.block_pairs >= 0, "precompute.block_pairs", self.block_pairs,
+               "must be >= 0")
         _check(self.max_workers >= self.workers, "precompute.max_workers", self.max_workers,
                f"must be >= precompute.workers={self.workers}")
         _check(self.scale_up_depth >= 1, "precompute.scale_up_depth", self.scale_up_depth,

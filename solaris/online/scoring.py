@@ -27,6 +27,7 @@ from solaris.cache.query import Slots
 from solaris.data.schema import FeatureSpec
 from solaris.errors import CheckpointError, RequestError
 from solaris.models.batch import vm_batch
+from solaris.models.blocks import blockwise
 from solaris.models.residual import ResidualVM
 from solaris.precompute.pqueue import Group
 from solaris.precompute.worker import HistoryProvider, PrecomputeWorker, SideTables, load_models
@@ -128,6 +129,9 @@ class ScoreRequest:
     scales: np.ndarray | None = None
 
 
+# rows per VM forward (solaris.models.blocks): 500 candidates are two blocks
+VM_BLOCK_ROWS = 256
+
 _PACKED = ("n", "pair_idx", "pair_rows", "pair_tier", "pair_age_s", "agg_base", "agg_idx",
            "agg_rows", "agg_present")
 
@@ -168,7 +172,9 @@ class VMScorer:
     """One trained VM (``vm_<task>.pt``) scoring whole requests, batched across requests."""
 
     def __init__(self, artifacts: Artifacts, task: str, side: SideTables,
-                 read_ttl_s: float = 4 * 3600.0):
+                 read_ttl_s: float = 4 * 3600.0, block_rows: int = VM_BLOCK_ROWS):
+        """``block_rows``: the fixed block size of the forward (0: one call per batch)."""
+        self.block_rows = int(block_rows)
         if task not in artifacts.vm_files:
             raise RequestError(f"task={task!r}: no VM for it (tasks: {', '.join(artifacts.tasks)})")
         ck = load_checkpoint(artifacts.root / artifacts.vm_files[task], "vm")
@@ -277,15 +283,18 @@ class VMScorer:
                  ) -> list[np.ndarray]:
         batch = self.batch(requests)
         cuts = np.cumsum([len(r.items) for r in requests])[:-1]
+        # in fixed-size blocks, the sigmoid included (an elementwise op rounds by the shape
+        # it runs over, too): a candidate's score does not depend on which requests shared
+        # its @serve.batch call (solaris.models.blocks); the served score and the VM alone
+        # inside it go through the same shapes, so a miss equals the VM alone bit for bit
         if not with_base:
-            return np.split(torch.sigmoid(self.model(batch)).numpy(), cuts)  # (sum C,)
-        if self.residual:
-            logit, base = self.model.forward_both(batch)
-        else:
-            logit = base = self.model(batch)
-        # one sigmoid per row, each over (sum C,) as a plain score does: an op over another
-        # shape may round differently, and a miss must equal the VM alone bit for bit
-        both = np.stack([torch.sigmoid(logit).numpy(), torch.sigmoid(base).numpy()])
+            return np.split(blockwise(lambda b: torch.sigmoid(self.model(b)), batch,
+                                      self.block_rows).numpy(), cuts)  # (sum C,)
+        both_fn = self.model.forward_both if self.residual else \
+            (lambda b: (self.model(b),) * 2)
+        logit, base = blockwise(lambda b: tuple(torch.sigmoid(x) for x in both_fn(b)), batch,
+                                self.block_rows)
+        both = np.stack([logit.numpy(), base.numpy()])
         return np.split(both, cuts, axis=1)  # (2, C) each
 
 

@@ -27,10 +27,11 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 import torch
 
-from solaris.config import config_from_dict
+from solaris.config import PrecomputeConfig, config_from_dict
 from solaris.data.schema import FeatureSpec
 from solaris.errors import CheckpointError, RequestError
 from solaris.history import request_inputs
+from solaris.models.blocks import blockwise
 from solaris.models.encoder import PairEncoder
 from solaris.models.fm import REQUEST_KEYS, FoundationModel
 from solaris.precompute.pqueue import Group
@@ -63,6 +64,11 @@ class HistoryProvider(Protocol):
 WindowFetch = Callable[[np.ndarray, np.ndarray, int], dict]  # (users, now, L) -> window
 # (users, now, L) -> a function that returns the window: the read goes out at once
 WindowStart = Callable[[np.ndarray, np.ndarray, int], Callable[[], dict]]
+# the fixed block sizes of a forward (solaris.models.blocks; PrecomputeConfig's defaults):
+# small enough that padding a lease's last block costs little, large enough that a CPU
+# matrix product stays efficient
+BLOCK_REQUESTS = PrecomputeConfig.block_requests
+BLOCK_PAIRS = PrecomputeConfig.block_pairs
 MAX_AHEAD = 4  # prefetched windows kept; an unused one (its lease failed) is dropped
 
 
@@ -121,9 +127,14 @@ class PrecomputeWorker:
 
     def __init__(self, fm: FoundationModel, encoder: PairEncoder, history: HistoryProvider,
                  tables: SideFeatures, version: str, device: str | torch.device = "cpu",
-                 timer: Callable[[], float] = time.perf_counter) -> None:
+                 timer: Callable[[], float] = time.perf_counter, *,
+                 block_requests: int = BLOCK_REQUESTS, block_pairs: int = BLOCK_PAIRS) -> None:
+        """``block_requests`` / ``block_pairs``: the fixed block sizes of the request and the
+        candidate parts (``solaris.models.blocks``): a pair's embedding is then the same
+        whatever else its lease holds (0: one call on the whole lease)."""
         if not version:
             raise RequestError(f"version={version!r}: must be non-empty")
+        self.block_requests, self.block_pairs = int(block_requests), int(block_pairs)
         self.device = torch.device(device)
         self.fm = fm.to(self.device).eval()  # no dropout: precompute is inference
         self.encoder = encoder.to(self.device).eval()
@@ -194,10 +205,13 @@ class PrecomputeWorker:
                 batch = {k: v.index_select(0, req_index) for k, v in req.items()}  # B rows each
                 batch.update(cand)
                 shared = self.fm.shared_layer(batch)  # (B, S)
-            else:
-                state = self.fm.request_part(req)  # R rows: one per group
-                shared = self.fm.candidate_part(state, cand, req_index)  # (B, S)
-            z = self.encoder.encode(shared).float().cpu().numpy()  # (B, d)
+                z = self.encoder.encode(shared)
+            else:  # in fixed-size blocks: a pair's vector does not depend on its lease
+                state = blockwise(self.fm.request_part, req, self.block_requests)  # R rows
+                z = blockwise(lambda c: self.encoder.encode(self.fm.candidate_part(
+                    state, c, c["req_index"])), {**cand, "req_index": req_index},
+                    self.block_pairs)  # (B, d)
+            z = z.float().cpu().numpy()  # (B, d)
             seconds = self.timer() - t0
         return users, items, z, seconds
 

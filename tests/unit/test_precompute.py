@@ -70,6 +70,27 @@ def test_shared_path_equals_naive_per_pair_forward(world):
     np.testing.assert_array_equal(u1, exp_users)
 
 
+@pytest.mark.parametrize("seed", [0, 3, 5])
+def test_a_pair_embedding_does_not_depend_on_what_else_its_lease_holds(world, seed):
+    """Leases are made by timing (which requests were queued, how many workers share the
+    queue). Each group computed alone, in the whole lease and in a shuffled lease gives the
+    same vectors, bit for bit: the forward runs in fixed-size blocks."""
+    ft, worker = world
+    groups = _leased_groups(ft, n_groups=30, seed=seed)
+    _, _, z, _ = worker.run(groups)
+    starts = np.cumsum([0] + [len(g.items) for g in groups])
+    for j, g in enumerate(groups):
+        np.testing.assert_array_equal(worker.run([g])[2], z[starts[j]:starts[j + 1]])
+    perm = np.random.default_rng(seed).permutation(len(groups))
+    _, _, zp, _ = worker.run([groups[j] for j in perm])
+    at = np.cumsum([0] + [len(groups[j].items) for j in perm])
+    for pos, j in enumerate(perm.tolist()):
+        np.testing.assert_array_equal(zp[at[pos]:at[pos + 1]], z[starts[j]:starts[j + 1]])
+    whole = PrecomputeWorker(worker.fm, worker.encoder, worker.history, ft, version=V,
+                             block_requests=0, block_pairs=0)  # one call on the whole lease
+    np.testing.assert_allclose(whole.run(groups)[2], z, atol=1e-6, rtol=0)
+
+
 def test_window_history_equals_the_store(world):
     """The live wiring (raw windows fetched, inputs built in the worker) computes what the
     in-process store computes."""
@@ -127,7 +148,12 @@ def test_request_part_runs_once_per_group(world):
     worker.fm.request_part = counting
     try:
         worker.run(groups)
-        assert rows_seen == [5]  # one call, one row per group
+        # one call: a row per group, padded to the fixed block (``solaris.models.blocks``)
+        assert rows_seen == [worker.block_requests] and worker.block_requests >= 5
+        rows_seen.clear()
+        PrecomputeWorker(worker.fm, worker.encoder, worker.history, ft, version=V,
+                         block_requests=0).run(groups)
+        assert rows_seen == [5]  # unblocked: exactly one row per group
         rows_seen.clear()
         worker.run_naive(groups)
         assert rows_seen == [sum(len(g.items) for g in groups)]  # one row per pair

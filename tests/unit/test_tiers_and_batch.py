@@ -15,6 +15,7 @@ from solaris.config import load_config
 from solaris.data.load import load_dataset
 from solaris.features import FeatureTables
 from solaris.models.batch import KEYS, vm_batch
+from solaris.models.blocks import blockwise
 from solaris.online.scoring import Artifacts, ScoreRequest, VMScorer
 from solaris.tiers import LABELS, NUM_TIERS, Tier
 from solaris.train.artifacts import train_artifacts
@@ -117,7 +118,9 @@ def test_training_and_serving_build_the_same_batch_for_the_same_rows(world, vm_f
     assert list(got) == list(want) == list(KEYS)
     for k in KEYS:
         assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
-    # and so the same scores, bit for bit
+    # and so the same scores, bit for bit, run in the same fixed-size blocks
     with torch.no_grad():
-        offline = torch.sigmoid(vm.model(want)).numpy()
+        offline = blockwise(lambda b: torch.sigmoid(vm.model(b)), want, vm.block_rows).numpy()
+        whole = torch.sigmoid(vm.model(want)).numpy()  # one call on the 60 rows: ulps apart
+    np.testing.assert_allclose(whole, offline, rtol=1e-6, atol=0)
     np.testing.assert_array_equal(np.concatenate(vm.score(reqs)), offline)
