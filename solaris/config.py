@@ -427,10 +427,11 @@ class QueueConfig:
     lease_pairs: int = 256  # default pairs per lease (whole request groups, >= one group)
     snapshot_uri: str | None = None  # pyarrow.fs URI or local dir of queue snapshots
     snapshot_every_s: float = 5.0  # wall seconds between queue snapshots
-    # a pair already pending when another request bets on it: "earlier" keeps its place (it
-    # is computed as soon as it is due: in a session, requests a minute or two apart would
-    # otherwise push it back again and again), "later" moves it to the later request (its
-    # history is fresher). Either way the higher priority is kept.
+    # a pair already pending when another request bets on it: "earlier" keeps it with the
+    # earlier request (it is computed as soon as it is due: in a session, requests a minute
+    # or two apart would otherwise push it back again and again), "later" moves it to the
+    # later request (its history is fresher) -- by event time, whatever order the puts came
+    # in. Either way the higher priority is kept.
     merge: str = "earlier"
 
     def __post_init__(self) -> None:

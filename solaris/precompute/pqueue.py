@@ -205,7 +205,9 @@ class PrecomputeQueue:
             heapq.heappush(self._drop_heap, (prio, p.token, key))
             return "new"
         old = self._groups[p.gid]
-        if self.cfg.merge == "later" and now > old.key[1]:  # the fresher history
+        # "later": the fresher history; "earlier": the earlier request, whatever order the
+        # puts came in (a router's concurrent requests flush in the order they finish)
+        if (now > old.key[1]) if self.cfg.merge == "later" else (now < old.key[1]):
             self._group_remove(p.gid, key[1])
             p.gid = self._group_for(gkey)
         p.prio = max(p.prio, prio)

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import torch
 
 from solaris import atomic
 from solaris.config import SolarisConfig, config_to_dict
@@ -54,7 +55,21 @@ def train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: 
     ``evaluation`` (the replay) also writes the snapshot's outputs over every interaction row
     (``teacher.npz``: probabilities, pair embeddings, causal aggregates). ``base_dir``: the
     artifacts of an earlier FM version whose VMs alone (which read no FM output) are kept as
-    they are -- a version rollover retrains the FM, the encoder and the corrections only."""
+    they are -- a version rollover retrains the FM, the encoder and the corrections only.
+
+    Training sets torch's thread count (``train.threads``); the caller's is restored after,
+    so what the process computes next does not depend on whether it trained first."""
+    threads = torch.get_num_threads()
+    try:
+        return _train_artifacts(cfg, ds, out_dir, seed, coverage, progress, evaluation,
+                                base_dir)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: int,
+                     coverage: float, progress: Callable[[str], None] | None,
+                     evaluation: bool, base_dir: str | Path | None) -> dict:
     say = progress or (lambda _m: None)
     t0 = time.perf_counter()
     out = Path(out_dir)

@@ -138,6 +138,20 @@ def test_by_default_a_merged_pair_keeps_its_place_with_the_max_priority():
         QueueConfig(merge="newest")
 
 
+@pytest.mark.parametrize("merge,owner", [("earlier", 100.0), ("later", 300.0)])
+def test_a_merged_pair_lands_in_the_same_group_whatever_order_the_puts_came_in(merge, owner):
+    """A router's concurrent requests flush in the order they finish: the request that owns
+    a pair bet on by several is chosen by event time, not by arrival."""
+    import itertools
+
+    for order in itertools.permutations([100.0, 200.0, 300.0]):
+        q, _ = make_queue(merge=merge)
+        for t in order:
+            put(q, 7, [1], [t / 1000], now=t)
+        (g,) = q.lease(10, version=V).groups
+        assert (g.now, g.items.tolist(), g.priorities.tolist()) == (owner, [1], [0.3]), order
+
+
 def test_lease_returns_whole_request_groups_best_first():
     q, _ = make_queue()
     put(q, 1, [10, 11, 12], [0.2, 0.5, 0.1], now=1.0)

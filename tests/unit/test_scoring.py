@@ -169,3 +169,19 @@ def test_a_new_fm_version_keeps_the_vm_alone_and_retrains_the_corrections(art, t
     served = load_checkpoint(tmp_path / "vm_click.pt", "vm")["state_dict"]
     alone = load_checkpoint(art.root / "vm_click_alone.pt", "vm")["state_dict"]
     assert all(torch.equal(served[f"base.{k}"], v) for k, v in alone.items())
+
+
+def test_training_leaves_the_callers_thread_count_as_it_was(tmp_path):
+    """Training sets torch's thread count; a process that trains and then scores must score
+    as one that only scores (a matrix product rounds by how its threads split it)."""
+    import torch
+
+    cfg = load_config(None, TINY)
+    before = torch.get_num_threads()
+    mine = cfg.train.threads + 1
+    torch.set_num_threads(mine)
+    try:
+        train_artifacts(cfg, load_dataset(cfg.data), tmp_path, seed=0)
+        assert torch.get_num_threads() == mine
+    finally:
+        torch.set_num_threads(before)
