@@ -12,7 +12,8 @@ Ray. The protocol (README, "Replay"):
 1. The window is the split's test period; the FM, encoder, VMs (and the VM alone the
    transfer ratio compares against) train on earlier periods only, checked before serving.
 2. Event time advances in ticks (``--tick-s``, 60). A tick's requests go to ``POST /rank``
-   concurrently with their event time, then their logged labels to ``POST /feedback``; the
+   concurrently with their event time, then, once all are answered, their logged labels to
+   ``POST /feedback`` (each user's in event order, ``post_feedback``); the
    router's after-answer work (verifier picks to the queue, history writes) is awaited
    (``LookupRouter.flush_now``).
 3. At the end of tick T the queue releases work whose request time is <= T + tick - lag
@@ -325,7 +326,8 @@ class LiveReplay:
         feats: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         client = Client(self.base)
 
-        def one(r: int) -> None:
+        def one(r: int) -> dict | None:
+            """Rank request ``r``; its labels' ``/feedback`` body (None: nothing labelled)."""
             pos = np.flatnonzero(labelled[r])
             body = {"user_id": int(lg.user[r]), "candidates": lg.candidates[r].tolist(),
                     "task": task, "surface": int(lg.surface[r]), "now": float(lg.ts[r]),
@@ -340,12 +342,10 @@ class LiveReplay:
                 f = got.get("features") or {}
                 feats[r] = (np.asarray(f.get("pair", []), np.float32),
                             np.asarray(f.get("user", []), np.float32))
-            if len(pos):
-                y = lg.labels[r, pos]  # (n, T)
-                client.post("/feedback", {"user_id": int(lg.user[r]),
-                                          "items": lg.candidates[r, pos].tolist(),
-                                          "labels": y.astype(int).tolist(),
-                                          "now": float(lg.ts[r])})
+            if not len(pos):
+                return None
+            return {"user_id": int(lg.user[r]), "items": lg.candidates[r, pos].tolist(),
+                    "labels": lg.labels[r, pos].astype(int).tolist(), "now": float(lg.ts[r])}
 
         plan = Ticks.of(lg.ts, o.tick_s)
         knn_every = o.knn_every_h * 3600.0
@@ -375,9 +375,11 @@ class LiveReplay:
                     rolled = True
                 if (rows := plan.rows(k)) is not None:
                     a, b = rows
-                    list(pool.map(one, range(a, b)))
+                    bodies = list(pool.map(one, range(a, b)))
                     if o.closed_loop:  # show, label with the ground truth, feed back
                         self._label(a, b, scores, tiers, agg, client, pool)
+                    else:  # the tick's labels, once its requests are answered
+                        post_feedback(client, pool, [x for x in bodies if x is not None])
                     router.flush_now.remote().result()
                     bar.update(b - a)
                     if o.rollover_at is not None:  # own-pair coverage of every version
@@ -430,7 +432,18 @@ class LiveReplay:
             bodies.append({"user_id": int(lg.user[r]), "items": shown.tolist(),
                            "labels": np.stack([click, conv], 1).astype(int).tolist(),
                            "now": float(lg.ts[r])})
-        list(pool.map(lambda body: client.post("/feedback", body), bodies))
+        post_feedback(client, pool, bodies)
+
+
+def post_feedback(client: Any, pool: ThreadPoolExecutor, bodies: list[dict]) -> None:
+    """``POST /feedback`` of ``bodies`` (in event order): users in parallel, each user's in
+    order. A label matches an earlier impression of its item at or before its time, so a
+    user's labels arriving out of order would build another history -- and another FM
+    input -- from one run to the next."""
+    by_user: dict[int, list[dict]] = {}
+    for body in bodies:
+        by_user.setdefault(body["user_id"], []).append(body)
+    list(pool.map(lambda mine: [client.post("/feedback", x) for x in mine], by_user.values()))
 
 
 def _ledger_report(app_id: str) -> dict | None:
