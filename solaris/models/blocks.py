@@ -42,14 +42,18 @@ def blockwise(fn: Callable[[dict[str, Tensor]], Out], batch: dict[str, Tensor], 
     """``fn(batch)`` computed on blocks of ``block`` rows (every tensor of ``batch`` has the
     rows first; ``fn`` returns a tensor, a tuple or a dict of tensors with the rows first).
     ``block`` <= 0: one call on the whole batch, as given."""
-    n = next(iter(batch.values())).shape[0]
+    first = next(iter(batch.values()))
+    n = first.shape[0]
     if block <= 0 or n == 0:
         return fn(batch)
     parts = []
     for start in range(0, n, block):
-        idx = torch.arange(start, min(start + block, n), device=next(iter(batch.values())).device)
-        real = len(idx)
-        if real < block:  # pad with the block's first row: any valid row would do
-            idx = torch.cat([idx, idx[:1].expand(block - real)])
+        real = min(block, n - start)
+        if real == block:  # a full block: views, no copy
+            parts.append(fn({k: v[start:start + block] for k, v in batch.items()}))
+            continue
+        # the last block, padded with its first row (any valid row would do)
+        idx = torch.arange(start, n, device=first.device)
+        idx = torch.cat([idx, idx[:1].expand(block - real)])
         parts.append(_rows(fn({k: v.index_select(0, idx) for k, v in batch.items()}), real))
     return _cat(parts)

@@ -129,8 +129,8 @@ class ScoreRequest:
     scales: np.ndarray | None = None
 
 
-# rows per VM forward (solaris.models.blocks): a 500-candidate request is one block (in
-# process, 0.97 ms of CPU per request against 0.87 unblocked; blocks of 256 cost 1.8)
+# rows per VM forward (solaris.models.blocks): a 500-candidate request is one block, one
+# call as before the blocks (256-row blocks double the calls; bench/request_cpu.py)
 VM_BLOCK_ROWS = 512
 
 _PACKED = ("n", "pair_idx", "pair_rows", "pair_tier", "pair_age_s", "agg_base", "agg_idx",

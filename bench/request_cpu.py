@@ -1,0 +1,155 @@
+"""Where a SOLARIS request's extra CPU goes, in one process (no Ray, no HTTP): the router's
+and the shards' own code per request, by stage, and the VM forward with and without
+fixed-size blocks.
+
+    python bench/request_cpu.py [--json runs/bench_request_cpu.json] [--shards 2]
+        [--artifacts DIR]
+
+Stages (500 candidates, every tier looked up, in-process ``PairStore`` shards filled with
+400,000 random pairs, random user and item KNN tables): plan and route, encode the shard
+queries, the shards' answers with their frames, decode, assemble, pack and encode the VM
+request, and the after-answer work (verifier picks, their frame); medians over requests of
+the wall time each stage takes, and the frames' sizes. What the actor calls add on top is
+``bench/actor_call.py``'s; the whole app is ``bench/serve.py``'s.
+
+With ``--artifacts`` (a trained artifact directory), the VM's forward CPU per 500-candidate
+request, one thread, blocked (``VM_BLOCK_ROWS``, and 256) against one call, in 7 interleaved
+trials (medians; the first trial is a warm-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+STAGES = ("plan_route", "encode_queries", "shard_answers", "decode_answers", "assemble",
+          "pack_encode", "after_answer")
+
+
+def stages(num_shards: int, requests: int = 300, seed: int = 0) -> dict:
+    from solaris import wire as frames
+    from solaris.cache import wire
+    from solaris.cache.ring import HashRing
+    from solaris.cache.store import PairStore
+    from solaris.config import CacheConfig, EnrichConfig, VerifierConfig
+    from solaris.knn.neighbours import NeighbourTable
+    from solaris.online import enrich, verifier
+    from solaris.online.scoring import PackedSlots, ScoreRequest, encode_score_request
+    from solaris.tiers import Tier
+
+    rng = np.random.default_rng(seed)
+    users_n, items_n, c, d, t0 = 2000, 20000, 500, 32, 1.9e9
+    cfg = CacheConfig(dim=d)
+    ring = HashRing(num_shards)
+    stores = [PairStore(cfg) for _ in range(num_shards)]
+    users, items = rng.integers(0, users_n, 400_000), rng.integers(0, items_n, 400_000)
+    owner = ring.shard_of(users)
+    for s, store in enumerate(stores):
+        m = owner == s
+        store.put(users[m], items[m], rng.normal(size=(int(m.sum()), d)).astype(np.float32),
+                  "v", t0)
+    uk = NeighbourTable(rng.integers(0, users_n, (users_n, 20)),
+                        np.sort(rng.random((users_n, 20)))[:, ::-1], "k")
+    ik = NeighbourTable(rng.integers(0, items_n, (items_n, 20)),
+                        np.sort(rng.random((items_n, 20)))[:, ::-1], "k")
+    ecfg, vcfg = EnrichConfig(), VerifierConfig()
+    reqs = [(int(rng.integers(0, users_n)), rng.choice(items_n, c, replace=False))
+            for _ in range(requests + 50)]
+    times: dict[str, list[float]] = {k: [] for k in STAGES}
+    sizes: dict[str, int] = {}
+    for n, (u, cands) in enumerate(reqs):
+        t = [time.perf_counter()]
+        plan = enrich.plan(u, cands, uk, ik, ecfg)
+        queries = enrich.route(plan, ring.shard_of, "v", t0 + 1)
+        t.append(time.perf_counter())
+        sent = {s: wire.encode_query(q) for s, q in queries.items()}
+        t.append(time.perf_counter())
+        got = {s: wire.encode_answer(stores[s].answer(wire.decode_query(b)))
+               for s, b in sent.items()}
+        t.append(time.perf_counter())
+        answers = {s: wire.decode_answer(b) for s, b in got.items()}
+        t.append(time.perf_counter())
+        slots = enrich.assemble(plan, answers, d)
+        t.append(time.perf_counter())
+        payload = encode_score_request("v", ScoreRequest(u, cands, 0, PackedSlots.pack(slots),
+                                                         np.ones((2, 4), np.float32)))
+        t.append(time.perf_counter())
+        base = rng.random(c)
+        picks = verifier.choose(base, cands, slots.pair_tier == Tier.PAIR, slots.pair_age_s,
+                                np.zeros(c, bool), vcfg, cfg.read_ttl_s)
+        frames.encode("picks", (np.full(len(picks), u), cands[picks], base[picks],
+                                np.full(len(picks), t0 + 1), np.zeros(len(picks), np.int64),
+                                "v"))
+        t.append(time.perf_counter())
+        if n >= 50:  # the first 50 warm up
+            for k, a, b in zip(STAGES, t, t[1:]):
+                times[k].append(1e3 * (b - a))
+        if n == 50:
+            user_shard = plan.user_shard
+            sizes = {"query_bytes_user_shard": len(sent[user_shard]),
+                     "answer_bytes_user_shard": len(got[user_shard]),
+                     "score_request_bytes": len(payload)}
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    return {"shards": num_shards, "requests": requests, "candidates": c,
+            "ms_per_request_median": med, "total_ms": sum(med.values()), **sizes}
+
+
+def vm_blocks(artifacts: str, trials: int = 7, requests: int = 40) -> dict:
+    import torch
+
+    from solaris.online.scoring import VM_BLOCK_ROWS, Artifacts, ScoreRequest, VMScorer
+
+    torch.set_num_threads(1)
+    art = Artifacts.open(artifacts)
+    task = art.tasks[0]
+    arms = {f"blocks_{b}": VMScorer(art, task, art.side_tables(), block_rows=b)
+            for b in sorted({VM_BLOCK_ROWS, 256})}
+    arms["one_call"] = VMScorer(art, task, art.side_tables(), block_rows=0)
+    rng = np.random.default_rng(0)
+    reqs = [ScoreRequest(int(rng.integers(art.num_users)),
+                         rng.choice(art.num_items, 500, replace=art.num_items < 500), 0, None)
+            for _ in range(requests)]
+    per: dict[str, list[float]] = {k: [] for k in arms}
+    for trial in range(trials):
+        order = list(arms) if trial % 2 else list(arms)[::-1]
+        for name in order:
+            c0 = time.thread_time()
+            for r in reqs:
+                arms[name].score([r], with_base=True)
+            per[name].append(1e3 * (time.thread_time() - c0) / len(reqs))
+    med = {k: float(np.median(v[1:])) for k, v in per.items()}
+    return {"cpu_ms_per_request_median": med, "per_trial": per,
+            "ratio_to_one_call": {k: v / med["one_call"] for k, v in med.items()}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--json", type=Path)
+    p.add_argument("--shards", type=int, default=2)
+    p.add_argument("--artifacts", help="a trained artifact directory (the VM's blocks)")
+    a = p.parse_args(argv)
+    from machine import machine
+
+    out = {"machine": machine(None), "stages": stages(a.shards)}
+    if a.artifacts:
+        out["vm_blocks"] = vm_blocks(a.artifacts)
+    print(json.dumps(out, indent=1))
+    if a.json:
+        from solaris import atomic
+
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        atomic.save_json(a.json, out, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
