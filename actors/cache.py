@@ -154,12 +154,10 @@ class CacheGroup:
         shard = self.shard_of(users)
         return {int(s): np.flatnonzero(shard == s) for s in np.unique(shard)}
 
-    def _fan_out(self, users: np.ndarray, call: Callable[[Any, np.ndarray], Any],
-                 rows: dict[int, np.ndarray] | None = None) -> dict[int, Any]:
-        """One call per shard owning some of ``users``: ``call(shard handle, positions)``
-        (``rows``: ``rows_by_shard(users)`` if already known); the refs by shard, for
-        ``_gather`` or ``collect``."""
-        rows = self.rows_by_shard(users) if rows is None else rows
+    def _fan_out(self, rows: dict[int, np.ndarray], call: Callable[[Any, np.ndarray], Any]
+                 ) -> dict[int, Any]:
+        """One call per shard in ``rows`` (``rows_by_shard``): ``call(shard handle,
+        positions)``; the refs by shard, for ``_gather`` or ``collect``."""
         return {s: call(self.shards[s], r) for s, r in rows.items()}
 
     # -- serving path
@@ -250,9 +248,9 @@ class CacheGroup:
             raise RequestError(f"put: users ({len(users)}), items ({len(items)}) and vectors "
                              f"({len(vectors)}) differ in length")
         sc = None if scores is None else np.asarray(scores)
-        refs = self._fan_out(users, lambda h, m: h.put_frame.remote(frames.encode("pairs", (
-            users[m], items[m], vectors[m], str(version), float(now),
-            None if sc is None else sc[m]))))
+        refs = self._fan_out(self.rows_by_shard(users), lambda h, m: h.put_frame.remote(
+            frames.encode("pairs", (users[m], items[m], vectors[m], str(version), float(now),
+                                    None if sc is None else sc[m]))))
         return sum(self._gather(refs, timeout_s, "put", 0).values())
 
     # -- history: fire-and-forget writes (the router), one-round reads (the FM workers)
@@ -384,8 +382,8 @@ class CacheGroup:
             raise RequestError(f"now: expected {len(users)} event times, got shape {now.shape}")
         deadline = time.monotonic() + timeout_s
         rows = self.rows_by_shard(users)
-        refs = self._fan_out(users, lambda h, r: h.history_window.remote(
-            frames.encode("window_query", (users[r], now[r], history_len))), rows)
+        refs = self._fan_out(rows, lambda h, r: h.history_window.remote(
+            frames.encode("window_query", (users[r], now[r], history_len))))
 
         def result() -> dict[str, np.ndarray]:
             got, late, failed = collect(refs, deadline)
@@ -413,8 +411,8 @@ class CacheGroup:
             raise RequestError(f"replay_history: users ({len(users)}), items ({len(items)}), "
                                f"surfaces ({len(surfaces)}), labels ({len(labels)}) and ts "
                                f"({len(ts)}) differ in length")
-        refs = self._fan_out(users, lambda h, m: h.replay_history.remote(frames.encode(
-            "history_log", (users[m], items[m], surfaces[m], labels[m], ts[m]))))
+        refs = self._fan_out(self.rows_by_shard(users), lambda h, m: h.replay_history.remote(
+            frames.encode("history_log", (users[m], items[m], surfaces[m], labels[m], ts[m]))))
         return sum(self._gather(refs, timeout_s, "replay_history", 0).values())
 
     def metrics(self, timeout_s: float = 5.0) -> dict[str, Any]:
