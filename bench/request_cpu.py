@@ -14,7 +14,9 @@ the wall time each stage takes, and the frames' sizes. What the actor calls add 
 
 With ``--artifacts`` (a trained artifact directory), the VM's forward CPU per 500-candidate
 request, one thread, blocked (``VM_BLOCK_ROWS``, and 256) against one call, in 7 interleaved
-trials (medians; the first trial is a warm-up).
+trials (medians; the first trial is a warm-up); and the FM worker's forward CPU per 1,000
+pairs, blocked (``precompute.block_requests`` / ``block_pairs``) against one call on the whole
+lease, at 10, 50 and 200 candidates per request group.
 """
 
 from __future__ import annotations
@@ -131,6 +133,50 @@ def vm_blocks(artifacts: str, trials: int = 7, requests: int = 40) -> dict:
             "ratio_to_one_call": {k: v / med["one_call"] for k, v in med.items()}}
 
 
+def fm_blocks(artifacts: str, trials: int = 7, pairs: int = 1024,
+              sizes: tuple[int, ...] = (10, 50, 200)) -> dict:
+    """The FM worker's forward CPU per 1,000 pairs, one thread: fixed-size blocks (the
+    config's ``block_requests`` / ``block_pairs``) against one call on the whole lease (0 / 0),
+    on leases of ``pairs`` pairs in request groups of C candidates. Histories are empty and
+    padded to ``history_len``, so the cost does not depend on their content."""
+    import torch
+
+    from solaris.config import HistoryConfig, PrecomputeConfig
+    from solaris.history import HistoryStore
+    from solaris.online.scoring import Artifacts
+    from solaris.precompute.pqueue import Group
+    from solaris.precompute.worker import PrecomputeWorker, load_models
+
+    torch.set_num_threads(1)
+    art = Artifacts.open(artifacts)
+    fm, enc, version = load_models(art.root)
+    side, hist = art.side_tables(), HistoryStore(HistoryConfig())
+    pc = PrecomputeConfig()
+    workers = {"blocks": PrecomputeWorker(fm, enc, hist, side, version,
+                                          block_requests=pc.block_requests,
+                                          block_pairs=pc.block_pairs),
+               "one_call": PrecomputeWorker(fm, enc, hist, side, version, block_requests=0,
+                                            block_pairs=0)}
+    rng = np.random.default_rng(0)
+    leases = {c: [Group(int(rng.integers(art.num_users)), 1.9e9, 0, version,
+                        rng.choice(art.num_items, c, replace=art.num_items < c), np.zeros(c))
+                  for _ in range(max(1, pairs // c))] for c in sizes}
+    per: dict[str, list[float]] = {f"{k}_c{c}": [] for k in workers for c in sizes}
+    for trial in range(trials):
+        order = list(workers) if trial % 2 else list(workers)[::-1]
+        for c, groups in leases.items():
+            n = sum(len(g.items) for g in groups)
+            for name in order:
+                c0 = time.thread_time()
+                workers[name].run(groups)
+                per[f"{name}_c{c}"].append(1e6 * (time.thread_time() - c0) / n)
+    med = {k: float(np.median(v[1:])) for k, v in per.items()}  # the first trial warms up
+    return {"cpu_ms_per_1k_pairs_median": med, "per_trial": per,
+            "block_requests": pc.block_requests, "block_pairs": pc.block_pairs,
+            "ratio_blocks_to_one_call": {f"c{c}": med[f"blocks_c{c}"] / med[f"one_call_c{c}"]
+                                         for c in sizes}}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", type=Path)
@@ -142,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     out = {"machine": machine(None), "stages": stages(a.shards)}
     if a.artifacts:
         out["vm_blocks"] = vm_blocks(a.artifacts)
+        out["fm_blocks"] = fm_blocks(a.artifacts)
     print(json.dumps(out, indent=1))
     if a.json:
         from solaris import atomic
