@@ -19,8 +19,9 @@ Arms (all in process, through the serving code: ``VMScorer``, ``HistoryStore``,
 * ``solaris``: the served (residual) VM on its own cache's inputs;
 * ``fm``: the served VM with the FM's pair embedding computed inline for every candidate
   (``InlineFM``, reading the arm's own history): the upper bound;
-* ``oracle``: the FM inline on the candidates that had a SOLARIS input (a pair-slot tier), the
-  VM alone elsewhere: what perfect embeddings at the achieved coverage would give.
+* ``oracle``: the FM inline on the candidates that had a SOLARIS input (a pair-slot tier the
+  ranking VM serves, ``delivered``: a tier at its scale 0 is not delivered), the VM alone
+  elsewhere: what perfect embeddings at the achieved coverage would give.
 
 The speculation schedule is the key-level simulation (``simulate_pair_coverage``, which
 reproduces the live queue's pair coverage): the verifier ranks by the VM alone, whose scores
@@ -51,6 +52,7 @@ from solaris.data.schema import ITEM, TS, USER
 from solaris.data.synthetic_truth import Arrivals, SessionTruth, uniforms
 from solaris.knn.neighbours import NeighbourTable
 from solaris.online.enrich import enrich_local
+from solaris.online.scales import PAIR
 from solaris.errors import ConfigError
 from solaris.eval.metrics import point_ci
 from solaris.history import HistoryStore
@@ -95,6 +97,16 @@ def arrivals_log(arr: Arrivals, tasks: tuple[str, ...]) -> tuple[RequestLog, np.
                     candidates=arr.candidates[order],
                     labels=np.full((r, c, len(tasks)), np.nan, np.float32), tasks=tasks)
     return lg, order
+
+
+def delivered(tiers: np.ndarray, pair_scales: np.ndarray) -> np.ndarray:
+    """(C,) bool: the candidates for which the ranking VM had a SOLARIS input -- a looked-up
+    pair-slot tier (``tiers``, ``Tier`` codes) whose scale in ``pair_scales`` (the VM's pair
+    row of scales, by tier code) is above 0. A tier at scale 0 is not delivered: the VM reads
+    nothing of it."""
+    tiers = np.asarray(tiers)
+    on = np.asarray(pair_scales)[np.clip(tiers, 0, len(pair_scales) - 1)] > 0
+    return (tiers > Tier.NONE) & on
 
 
 def choose_shown(scores: np.ndarray, shown: int, explore: int, u: np.ndarray
@@ -200,6 +212,7 @@ def run_arm(ctx: LoopContext, arm: str, opts: LoopOptions,
     wr = ctx.writes
     vis = wr["visible_at"]
     user_knn, item_knn = ctx.knn
+    pair_scales = ctx.scorer.scales()[PAIR]  # the ranking VM's, by tier (the oracle's cover)
     out = empty_log(r, s_n)
     if cf:
         out.cf = {k: np.zeros((r, c), np.float32) for k in ("solaris", "fm", "p_true")}
@@ -239,7 +252,7 @@ def run_arm(ctx: LoopContext, arm: str, opts: LoopOptions,
             else:
                 full = inline.slots(user, items, surface, t)
                 if arm == "oracle":
-                    cov = look.pair_tier != Tier.NONE
+                    cov = delivered(look.pair_tier, pair_scales)
                     slots = select_slots(np.where(cov & full.pair_present, Tier.PAIR,
                                                   Tier.NONE), full.pair_emb,
                                          np.zeros(c), np.zeros_like(full.pair_emb),

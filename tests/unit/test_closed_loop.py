@@ -12,7 +12,8 @@ from solaris.data.synthetic_stream import SATIATION, _click_logit, _sigmoid
 from solaris.data.schema import TS, USER
 from solaris.data.synthetic_truth import SessionTruth, arrivals, uniforms
 from solaris.errors import ConfigError
-from solaris.replay.closed_loop import LoopOptions, choose_shown, paired_lift
+from solaris.replay.closed_loop import LoopOptions, choose_shown, delivered, paired_lift
+from solaris.tiers import Tier
 
 SMALL = SyntheticConfig(num_users=200, num_items=150, days=6.0, target_interactions=3000)
 
@@ -128,3 +129,16 @@ def test_paired_lift_recovers_a_known_share_and_refuses_without_a_gap() -> None:
                       resamples=200)
     assert two["gain_over_vm"]["fm"]["point"] == pytest.approx(
         (gain.mean() + gain[:100].mean()) / 2)
+
+
+def test_a_tier_at_scale_0_is_not_delivered_to_the_oracle() -> None:
+    tiers = np.array([Tier.NONE, Tier.PAIR, Tier.USER_NEIGHBOUR, Tier.ITEM_NEIGHBOUR, Tier.PAIR,
+                      Tier.ITEM_NEIGHBOUR], np.int8)
+    # the click VM of a trained synthetic world: its own pair served, both neighbours off
+    scales = np.array([0.0, 1.0, 0.0, 0.0], np.float32)
+    assert delivered(tiers, scales).tolist() == [False, True, False, False, True, False]
+    scales = np.array([0.0, 0.75, 0.0, 0.5], np.float32)
+    assert delivered(tiers, scales).tolist() == [False, True, False, True, True, True]
+    # no slot is never delivered, whatever a scale array holds in its "none" column
+    assert not delivered(np.array([Tier.NONE]), np.ones(4, np.float32)).any()
+    assert not delivered(tiers, np.zeros(4, np.float32)).any()
