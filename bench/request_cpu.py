@@ -25,7 +25,9 @@ import argparse
 import json
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -105,12 +107,21 @@ def stages(num_shards: int, requests: int = 300, seed: int = 0) -> dict:
             "ms_per_request_median": med, "total_ms": sum(med.values()), **sizes}
 
 
-def vm_blocks(artifacts: str, trials: int = 7, requests: int = 40) -> dict:
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one intra-op thread inside, the caller's count restored after."""
     import torch
 
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def vm_blocks(artifacts: str, trials: int = 7, requests: int = 40) -> dict:
     from solaris.online.scoring import VM_BLOCK_ROWS, Artifacts, ScoreRequest, VMScorer
 
-    torch.set_num_threads(1)
     art = Artifacts.open(artifacts)
     task = art.tasks[0]
     arms = {f"blocks_{b}": VMScorer(art, task, art.side_tables(), block_rows=b)
@@ -121,13 +132,14 @@ def vm_blocks(artifacts: str, trials: int = 7, requests: int = 40) -> dict:
                          rng.choice(art.num_items, 500, replace=art.num_items < 500), 0, None)
             for _ in range(requests)]
     per: dict[str, list[float]] = {k: [] for k in arms}
-    for trial in range(trials):
-        order = list(arms) if trial % 2 else list(arms)[::-1]
-        for name in order:
-            c0 = time.thread_time()
-            for r in reqs:
-                arms[name].score([r], with_base=True)
-            per[name].append(1e3 * (time.thread_time() - c0) / len(reqs))
+    with one_thread():  # the caller's thread count comes back
+        for trial in range(trials):
+            order = list(arms) if trial % 2 else list(arms)[::-1]
+            for name in order:
+                c0 = time.thread_time()
+                for r in reqs:
+                    arms[name].score([r], with_base=True)
+                per[name].append(1e3 * (time.thread_time() - c0) / len(reqs))
     med = {k: float(np.median(v[1:])) for k, v in per.items()}
     return {"cpu_ms_per_request_median": med, "per_trial": per,
             "ratio_to_one_call": {k: v / med["one_call"] for k, v in med.items()}}
@@ -139,15 +151,12 @@ def fm_blocks(artifacts: str, trials: int = 7, pairs: int = 1024,
     config's ``block_requests`` / ``block_pairs``) against one call on the whole lease (0 / 0),
     on leases of ``pairs`` pairs in request groups of C candidates. Histories are empty and
     padded to ``history_len``, so the cost does not depend on their content."""
-    import torch
-
     from solaris.config import HistoryConfig, PrecomputeConfig
     from solaris.history import HistoryStore
     from solaris.online.scoring import Artifacts
     from solaris.precompute.pqueue import Group
     from solaris.precompute.worker import PrecomputeWorker, load_models
 
-    torch.set_num_threads(1)
     art = Artifacts.open(artifacts)
     fm, enc, version = load_models(art.root)
     side, hist = art.side_tables(), HistoryStore(HistoryConfig())
@@ -162,14 +171,15 @@ def fm_blocks(artifacts: str, trials: int = 7, pairs: int = 1024,
                         rng.choice(art.num_items, c, replace=art.num_items < c), np.zeros(c))
                   for _ in range(max(1, pairs // c))] for c in sizes}
     per: dict[str, list[float]] = {f"{k}_c{c}": [] for k in workers for c in sizes}
-    for trial in range(trials):
-        order = list(workers) if trial % 2 else list(workers)[::-1]
-        for c, groups in leases.items():
-            n = sum(len(g.items) for g in groups)
-            for name in order:
-                c0 = time.thread_time()
-                workers[name].run(groups)
-                per[f"{name}_c{c}"].append(1e6 * (time.thread_time() - c0) / n)
+    with one_thread():  # the caller's thread count comes back
+        for trial in range(trials):
+            order = list(workers) if trial % 2 else list(workers)[::-1]
+            for c, groups in leases.items():
+                n = sum(len(g.items) for g in groups)
+                for name in order:
+                    c0 = time.thread_time()
+                    workers[name].run(groups)
+                    per[f"{name}_c{c}"].append(1e6 * (time.thread_time() - c0) / n)
     med = {k: float(np.median(v[1:])) for k, v in per.items()}  # the first trial warms up
     return {"cpu_ms_per_1k_pairs_median": med, "per_trial": per,
             "block_requests": pc.block_requests, "block_pairs": pc.block_pairs,

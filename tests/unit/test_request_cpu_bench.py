@@ -23,7 +23,11 @@ def artifacts(tmp_path_factory) -> Path:
 
 
 def test_fm_blocks_reports_both_arms_at_every_group_size(artifacts) -> None:
+    import torch
+
+    before = torch.get_num_threads()
     out = request_cpu.fm_blocks(str(artifacts), trials=3, pairs=60, sizes=(4, 30))
+    assert torch.get_num_threads() == before  # measured on one thread, the caller's back
     med = out["cpu_ms_per_1k_pairs_median"]
     assert set(med) == {"blocks_c4", "blocks_c30", "one_call_c4", "one_call_c30"}
     assert all(np.isfinite(v) and v > 0 for v in med.values())
