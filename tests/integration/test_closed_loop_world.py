@@ -11,6 +11,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from solaris.cli import main
 from solaris.config import load_config
@@ -78,6 +79,35 @@ def test_arms_meet_the_same_random_numbers(world) -> None:
     same = (vm.item == sol.item) & np.isclose(vm.p_true, sol.p_true)
     assert same.sum() > 100
     assert np.array_equal(vm.click[same], sol.click[same])
+
+
+def test_the_oracle_puts_the_fm_only_where_the_ranking_vm_reads_a_tier(world) -> None:
+    """A tier at scale 0 is not delivered: with the neighbour tiers at 0 in the ranking VM,
+    the oracle arm that looked every tier up shows what the one that looked up own pairs
+    only shows."""
+    import dataclasses
+
+    from solaris.online.scales import PAIR
+    from solaris.tiers import Tier
+
+    cfg, _, _, opts, ctx = world
+    scale = ctx.scorer.model.scale
+    own = scale.clone()
+    try:
+        with torch.no_grad():
+            scale[PAIR, Tier.PAIR] = 1.0
+            scale[PAIR, Tier.USER_NEIGHBOUR] = scale[PAIR, Tier.ITEM_NEIGHBOUR] = 0.0
+        every = run_arm(dataclasses.replace(ctx, enrich=cfg.enrich), "oracle", opts)
+        pair_only = dataclasses.replace(cfg.enrich, user_knn_probe=0, item_tier=False)
+        own_only = run_arm(dataclasses.replace(ctx, enrich=pair_only), "oracle", opts)
+    finally:
+        with torch.no_grad():
+            scale.copy_(own)
+    # the first looked neighbour tiers up (some shown items had only a neighbour's pair) ...
+    assert np.isin(every.tier, [Tier.USER_NEIGHBOUR, Tier.ITEM_NEIGHBOUR]).any()
+    assert not np.isin(own_only.tier, [Tier.USER_NEIGHBOUR, Tier.ITEM_NEIGHBOUR]).any()
+    # ... and showed and earned the same
+    assert _same(every, own_only, SHOWN)
 
 
 def test_simulate_writes_report_arrays_and_plot(world, tmp_path) -> None:
