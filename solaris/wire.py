@@ -23,6 +23,7 @@ same dtypes, same bits. ``KINDS`` names every frame kind the project sends.
 
 from __future__ import annotations
 
+import struct
 from typing import Any, Sequence
 
 import numpy as np
@@ -47,52 +48,63 @@ _CODE = {dt: i for i, dt in enumerate(DTYPES)}
 _TEXT, _INT, _FLOAT, _BOOL = 100, 101, 102, 103  # scalar field codes
 _HEAD = 3
 _PER_FIELD = 4
-_I64 = np.dtype("<i8")
-
-
-def _pad(n: int) -> int:
-    return -n % 8
+_HEAD_S = struct.Struct("<3q")  # MAGIC, kind, n
+_F64, _F2I = struct.Struct("<d"), struct.Struct("<q")  # a float field travels as its bits
+_ZEROS = b"\0" * 8  # padding
 
 
 def encode(kind: str, fields: Sequence[Any]) -> bytes:
     """One frame of ``kind`` holding ``fields`` (see the module docstring)."""
-    if kind not in KINDS:
+    code_of_kind = KINDS.get(kind)
+    if code_of_kind is None:
         raise ValueError(f"frame kind {kind!r} is not one of {sorted(KINDS)}")
-    head = [MAGIC, KINDS[kind], len(fields)]
-    parts: list[bytes] = []
+    head = [MAGIC, code_of_kind, len(fields)]
+    parts: list[Any] = [None]  # the header goes first, once it is complete
     for i, f in enumerate(fields):
         if f is None:
-            head += [0, -1, 0, 0]
+            head += (0, -1, 0, 0)
             continue
-        if isinstance(f, (bool, np.bool_)):
-            head += [_BOOL, 0, int(bool(f)), 0]
+        t = type(f)
+        if t is np.ndarray:  # the common case first
+            a = f
+        elif isinstance(f, (bool, np.bool_)):
+            head += (_BOOL, 0, int(bool(f)), 0)
             continue
-        if isinstance(f, (int, np.integer)):
-            head += [_INT, 0, int(f), 0]
+        elif isinstance(f, (int, np.integer)):
+            head += (_INT, 0, int(f), 0)
             continue
-        if isinstance(f, (float, np.floating)):
-            raw = np.float64(f).tobytes()
-            head += [_FLOAT, 0, int(np.frombuffer(raw, _I64)[0]), 0]
+        elif isinstance(f, (float, np.floating)):
+            head += (_FLOAT, 0, _F2I.unpack(_F64.pack(float(f)))[0], 0)
             continue
-        if isinstance(f, str):
+        elif isinstance(f, str):
             raw = f.encode()
-            head += [_TEXT, 1, len(raw), 0]
-            parts += [raw, b"\0" * _pad(len(raw))]
+            head += (_TEXT, 1, len(raw), 0)
+            parts += (raw, _ZEROS[:-len(raw) % 8])
             continue
-        if isinstance(f, (list, tuple)):
-            f = np.asarray(f)
-        a = np.asarray(f)
-        code = _CODE.get(a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype)
-        if code is None or a.ndim > 2 or not isinstance(f, np.ndarray):
+        elif isinstance(f, (list, tuple)):
+            a = np.asarray(f)
+        else:
+            a = f
+        dt = getattr(a, "dtype", None)
+        code = None if dt is None else _CODE.get(dt)
+        if code is None and dt is not None and dt.byteorder == ">":
+            code = _CODE.get(dt.newbyteorder("<"))
+        if code is None or a.ndim > 2 or not isinstance(a, np.ndarray):
             raise TypeError(f"{kind} field {i}: {type(f).__name__} "
                             f"{getattr(f, 'dtype', '')} cannot go in a frame (numpy arrays of "
                             f"{', '.join(str(d) for d in DTYPES)} up to 2-D, int, float, bool, "
                             "str, None)")
-        shape = a.shape + (0,) * (2 - a.ndim)
-        head += [code, a.ndim, shape[0], shape[1]]
-        raw = np.ascontiguousarray(a, DTYPES[code]).tobytes() if a.size else b""
-        parts += [raw, b"\0" * _pad(len(raw))]
-    return b"".join([np.array(head, _I64).tobytes(), *parts])
+        shape = a.shape
+        head += (code, a.ndim, shape[0] if a.ndim else 0, shape[1] if a.ndim == 2 else 0)
+        if a.size:
+            if dt is not DTYPES[code] and dt != DTYPES[code] or not a.flags.c_contiguous:
+                a = np.ascontiguousarray(a, DTYPES[code])
+            parts.append(a.data.cast("B") if a.ndim else a.tobytes())
+            pad = -a.nbytes % 8
+            if pad:
+                parts.append(_ZEROS[:pad])
+    parts[0] = struct.pack(f"<{len(head)}q", *head)
+    return b"".join(parts)
 
 
 def decode(buf: Any, kind: str, count: int | None = None) -> list[Any]:
@@ -101,9 +113,10 @@ def decode(buf: Any, kind: str, count: int | None = None) -> list[Any]:
     frame -- is a ``RequestError`` naming what was wrong."""
     if not isinstance(buf, (bytes, bytearray, memoryview)):
         raise RequestError(f"{kind}: expected a frame (bytes), got {type(buf).__name__}")
-    if len(buf) < 8 * _HEAD:
-        raise RequestError(f"{kind}: {len(buf)} bytes is too short for a frame")
-    magic, code, n = np.frombuffer(buf, _I64, _HEAD).tolist()
+    size_b = len(buf) if not isinstance(buf, memoryview) else buf.nbytes
+    if size_b < 8 * _HEAD:
+        raise RequestError(f"{kind}: {size_b} bytes is too short for a frame")
+    magic, code, n = _HEAD_S.unpack_from(buf, 0)
     if magic != MAGIC:
         raise RequestError(f"{kind}: not a SOLARIS frame (magic {magic:#x})")
     if code != KINDS[kind]:
@@ -111,11 +124,14 @@ def decode(buf: Any, kind: str, count: int | None = None) -> list[Any]:
     if count is not None and n != count:
         raise RequestError(f"{kind}: {n} fields, expected {count}")
     off = 8 * (_HEAD + _PER_FIELD * n)
-    if n < 0 or len(buf) < off:
-        raise RequestError(f"{kind}: truncated frame header ({len(buf)} bytes, {n} fields)")
-    spec = np.frombuffer(buf, _I64, _PER_FIELD * n, 8 * _HEAD).reshape(n, _PER_FIELD).tolist()
+    if n < 0 or size_b < off:
+        raise RequestError(f"{kind}: truncated frame header ({size_b} bytes, {n} fields)")
+    spec = struct.unpack_from(f"<{_PER_FIELD * n}q", buf, 8 * _HEAD)
+    raw = np.frombuffer(buf, np.uint8)
+    writable = raw.flags.writeable
     out: list[Any] = []
-    for dcode, ndim, d0, d1 in spec:
+    for j in range(0, _PER_FIELD * n, _PER_FIELD):
+        dcode, ndim, d0, d1 = spec[j:j + _PER_FIELD]
         if ndim == -1:
             out.append(None)
         elif dcode == _INT:
@@ -123,24 +139,26 @@ def decode(buf: Any, kind: str, count: int | None = None) -> list[Any]:
         elif dcode == _BOOL:
             out.append(bool(d0))
         elif dcode == _FLOAT:
-            out.append(float(np.array(d0, _I64).view("<f8")))
+            out.append(_F64.unpack(_F2I.pack(d0))[0])
         elif dcode == _TEXT:
+            if d0 < 0 or size_b < off + d0:
+                raise RequestError(f"{kind}: truncated frame ({size_b} bytes)")
             out.append(bytes(buf[off:off + d0]).decode())
-            off += d0 + _pad(d0)
+            off += d0 + (-d0 % 8)
         else:
-            if not 0 <= dcode < len(DTYPES) or not 0 <= ndim <= 2:
+            if not 0 <= dcode < len(DTYPES) or not 0 <= ndim <= 2 or d0 < 0 or d1 < 0:
                 raise RequestError(f"{kind}: bad field spec ({dcode}, {ndim})")
             dt = DTYPES[dcode]
             shape = (d0, d1)[:ndim]
-            size = int(np.prod(shape)) if ndim else 1
+            size = d0 * d1 if ndim == 2 else (d0 if ndim == 1 else 1)
             nbytes = size * dt.itemsize
-            if len(buf) < off + nbytes:
-                raise RequestError(f"{kind}: truncated frame ({len(buf)} bytes)")
-            a = (np.frombuffer(buf, dt, size, off) if size
-                 else np.zeros(0, dt)).reshape(shape)
-            a.flags.writeable = False
+            if size_b < off + nbytes:
+                raise RequestError(f"{kind}: truncated frame ({size_b} bytes)")
+            a = raw[off:off + nbytes].view(dt).reshape(shape) if size else np.zeros(shape, dt)
+            if writable or not size:
+                a.flags.writeable = False
             out.append(a)
-            off += nbytes + _pad(nbytes)
+            off += nbytes + (-nbytes % 8)
     return out
 
 

@@ -81,6 +81,33 @@ def test_foreign_other_kind_and_truncated_frames_are_refused():
         wire.encode("nope", [])
 
 
+def test_the_frame_layout_is_fixed_byte_for_byte():
+    """The layout of the module docstring, spelled out: a faster encoder may not change it."""
+    i64 = lambda *v: np.array(v, "<i8").tobytes()  # noqa: E731
+    frame = wire.encode("labels", (np.array([[1, 2, 3]], np.int8), 2.5, "ab", None, True, 7))
+    assert frame == b"".join([
+        i64(wire.MAGIC, wire.KINDS["labels"], 6),
+        i64(4, 2, 1, 3), i64(102, 0, int(np.float64(2.5).view("<i8")), 0), i64(100, 1, 2, 0),
+        i64(0, -1, 0, 0), i64(103, 0, 1, 0), i64(101, 0, 7, 0),
+        bytes([1, 2, 3]) + b"\0" * 5, b"ab" + b"\0" * 6])
+
+
+def test_writable_buffers_decode_to_read_only_views_and_bad_specs_are_refused():
+    frame = wire.encode("pairs", (np.arange(3), "text", np.zeros((0, 4), np.float32)))
+    for buf in (bytearray(frame), memoryview(frame), memoryview(bytearray(frame))):
+        a, t, e = wire.decode(buf, "pairs", 3)
+        assert a.tolist() == [0, 1, 2] and t == "text" and e.shape == (0, 4)
+        assert not a.flags.writeable and not e.flags.writeable
+    head = np.frombuffer(frame, "<i8").copy()
+    head[3 + 2] = -1  # the first array's length
+    with pytest.raises(RequestError, match="pairs: bad field spec"):
+        wire.decode(head.tobytes(), "pairs")
+    head = np.frombuffer(frame, "<i8").copy()
+    head[3 + 4 + 2] = 10 ** 6  # the text's length, past the frame's end
+    with pytest.raises(RequestError, match="pairs: truncated frame"):
+        wire.decode(head.tobytes(), "pairs")
+
+
 def test_impressions_frame_round_trips_many_requests():
     records = [(3, np.array([5, 6, 7]), np.array(2), 10.0),  # one surface for all
                (4, np.array([], np.int64), 1, 11.0),
