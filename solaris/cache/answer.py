@@ -160,8 +160,11 @@ def answer_query(store: StoreView, vid: int, now: float, items: np.ndarray, user
                             nbr_all)
         return out
 
-    # 1. the user's own pairs of the candidates
-    pos, slot, age = _find_keys(store, user, items, vid, now)
+    # 1. the user's own pairs of the candidates (none to look for if the user holds no pair
+    # of this version: the running sums keep a row exactly while the user holds one)
+    user_row = store.sums.find_one(user, vid)
+    pos, slot, age = (_find_keys(store, user, items, vid, now) if user_row >= 0
+                      else (_NONE, _NONE, _NO_AGE))
     fresh = age <= ttl
     hit = pos[fresh]
     if aggregate:  # the retained stale ones too: the client leaves each candidate out
@@ -173,7 +176,7 @@ def answer_query(store: StoreView, vid: int, now: float, items: np.ndarray, user
     store.table.mark_read(slot[fresh])  # served as its user's own pair
     _count_pairs(store, vid, user, items, pos, len(hit))
     if aggregate:
-        r = store.sums.find_one(user, vid)
+        r = user_row
         if r >= 0:
             out.agg_sum = store.sums.sums[r].copy()
             out.agg_count = cnt = int(store.sums.counts[r])
@@ -181,7 +184,8 @@ def answer_query(store: StoreView, vid: int, now: float, items: np.ndarray, user
             c["agg_present"] += n_items if cnt > 1 else n_items - len(pos)
 
     # 2. the candidates without a fresh own pair: user-neighbour probe and item-neighbour
-    # tier in one lookup (grid of (item, neighbour) keys, then (user, item neighbour) keys)
+    # tier in one lookup (grid of (item, neighbour) keys, then (user, item neighbour) keys;
+    # the latter only if the user holds a pair of this version, else none can hit)
     ki = item_nbrs.shape[1]
     need = np.ones(n_items, bool)
     need[hit] = False
@@ -191,12 +195,12 @@ def answer_query(store: StoreView, vid: int, now: float, items: np.ndarray, user
         return out
     nbrs = item_nbrs[cols]  # (m, ki)
     n_grid = m * k
-    users = np.empty(n_grid + m * ki, dtype=np.int64)
+    users = np.empty(n_grid + (m * ki if user_row >= 0 else 0), dtype=np.int64)
     keys = np.empty_like(users)
     users[:n_grid].reshape(m, k)[:] = nbr_users  # the grid, item-major
     keys[:n_grid].reshape(m, k)[:] = items[cols, None]
     users[n_grid:] = user  # then the user's pairs of the item neighbours
-    keys[n_grid:] = nbrs.ravel()  # a -1 pad matches nothing
+    keys[n_grid:] = nbrs.ravel()[:len(keys) - n_grid]  # a -1 pad matches nothing
     pos, slot, age = _find_keys(store, users, keys, vid, now)
     f = age <= ttl
     pos, slot, age = pos[f], slot[f], age[f]
