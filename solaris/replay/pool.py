@@ -74,8 +74,8 @@ class RunProbs:
 
 
 def pooled_tr(losses: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
-              resamples: int, alpha: float, seed: int, share_requests: bool = True
-              ) -> dict[str, Any]:
+              resamples: int, alpha: float, seed: int, share_requests: bool = True,
+              keep_draws: bool = False) -> dict[str, Any]:
     """Pooled raw TR over runs, each given as per-row (loss_vm_alone, loss_served, loss_fm,
     request_id), with a ``1 - alpha`` paired cluster-bootstrap interval (module docstring).
 
@@ -104,11 +104,12 @@ def pooled_tr(losses: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
             draws[:, i] = (w @ sums[i]) / (w @ counts[i])[:, None]
     return _summary(bce, draws, _counts(rng_seed, resamples, s), alpha,
                     rows=[len(l) for l, _ in runs], requests=n_req,
-                    share_requests=share_requests)
+                    share_requests=share_requests, keep_draws=keep_draws)
 
 
 def pooled_tr_base_calibrated(runs: list[RunProbs], resamples: int, alpha: float, seed: int,
-                              share_requests: bool = True) -> dict[str, Any]:
+                              share_requests: bool = True, keep_draws: bool = False
+                              ) -> dict[str, Any]:
     """Pooled base-calibrated TR (``tr_online_base_calibrated`` of ``transfer_report``): per
     run, one Platt fit of the VM alone on the first half applied to the VM alone and to the
     served scores, the FM Platt-fitted on its own first half, BCE on the second half. Every
@@ -156,9 +157,29 @@ def pooled_tr_base_calibrated(runs: list[RunProbs], resamples: int, alpha: float
                     draws[lo:lo + _CHUNK, i, k] = np.einsum("bn,bn->b", w2, loss) / n2
     out = _summary(bce, draws, _counts(rng_seed, resamples, s), alpha,
                    rows=[int(np.asarray(r.first).size) for r in runs], requests=n_req,
-                   share_requests=share_requests)
+                   share_requests=share_requests, keep_draws=keep_draws)
     out["rows_second_half"] = [int((~np.asarray(r.first)).sum()) for r in runs]
     return out
+
+
+def paired_difference(a: dict[str, Any], b: dict[str, Any], alpha: float) -> dict[str, Any]:
+    """TR(a) - TR(b) of two arms pooled with the same draws -- ``pooled_tr`` (or
+    ``pooled_tr_base_calibrated``) of each arm's runs with ``keep_draws`` and the same
+    ``seed``, ``resamples`` and ``share_requests``, the runs of one seed scoring the same
+    rows -- with the interval of the
+    per-draw differences (draws where either TR is undefined left out). Per seed as well."""
+    da, db = np.asarray(a["draw_trs"]), np.asarray(b["draw_trs"])
+    if da.shape != db.shape or a["seeds"] != b["seeds"] or a["rows"] != b["rows"] \
+            or a["resamples"] != b["resamples"]:
+        raise DataError(f"paired_difference: the arms were not pooled alike (seeds "
+                        f"{a['seeds']} / {b['seeds']}, rows {a['rows']} / {b['rows']}, "
+                        f"resamples {a['resamples']} / {b['resamples']})")
+    diff = da - db
+    lo, hi = _interval(diff, alpha)
+    per_seed = [x - y for x, y in zip(a["per_seed"], b["per_seed"])]
+    return {"diff": a["tr"] - b["tr"], "ci_low": lo, "ci_high": hi,
+            "finite_share": float(np.isfinite(diff).mean()), "per_seed": per_seed,
+            "alpha": float(alpha)}
 
 
 def fit_platt_weighted(x: np.ndarray, y: np.ndarray, w: np.ndarray,
@@ -226,8 +247,8 @@ def _bce_logits(z: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def _summary(bce: np.ndarray, draws: np.ndarray, seed_counts: np.ndarray, alpha: float, *,
-             rows: list[int], requests: int | list[int], share_requests: bool
-             ) -> dict[str, Any]:
+             rows: list[int], requests: int | list[int], share_requests: bool,
+             keep_draws: bool = False) -> dict[str, Any]:
     """TR per seed and pooled, from the point BCEs (S, 3), each draw's per-seed BCEs
     (B, S, 3) and each draw's seed multiplicities (B, S)."""
     s = len(bce)
@@ -239,13 +260,16 @@ def _summary(bce: np.ndarray, draws: np.ndarray, seed_counts: np.ndarray, alpha:
     lo, hi = _interval(trs, alpha)
     seed_ci = [list(_interval(_tr(draws[:, i]), alpha)) for i in range(s)]
     mean = bce.mean(0)
-    return {"tr": float(_tr(mean[None])[0]), "ci_low": lo, "ci_high": hi,
+    out = {"tr": float(_tr(mean[None])[0]), "ci_low": lo, "ci_high": hi,
             "per_seed": [float(t) for t in _tr(bce)], "per_seed_ci": seed_ci,
             "bce": dict(zip(ARMS, mean.tolist())),
             "per_seed_bce": [dict(zip(ARMS, b.tolist())) for b in bce],
             "resamples": len(draws), "alpha": float(alpha), "seeds": s,
             "finite_share": float(ok.mean()), "rows": rows, "requests": requests,
             "share_requests": bool(share_requests), "pooling": "tr_of_seed_mean_bce"}
+    if keep_draws:
+        out["draw_trs"] = trs
+    return out
 
 
 def _tr(bce: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ from solaris.eval import metrics as M
 from solaris.replay.pool import (
     RunProbs,
     fit_platt_weighted,
+    paired_difference,
     pooled_tr,
     pooled_tr_base_calibrated,
 )
@@ -47,6 +48,37 @@ def test_served_equal_to_the_vm_alone_gives_zero_and_to_the_fm_one() -> None:
                      request=p.request, first=p.first) for p in runs]
     r = pooled_tr_base_calibrated(same, 100, 0.05, 0)
     assert r["tr"] == 0.0 and r["ci_low"] == 0.0 == r["ci_high"]
+
+
+def test_paired_difference_of_arms_pooled_with_the_same_draws() -> None:
+    runs = [_probs(seed=s) for s in range(3)]
+    # the same arm against itself: exactly 0, every draw
+    a = pooled_tr([p.losses() for p in runs], 200, 0.05, 0, keep_draws=True)
+    b = pooled_tr([p.losses() for p in runs], 200, 0.05, 0, keep_draws=True)
+    d = paired_difference(a, b, 0.05)
+    assert d["diff"] == 0.0 and d["ci_low"] == 0.0 == d["ci_high"]
+    assert d["per_seed"] == [0.0] * 3
+    # served = the FM (TR 1) against served = the VM alone (TR 0): 1, every draw
+    fm = pooled_tr([(a_, f.copy(), f, q) for a_, _, f, q in (p.losses() for p in runs)],
+                   200, 0.05, 0, keep_draws=True)
+    alone = pooled_tr([(a_, a_.copy(), f, q) for a_, _, f, q in (p.losses() for p in runs)],
+                      200, 0.05, 0, keep_draws=True)
+    d = paired_difference(fm, alone, 0.05)
+    assert d["diff"] == 1.0 and d["ci_low"] == 1.0 == d["ci_high"]
+    # a small change of the served score: the paired interval is far narrower than either
+    # arm's own, since both arms meet the same draws
+    nudged = [(a_, s_ * 0.999 + a_ * 0.001, f, q) for a_, s_, f, q in
+              (p.losses() for p in runs)]
+    c = pooled_tr(nudged, 200, 0.05, 0, keep_draws=True)
+    d = paired_difference(c, a, 0.05)
+    assert d["ci_low"] <= d["diff"] <= d["ci_high"] < 0
+    assert d["ci_high"] - d["ci_low"] < 0.05 * _width(a)
+    cal_a = pooled_tr_base_calibrated(runs, 50, 0.05, 0, keep_draws=True)
+    cal_b = pooled_tr_base_calibrated(runs, 50, 0.05, 0, keep_draws=True)
+    assert paired_difference(cal_a, cal_b, 0.05)["ci_high"] == 0.0
+    with pytest.raises(Exception, match="not pooled alike"):
+        paired_difference(a, pooled_tr([p.losses() for p in runs], 100, 0.05, 0,
+                                       keep_draws=True), 0.05)
 
 
 def test_pooled_tr_is_tr_of_the_seed_mean_bces() -> None:
