@@ -3,7 +3,7 @@ and the shards' own code per request, by stage, and the VM forward with and with
 fixed-size blocks.
 
     python bench/request_cpu.py [--json runs/bench_request_cpu.json] [--shards 2]
-        [--artifacts DIR]
+        [--artifacts DIR] [--baseline REV [--rounds 5]]
 
 Stages (500 candidates, every tier looked up, in-process ``PairStore`` shards filled with
 400,000 random pairs, random user and item KNN tables): plan and route, encode the shard
@@ -11,6 +11,11 @@ queries, the shards' answers with their frames, decode, assemble, pack and encod
 request, and the after-answer work (verifier picks, their frame); medians over requests of
 the wall time each stage takes, and the frames' sizes. What the actor calls add on top is
 ``bench/actor_call.py``'s; the whole app is ``bench/serve.py``'s.
+
+With ``--baseline REV``, the stages of the tree of commit REV (``git archive``, as
+``bench/vm_ab.py`` extracts it) and of this tree, each in its own process, alternated over
+``--rounds`` rounds (ABBA...), medians per stage and the ratio of the totals per round: what
+a change to the request path's own code saved, side by side on one machine.
 
 With ``--artifacts`` (a trained artifact directory), the VM's forward CPU per 500-candidate
 request, one thread, blocked (``VM_BLOCK_ROWS``, and 256) against one call, in 7 interleaved
@@ -23,13 +28,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
+from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -105,6 +113,42 @@ def stages(num_shards: int, requests: int = 300, seed: int = 0) -> dict:
     med = {k: float(np.median(v)) for k, v in times.items()}
     return {"shards": num_shards, "requests": requests, "candidates": c,
             "ms_per_request_median": med, "total_ms": sum(med.values()), **sizes}
+
+
+_STAGES_CALL = ("import json, sys; sys.path[:0] = [{root!r}, {bench!r}]; import request_cpu; "
+                "print(json.dumps(request_cpu.stages({shards}, {requests})))")
+
+
+def _stages_in(root: Path, shards: int, requests: int) -> dict:
+    """``stages`` of the tree at ``root``, in a fresh process that imports that tree's code."""
+    code = _STAGES_CALL.format(root=str(root), bench=str(root / "bench"), shards=shards,
+                               requests=requests)
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, check=True,
+                         capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def baseline_ab(rev: str, shards: int, rounds: int, requests: int = 300) -> dict:
+    """The stages of commit ``rev`` against this tree's, alternated ABBA over ``rounds``."""
+    from vm_ab import extract
+
+    with tempfile.TemporaryDirectory(prefix="solaris-request-cpu-") as tmp:
+        sha = extract(rev, Path(tmp))
+        runs: dict[str, list[dict]] = {"baseline": [], "current": []}
+        for r in tqdm(range(rounds), desc="rounds", unit="round"):
+            order = ("baseline", "current") if r % 2 == 0 else ("current", "baseline")
+            for arm in order:
+                root = Path(tmp) if arm == "baseline" else ROOT
+                runs[arm].append(_stages_in(root, shards, requests)["ms_per_request_median"])
+    med = {arm: {k: float(np.median([x[k] for x in v])) for k in STAGES}
+           for arm, v in runs.items()}
+    ratios = [sum(c.values()) / sum(b.values())
+              for b, c in zip(runs["baseline"], runs["current"])]
+    return {"baseline": sha, "shards": shards, "rounds": rounds, "requests": requests,
+            "ms_per_request_median": med,
+            "total_ms": {arm: sum(m.values()) for arm, m in med.items()},
+            "ratio_current_to_baseline_per_round": ratios,
+            "ratio_current_to_baseline": float(np.median(ratios)), "per_round": runs}
 
 
 @contextmanager
@@ -192,10 +236,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path)
     p.add_argument("--shards", type=int, default=2)
     p.add_argument("--artifacts", help="a trained artifact directory (the VM's blocks)")
+    p.add_argument("--baseline", help="a commit whose stages run beside this tree's")
+    p.add_argument("--rounds", type=int, default=5, help="alternated rounds of --baseline")
     a = p.parse_args(argv)
+    if a.rounds < 1:
+        p.error(f"--rounds={a.rounds}: must be >= 1")
     from machine import machine
 
     out = {"machine": machine(None), "stages": stages(a.shards)}
+    if a.baseline:
+        ab = out["baseline_ab"] = baseline_ab(a.baseline, a.shards, a.rounds)
+        for arm in ("baseline", "current"):
+            print(f"{arm:<9} " + "  ".join(f"{k} {v:.3f}" for k, v in
+                                            ab["ms_per_request_median"][arm].items())
+                  + f"  total {ab['total_ms'][arm]:.3f} ms")
+        print(f"current / baseline, median over rounds: {ab['ratio_current_to_baseline']:.3f}")
     if a.artifacts:
         out["vm_blocks"] = vm_blocks(a.artifacts)
         out["fm_blocks"] = fm_blocks(a.artifacts)

@@ -36,3 +36,26 @@ def test_fm_blocks_reports_both_arms_at_every_group_size(artifacts) -> None:
         assert out["ratio_blocks_to_one_call"][f"c{c}"] == pytest.approx(
             med[f"blocks_c{c}"] / med[f"one_call_c{c}"])
     assert out["block_requests"] > 0 and out["block_pairs"] > 0
+
+
+def test_baseline_ab_runs_each_tree_in_its_own_process(monkeypatch) -> None:
+    seen = []
+
+    def fake_stages_in(root: Path, shards: int, requests: int) -> dict:
+        seen.append(root)
+        assert root.is_dir() and (root / "solaris" / "wire.py").is_file()
+        ms = 2.0 if root != request_cpu.ROOT else 1.0  # the baseline costs twice as much
+        return {"ms_per_request_median": {k: ms for k in request_cpu.STAGES}}
+
+    monkeypatch.setattr(request_cpu, "_stages_in", fake_stages_in)
+    out = request_cpu.baseline_ab("HEAD", shards=2, rounds=3, requests=10)
+    assert len(out["baseline"]) == 40  # the full commit id
+    assert [r == request_cpu.ROOT for r in seen] == [False, True, True, False, False, True]
+    assert out["ratio_current_to_baseline"] == 0.5
+    assert out["total_ms"]["baseline"] == 2.0 * len(request_cpu.STAGES)
+
+
+def test_stages_in_a_fresh_process_imports_that_trees_code() -> None:
+    out = request_cpu._stages_in(request_cpu.ROOT, 2, 3)  # this tree, end to end, tiny
+    assert set(out["ms_per_request_median"]) == set(request_cpu.STAGES)
+    assert all(v >= 0 for v in out["ms_per_request_median"].values())
