@@ -1,6 +1,7 @@
 """Benchmark: the transfer report on the synthetic default and on MovieLens-100K.
 
     python bench/transfer.py --json runs/bench_transfer.json [--seeds 5] [--data-dir DIR]
+        [--set KEY=VALUE ...]
 
 The two datasets run side by side in two processes (one torch thread each: this machine has
 two cores). MovieLens comes from --data-dir or is fetched into the cache dir
@@ -17,8 +18,9 @@ import time
 from pathlib import Path
 
 
-def _run(name: str, data_dir: str | None, seeds: int, out: str) -> dict:
-    from solaris.config import load_config
+def _run(name: str, data_dir: str | None, seeds: int, out: str,
+         sets: list[str] | None = None) -> dict:
+    from solaris.config import load_config, parse_overrides
     from solaris.data.load import load_dataset
     from solaris.eval.render import coverage_plot, to_json, transfer_table
     from solaris.eval.transfer import run_transfer
@@ -26,6 +28,7 @@ def _run(name: str, data_dir: str | None, seeds: int, out: str) -> dict:
     ov = {"data.dataset": name, "report.seeds": seeds, "train.threads": 1}
     if data_dir:
         ov["data.data_dir"] = data_dir
+    ov.update(parse_overrides(sets or []))
     cfg = load_config(None, ov)
     ds = load_dataset(cfg.data, fetch=True)
     report = run_transfer(cfg, ds)
@@ -87,16 +90,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", help="MovieLens-100K directory (default: fetch into the cache)")
     ap.add_argument("--out", default="runs/bench_transfer", help="reports and plots per dataset")
     ap.add_argument("--datasets", default="synthetic,movielens")
+    ap.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
+                    help="override a config field on both datasets, e.g. "
+                    "--set residual.pair_scale_on=full")
     args = ap.parse_args(argv)
     names = args.datasets.split(",")
     t0 = time.perf_counter()
     ctx = mp.get_context("spawn")
     with ctx.Pool(len(names)) as pool:
         jobs = {n: pool.apply_async(_run, (n, args.data_dir if n == "movielens" else None,
-                                           args.seeds, args.out)) for n in names}
+                                           args.seeds, args.out, args.set)) for n in names}
         results = {n: j.get() for n, j in jobs.items()}
     wall = time.perf_counter() - t0
-    summary = {"wall_s": round(wall, 1), "seeds": args.seeds, "datasets": {}}
+    summary = {"wall_s": round(wall, 1), "seeds": args.seeds, "set": args.set, "datasets": {}}
     for n, r in results.items():
         print(r.pop("table"))
         ok = checks(r)
