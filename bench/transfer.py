@@ -92,8 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--datasets", default="synthetic,movielens")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
                     help="override a config field on both datasets, e.g. "
-                    "--set residual.pair_scale_on=full")
+                    "--set residual.pair_scale_on=served")
     args = ap.parse_args(argv)
+    from solaris.config import load_config, parse_overrides
+
+    load_config(None, parse_overrides(args.set))  # a bad KEY=VALUE fails here, by name
     names = args.datasets.split(",")
     t0 = time.perf_counter()
     ctx = mp.get_context("spawn")
