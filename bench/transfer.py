@@ -19,8 +19,8 @@ from pathlib import Path
 
 
 def _run(name: str, data_dir: str | None, seeds: int, out: str,
-         sets: list[str] | None = None) -> dict:
-    from solaris.config import load_config, parse_overrides
+         overrides: dict | None = None) -> dict:
+    from solaris.config import load_config
     from solaris.data.load import load_dataset
     from solaris.eval.render import coverage_plot, to_json, transfer_table
     from solaris.eval.transfer import run_transfer
@@ -28,7 +28,7 @@ def _run(name: str, data_dir: str | None, seeds: int, out: str,
     ov = {"data.dataset": name, "report.seeds": seeds, "train.threads": 1}
     if data_dir:
         ov["data.data_dir"] = data_dir
-    ov.update(parse_overrides(sets or []))
+    ov.update(overrides or {})
     cfg = load_config(None, ov)
     ds = load_dataset(cfg.data, fetch=True)
     report = run_transfer(cfg, ds)
@@ -96,13 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from solaris.config import load_config, parse_overrides
 
-    load_config(None, parse_overrides(args.set))  # a bad KEY=VALUE fails here, by name
+    overrides = parse_overrides(args.set)
+    load_config(None, overrides)  # a bad KEY=VALUE fails here, by name, before any work
     names = args.datasets.split(",")
     t0 = time.perf_counter()
     ctx = mp.get_context("spawn")
     with ctx.Pool(len(names)) as pool:
         jobs = {n: pool.apply_async(_run, (n, args.data_dir if n == "movielens" else None,
-                                           args.seeds, args.out, args.set)) for n in names}
+                                           args.seeds, args.out, overrides)) for n in names}
         results = {n: j.get() for n, j in jobs.items()}
     wall = time.perf_counter() - t0
     summary = {"wall_s": round(wall, 1), "seeds": args.seeds, "set": args.set, "datasets": {}}

@@ -1,0 +1,30 @@
+"""bench/transfer.py's ``--set``: a bad override is refused by name before any dataset
+process starts."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import transfer  # noqa: E402
+
+from solaris.errors import ConfigError  # noqa: E402
+
+
+@pytest.mark.parametrize("bad, named", [("residual.pair_scale_on=test", "residual.pair_scale_on"),
+                                        ("nokey", "nokey"),
+                                        ("residual.nope=1", "residual.nope")])
+def test_bad_set_is_refused_before_any_process_starts(bad, named, tmp_path, monkeypatch) -> None:
+    def no_spawn(*a, **k):
+        raise AssertionError("a dataset process was started")
+
+    monkeypatch.setattr(transfer.mp, "get_context", no_spawn)
+    out = tmp_path / "t.json"
+    with pytest.raises(ConfigError, match=named):
+        transfer.main(["--json", str(out), "--datasets", "synthetic", "--set", bad])
+    assert not out.exists()
