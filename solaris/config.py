@@ -228,8 +228,13 @@ class ResidualConfig:
     # scales tried per slot and tier on validation; 0 is the kill switch (tier not looked up)
     scales: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
     # an input learned on simulated serving (imputed tiers, the aggregate) is served only if
-    # its validation gain is at least this many standard errors of the per-row gain
+    # its validation gain is at least this many standard errors of the per-row gain; with
+    # ``guard_family: bonferroni`` this z is the level of the family of inputs the guard
+    # judges together (user neighbour, item neighbour, aggregate), so each input needs
+    # ``family_z(min_gain_z, 3)`` (2.43 at z = 2) -- the chance that noise switches on any of
+    # the three stays that of one input at ``min_gain_z``; ``per_input``: each needs z itself
     min_gain_z: float = 2.0
+    guard_family: str = "bonferroni"
     # share of the training rows (the latest) that stops training on simulated serving early
     holdout_share: float = 0.2
     # where the own pair's scale is chosen: "full" -- validation with every row carrying its
@@ -246,6 +251,8 @@ class ResidualConfig:
                and 0.0 in self.scales, "residual.scales", self.scales,
                "must be values in [0, 1] including 0")
         _check(self.min_gain_z >= 0, "residual.min_gain_z", self.min_gain_z, "must be >= 0")
+        _check(self.guard_family in ("bonferroni", "per_input"), "residual.guard_family",
+               self.guard_family, "must be 'bonferroni' or 'per_input'")
         _check(0 < self.holdout_share < 1, "residual.holdout_share", self.holdout_share,
                "must be in (0, 1)")
         _check(self.pair_scale_on in ("full", "served"), "residual.pair_scale_on",

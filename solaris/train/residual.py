@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from statistics import NormalDist
 from typing import Callable
 
 import numpy as np
@@ -211,6 +212,28 @@ def residual_meta(fit: ResidualFit) -> dict:
 
 # ---- tiers and the aggregate, trained on simulated serving ------------------------------------
 IMPUTED = (Tier.USER_NEIGHBOUR, Tier.ITEM_NEIGHBOUR)
+# the inputs ``fit_served_tiers`` judges together with the guard: the imputed tiers and the
+# aggregate
+GUARDED_INPUTS = len(IMPUTED) + 1
+
+
+def family_z(z: float, k: int) -> float:
+    """The z each of ``k`` one-sided tests needs so that the chance any of them passes on
+    noise is at most that of one test at ``z`` (Bonferroni): Phi^-1(1 - (1 - Phi(z)) / k).
+    family_z(2, 1) = 2; family_z(2, 3) = 2.428."""
+    if k < 1:
+        raise ValueError(f"k={k!r}: must be >= 1")
+    if z <= 0:
+        return float(z)
+    n = NormalDist()
+    return float(n.inv_cdf(1.0 - (1.0 - n.cdf(z)) / k))
+
+
+def guard_z(res: ResidualConfig) -> float:
+    """The z each guarded input must reach (``res.min_gain_z``, ``res.guard_family``)."""
+    if res.guard_family == "per_input":
+        return float(res.min_gain_z)
+    return family_z(res.min_gain_z, GUARDED_INPUTS)
 
 
 @dataclass
@@ -275,7 +298,8 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
     served aggregate, the pair slot as served; both stop early on the training period's last
     ``res.holdout_share`` (by request time), never on validation. Scales are chosen on validation in lookup order
     (user neighbour, item neighbour, aggregate), each with the ones before fixed, by
-    ``choose_scale_guarded`` (``res.min_gain_z``, standard errors clustered by user).
+    ``choose_scale_guarded`` at ``guard_z(res)`` (``res.min_gain_z``, Bonferroni over the three
+    inputs by default), standard errors clustered by user.
     ``pair_curves``: the own pair's scale
     curve, kept beside the new ones (the validation curves behind every scale)."""
     if pair_model.pair is None:
@@ -298,7 +322,9 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
     vb_all = val_slots.batch(tables, every, read_ttl_s)
     with torch.no_grad():
         va_b = base(vb_all)
-    info: dict = {"train_rows": int(len(train_slots.rows)), "val_rows": int(len(every))}
+    z_in = guard_z(res)
+    info: dict = {"train_rows": int(len(train_slots.rows)), "val_rows": int(len(every)),
+                  "guard_z": z_in}
     curves: dict[str, dict[str, float]] = dict(pair_curves or {})
     guard: dict[str, dict] = {}
 
@@ -343,7 +369,7 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
         model.set_scale("pair", int(t), 0.0)
     for t in IMPUTED:
         g = choose_scale_guarded(model, "pair", int(t), res.scales, vb_noagg, va_b, va_y,
-                                 res.min_gain_z, users)
+                                 z_in, users)
         curves[t.label], guard[t.label] = g["curve"], g
     # 2. the aggregate's correction, the pair slot as served at the chosen scales
     model.set_scale("agg", AGG_TIER, 1.0)
@@ -354,7 +380,7 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
                     holdout_loss(ho_a, True), len(tr_a), res, train, seed,
                     "residual_agg_served")
     g = choose_scale_guarded(model, "agg", AGG_TIER, res.scales, vb_all, va_b, va_y,
-                             res.min_gain_z, users)
+                             z_in, users)
     curves["aggregate"], guard["aggregate"] = g["curve"], g
     info["guard"] = {k: {"gain": v["gain"], "se": v["se"], "scale": v["scale"]}
                      for k, v in guard.items()}

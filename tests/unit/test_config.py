@@ -25,6 +25,7 @@ def test_yaml_and_overrides(tmp_path):
     ({"synthetic_typo": 1}, "synthetic_typo=1: unknown field"),
     ({"report.coverages": [0.0]}, "report.coverages"),
     ({"residual.pair_scale_on": "test"}, "residual.pair_scale_on='test'"),
+    ({"residual.guard_family": "holm"}, "residual.guard_family='holm'"),
 ])
 def test_bad_values_name_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace("(", r"\(").replace(")", r"\)")):

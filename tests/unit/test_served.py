@@ -20,7 +20,7 @@ from solaris.models.residual import ResidualVM
 from solaris.replay.coverage import simulate_pair_coverage
 from solaris.tiers import Tier
 from solaris.eval.metrics import clustered_se
-from solaris.train.residual import choose_scale_guarded
+from solaris.train.residual import GUARDED_INPUTS, choose_scale_guarded, family_z, guard_z
 from solaris.train.teacher import teacher_outputs
 from solaris.train.vertical import VMSpec, train_vm
 from tests.tiny import THREADS, TINY
@@ -182,6 +182,59 @@ def test_the_guard_s_standard_error_counts_a_user_once_not_once_per_row():
     assert clustered_se(shared, u) == pytest.approx(
         shared[::10].std(ddof=1) / np.sqrt(40), rel=1e-9)
     assert clustered_se(d, np.zeros(len(d))) == float("inf")  # one user: nothing to tell
+
+
+def test_family_z_is_bonferroni_over_one_sided_tests():
+    from statistics import NormalDist
+
+    n = NormalDist()
+    assert family_z(2.0, 1) == pytest.approx(2.0)
+    assert family_z(2.0, 3) == pytest.approx(2.4284, abs=1e-4)
+    for z in (0.5, 1.0, 2.0, 3.0):
+        for k in (2, 3, 10):
+            zk = family_z(z, k)
+            assert zk > family_z(z, k - 1)  # more inputs, a higher bar
+            assert k * (1 - n.cdf(zk)) == pytest.approx(1 - n.cdf(z), rel=1e-9)
+    assert family_z(0.0, 3) == 0.0  # no guard stays no guard
+    with pytest.raises(ValueError, match="k=0"):
+        family_z(2.0, 0)
+    cfg = load_config(None, {"residual.min_gain_z": 2.0})
+    assert cfg.residual.guard_family == "bonferroni" and GUARDED_INPUTS == 3
+    assert guard_z(cfg.residual) == pytest.approx(family_z(2.0, 3))
+    assert guard_z(dataclasses.replace(cfg.residual, guard_family="per_input")) == 2.0
+
+
+def test_the_guard_judges_the_three_inputs_as_one_family(world):
+    """An input whose validation gain clears ``min_gain_z`` standard errors but not the
+    family's Bonferroni bar is served per input and switched off under ``bonferroni``."""
+    from solaris.train.residual import fit_served_tiers
+
+    cfg, exp, _, base, _, _, _, served = world
+    ttl = float(cfg.cache.read_ttl_s)
+    pair = ResidualVM(base, served.pair_emb.shape[1], 8, use_pair=True, use_agg=False)
+    pair.set_scale("pair", int(Tier.PAIR), 0.5)
+    b = served.batch(exp.tables, np.arange(len(served.rows)), ttl)
+    with torch.no_grad():
+        bl = base(b).numpy()
+
+    def fit(z: float, family: str):
+        res = dataclasses.replace(cfg.residual, hidden=8, epochs=2, min_gain_z=z,
+                                  guard_family=family)
+        return fit_served_tiers(pair, exp.tables, res, cfg.train, task=0, train_slots=served,
+                                base_logits=bl, val_slots=served, read_ttl_s=ttl, seed=0)
+
+    g = fit(0.0, "per_input").info["guard"]["aggregate"]
+    assert g["gain"] > 0 and g["se"] > 0 and g["scale"] > 0, g  # the tiny world's aggregate
+    zz = g["gain"] / g["se"]
+    z = zz / 2  # below the input's statistic, while the family's bar is above it
+    assert family_z(z, GUARDED_INPUTS) > zz
+    per = fit(z, "per_input")
+    fam = fit(z, "bonferroni")
+    assert per.info["guard_z"] == z and fam.info["guard_z"] == family_z(z, GUARDED_INPUTS)
+    assert per.info["guard"]["aggregate"]["gain"] == pytest.approx(g["gain"])
+    assert per.info["guard"]["aggregate"]["scale"] == g["scale"] > 0
+    assert fam.info["guard"]["aggregate"]["scale"] == 0.0
+    assert float(fam.model.scale[1, int(Tier.PAIR)]) == 0.0
 
 
 def test_the_own_pair_scale_can_be_chosen_on_the_rows_serving_covers(world):
