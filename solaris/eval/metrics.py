@@ -106,6 +106,28 @@ def platt_slope_ci(y: np.ndarray, p: np.ndarray, resamples: int = 200, alpha: fl
     return {"slope": fit_platt_logits(y, x)[0], "ci_low": float(lo), "ci_high": float(hi)}
 
 
+def calibrated_slope_band(y: np.ndarray, p: np.ndarray, draws: int = 200, alpha: float = 0.05,
+                          seed: int = 0, bar: tuple[float, float] = (0.9, 1.1)) -> dict:
+    """What the slope of ``platt_slope_ci`` would be on these rows if ``p`` were perfectly
+    calibrated: labels drawn ``Bernoulli(p)`` ``draws`` times, Platt's slope fitted on each.
+    On a few hundred rows a calibrated model's slope spreads far beyond 0.9-1.1, so a slope
+    outside a fixed bar says little by itself; outside this band it says miscalibration.
+    Returns {"ci_low", "ci_high"} (the band), "p_value" (two-sided: the share of calibrated
+    draws at least as far out as the observed slope, doubled), "consistent" (p_value >=
+    alpha) and "bar_share" (how often a calibrated model lands inside ``bar``)."""
+    y, p = _check(y, p)
+    x = logit(p)
+    rng = np.random.default_rng(seed)
+    s = np.array([fit_platt_logits((rng.random(len(p)) < p).astype(np.float64), x)[0]
+                  for _ in range(draws)])
+    obs = fit_platt_logits(y, x)[0]
+    lo, hi = np.quantile(s, [alpha / 2, 1 - alpha / 2])
+    pv = float(min(1.0, 2 * min((s <= obs).mean(), (s >= obs).mean())))
+    return {"ci_low": float(lo), "ci_high": float(hi), "p_value": pv,
+            "consistent": bool(pv >= alpha),
+            "bar_share": float(((s >= bar[0]) & (s <= bar[1])).mean())}
+
+
 def apply_platt(p: np.ndarray, ab: tuple[float, float]) -> np.ndarray:
     return sigmoid(ab[0] * logit(p) + ab[1])
 

@@ -122,8 +122,11 @@ def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_t
     def slope(m: np.ndarray, p: np.ndarray) -> dict:
         return M.platt_slope_ci(y[m], p[m]) if m.sum() >= 50 else {"slope": None}
 
+    def band(m: np.ndarray) -> dict | None:  # the slope a calibrated model would show here
+        return M.calibrated_slope_band(y[m], p_served[m]) if m.sum() >= 50 else None
+
     out["calibration_slope"] = {
-        name: {"rows": int(m.sum()), **slope(m, p_served),
+        name: {"rows": int(m.sum()), **slope(m, p_served), "if_calibrated": band(m),
                "base_calibrated_second_half": slope(m & second, p_recal)}
         for name, m in (("present", present), ("missing", ~present))}
     online = transfer(y, p_alone, p_served, p_fm, first, second)
@@ -314,6 +317,10 @@ def summary_table(rep: dict[str, Any]) -> str:
         if v.get("slope") is not None:
             ci = f" [{fmt(v['ci_low'])}, {fmt(v['ci_high'])}]" if "ci_low" in v else ""
             lines.append(f"  {k + ' rows':<26}{fmt(v['slope']):>8}{ci}")
+            band = v.get("if_calibrated")
+            if band:
+                lines.append(f"    {'if calibrated':<24}{'':>8} [{fmt(band['ci_low'])}, "
+                             f"{fmt(band['ci_high'])}] p={fmt(band['p_value'])}")
     b, sig = rep.get("coverage_bounds"), rep.get("speculation_signal")
     if b:
         lines.append(f"{'bounds (oracle speculation)':<28}")

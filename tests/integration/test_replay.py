@@ -111,6 +111,10 @@ def test_replay_is_independent_of_worker_count_and_matches_its_schedule(tmp_path
                 assert v["ci_low"] < v["ci_high"]
                 half = v["base_calibrated_second_half"]["slope"]
                 assert half is None or half > 0
+                # and the band a calibrated model's slope would fall in on the same rows
+                band = v["if_calibrated"]
+                assert band["ci_low"] < band["ci_high"] and 0.0 <= band["p_value"] <= 1.0
+                assert band["consistent"] == (band["p_value"] >= 0.05)
         assert "calibration slope" in summary_table(rep)
 
     # one worker or two: the same pairs, served with the same tiers

@@ -52,3 +52,25 @@ def test_platt_slope_interval_covers_the_true_slope_and_flags_overconfidence():
     assert calibrated["ci_low"] <= calibrated["slope"] <= calibrated["ci_high"]
     over = M.platt_slope_ci(y, M.sigmoid(2.0 * x), resamples=100)  # logits twice too spread
     assert over["ci_high"] < 1.0 and over["slope"] == pytest.approx(0.5, abs=0.05)
+
+
+def test_calibrated_slope_band_tells_noise_from_miscalibration():
+    """A calibrated model's slope on a few hundred rows strays far from 1; the band says how
+    far, and an overconfident model (slope 0.5) falls outside it."""
+    from solaris.eval.metrics import calibrated_slope_band, sigmoid
+
+    rng = np.random.default_rng(1)
+    x = rng.normal(0.0, 1.0, 4000)
+    p = sigmoid(x)
+    y = (rng.random(len(p)) < p).astype(float)
+    ok = calibrated_slope_band(y, p)
+    assert ok["ci_low"] < 1.0 < ok["ci_high"] and ok["consistent"]
+    over = sigmoid(2.0 * x)  # scores twice as sure as the labels
+    bad = calibrated_slope_band(y, over)
+    assert not bad["consistent"] and bad["p_value"] < 0.01
+    # fewer rows, a wider band: 300 rows rarely land inside 0.9-1.1 even when calibrated
+    few = calibrated_slope_band(y[:300], p[:300])
+    assert few["ci_high"] - few["ci_low"] > 2 * (ok["ci_high"] - ok["ci_low"])
+    assert few["bar_share"] < 0.6 < ok["bar_share"]
+    with pytest.raises(ValueError, match="shape"):
+        calibrated_slope_band(y[:10], p[:11])
