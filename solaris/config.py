@@ -241,6 +241,10 @@ class ResidualConfig:
     # pair; "served" -- the validation rows simulated serving covers (the verifier's rows),
     # as the other tiers' scales are
     pair_scale_on: str = "full"
+    # the own pair's tier-and-age gate: "fixed" -- as the pair correction trained it (fresh z);
+    # "served" -- fine-tuned (the gate only, delta frozen) on the training rows simulated
+    # serving covers with an own pair, at the ages they are read: the verifier's rows
+    pair_gate_on: str = "fixed"
 
     def __post_init__(self) -> None:
         _check(self.hidden >= 1, "residual.hidden", self.hidden, "must be >= 1")
@@ -257,6 +261,8 @@ class ResidualConfig:
                "must be in (0, 1)")
         _check(self.pair_scale_on in ("full", "served"), "residual.pair_scale_on",
                self.pair_scale_on, "must be 'full' or 'served'")
+        _check(self.pair_gate_on in ("fixed", "served"), "residual.pair_gate_on",
+               self.pair_gate_on, "must be 'fixed' or 'served'")
 
 
 @dataclass(frozen=True)

@@ -269,3 +269,40 @@ def test_the_own_pair_scale_can_be_chosen_on_the_rows_serving_covers(world):
     gains = curve["0"] > curve[best]
     assert float(f.model.scale[0, Tier.PAIR]) == (float(best) if gains else 0.0)
     assert f.info["guard"]["pair"]["scale"] == float(f.model.scale[0, Tier.PAIR])
+
+
+def test_the_own_pair_gate_can_be_tuned_on_the_rows_serving_covers(world):
+    """``residual.pair_gate_on = "served"``: only the own pair's gate moves (delta and the
+    scale as they came), kept only if it lowers the holdout BCE of the covered rows; rows
+    without an input still score as the VM alone."""
+    from solaris.train.residual import fit_served_tiers
+
+    cfg, exp, _, base, _, _, _, served = world
+    ttl = float(cfg.cache.read_ttl_s)
+    pair = ResidualVM(base, served.pair_emb.shape[1], 8, use_pair=True, use_agg=False)
+    pair.set_scale("pair", int(Tier.PAIR), 0.5)
+    b = served.batch(exp.tables, np.arange(len(served.rows)), ttl)
+    with torch.no_grad():
+        bl = base(b).numpy()
+    fits = {}
+    for where in ("fixed", "served"):
+        res = dataclasses.replace(cfg.residual, hidden=8, epochs=3, pair_gate_on=where)
+        fits[where] = fit_served_tiers(pair, exp.tables, res, cfg.train, task=0,
+                                       train_slots=served, base_logits=bl, val_slots=served,
+                                       read_ttl_s=ttl, seed=0)
+    assert "own_pair_gate" not in fits["fixed"].info
+    f = fits["served"]
+    g = f.info["own_pair_gate"]
+    assert f.info["own_pair_rows"]["train"] > 0
+    moved = any(not torch.equal(a, c) for a, c in zip(f.model.pair.gate.parameters(),
+                                                        pair.pair.gate.parameters()))
+    assert moved == (g["kept"] == "served") and (g["kept"] == "served") == (
+        g["holdout_bce_tuned"] < g["holdout_bce_fixed"])
+    for a, c in zip(f.model.pair.delta.parameters(), pair.pair.delta.parameters()):
+        assert torch.equal(a, c)  # delta frozen
+    assert float(f.model.scale[0, Tier.PAIR]) == 0.5
+    none = np.flatnonzero((served.pair_tier == int(Tier.NONE)) & ~served.agg_present)
+    assert len(none) > 0
+    bn = served.batch(exp.tables, none, ttl)
+    with torch.no_grad():
+        assert torch.equal(f.model(bn), base(bn))
