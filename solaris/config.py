@@ -245,6 +245,10 @@ class ResidualConfig:
     # "served" -- fine-tuned (the gate only, delta frozen) on the training rows simulated
     # serving covers with an own pair, at the ages they are read: the verifier's rows
     pair_gate_on: str = "fixed"
+    # where a pair tier is served, the logit mapped once more (alpha + beta * logit, per tier):
+    # "off" -- identity; "served" -- fitted on the training rows simulated serving covers with
+    # that tier (out-of-sample base logits), kept only if it passes the guard on validation
+    present_affine: str = "off"
 
     def __post_init__(self) -> None:
         _check(self.hidden >= 1, "residual.hidden", self.hidden, "must be >= 1")
@@ -263,6 +267,8 @@ class ResidualConfig:
                self.pair_scale_on, "must be 'full' or 'served'")
         _check(self.pair_gate_on in ("fixed", "served"), "residual.pair_gate_on",
                self.pair_gate_on, "must be 'fixed' or 'served'")
+        _check(self.present_affine in ("off", "served"), "residual.present_affine",
+               self.present_affine, "must be 'off' or 'served'")
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,12 @@ changeable at runtime (0: the tier is switched off and need not be looked up). A
 term is masked with ``where`` (an absent slot may hold anything, NaN included), so a candidate
 with no SOLARIS input scores exactly as the VM alone in the same batch.
 
+``present_affine`` (per pair tier, ``alpha + beta * logit``; identity ``(0, 1)`` unless set):
+where a pair tier is served, the whole logit is mapped once more. That a pair is in the cache at
+all is information (the verifier bet on it, or it was asked for before), and the corrections,
+trained offline where every row has its pair, never see it; ``fit_served_tiers`` fits the map
+on the training rows simulated serving covers. A row with no pair tier served is untouched.
+
 ``use_z`` False is the control arm: the same correction without the embedding, so what it
 gains is recalibration of the base on covered rows, not transfer.
 
@@ -20,6 +26,8 @@ learning them never moves how the own pair is read.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn as nn
@@ -83,6 +91,9 @@ class ResidualVM(nn.Module):
         scale[0, Tier.PAIR] = 1.0 if use_pair else 0.0
         scale[1, AGG_TIER] = 1.0 if use_agg else 0.0
         self.register_buffer("scale", scale)
+        affine = torch.zeros(NUM_TIERS, 2)
+        affine[:, 1] = 1.0  # identity: alpha 0, beta 1
+        self.register_buffer("present_affine", affine)
 
     def train(self, mode: bool = True) -> "ResidualVM":
         super().train(mode)
@@ -98,14 +109,29 @@ class ResidualVM(nn.Module):
             raise ValueError(f"scale={value!r}: must be in [0, 1]")
         self.scale[SLOTS.index(slot), tier] = float(value)
 
+    def set_present_affine(self, tier: int, alpha: float, beta: float) -> None:
+        """The logit map ``alpha + beta * logit`` on rows served pair tier ``tier``."""
+        if not Tier.NONE < tier < NUM_TIERS:
+            raise ValueError(f"tier={tier!r}: must be in {int(Tier.PAIR)}..{NUM_TIERS - 1}")
+        if not (math.isfinite(alpha) and math.isfinite(beta) and beta > 0):
+            raise ValueError(f"present_affine=({alpha!r}, {beta!r}): need finite values and "
+                             "beta > 0")
+        self.present_affine[tier, 0] = float(alpha)
+        self.present_affine[tier, 1] = float(beta)
+
+    def pair_on(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """(tier (B,), on (B,)): the pair tier read and whether its term is served."""
+        tier = batch["pair_tier"].clamp(0, NUM_TIERS - 1)  # (B,)
+        on = (batch["pair_present"] > 0) & (tier > Tier.NONE) & (self.scale[0][tier] > 0)
+        return tier, on
+
     def terms(self, batch: dict[str, Tensor], b: Tensor) -> tuple[Tensor, Tensor]:
         """(pair term, user term), each (B,), already masked and scaled, given base logits."""
         zero = torch.zeros_like(b)
         pair_t, agg_t = zero, zero
         if self.pair is not None:
-            tier = batch["pair_tier"].clamp(0, NUM_TIERS - 1)  # (B,)
+            tier, on = self.pair_on(batch)  # (B,), (B,)
             s = self.scale[0][tier]  # (B,)
-            on = (batch["pair_present"] > 0) & (tier > Tier.NONE) & (s > 0)  # (B,)
             e = torch.where(on[:, None], batch["pair_emb"], 0.0)  # (B, D)
             age = torch.where(on, batch["pair_age"], 0.0)  # (B,)
             d = self.pair(e, b, tier, age)  # (B,)
@@ -131,4 +157,9 @@ class ResidualVM(nn.Module):
             with torch.no_grad():
                 base_logit = self.base(batch)  # (B,)
         pair_t, agg_t = self.terms(batch, base_logit.detach())
-        return base_logit + pair_t + agg_t  # absent slots add an exact 0.0
+        logit = base_logit + pair_t + agg_t  # absent slots add an exact 0.0
+        if self.pair is None:
+            return logit
+        tier, on = self.pair_on(batch)
+        ab = self.present_affine[tier]  # (B, 2)
+        return torch.where(on, ab[:, 0] + ab[:, 1] * logit, logit)

@@ -190,8 +190,11 @@ class VMScorer:
                                use_pair=bool(meta["use_pair"]), use_agg=bool(meta["use_agg"]),
                                use_z=bool(meta.get("use_z", True)),
                                imputed=bool(meta.get("imputed", False)))
+        state = ck["state_dict"]
+        if self.residual and "present_affine" not in state:  # saved before the map existed
+            state = {**state, "present_affine": model.present_affine.clone()}
         try:
-            model.load_state_dict(ck["state_dict"])
+            model.load_state_dict(state)
         except RuntimeError as e:
             raise CheckpointError(f"{artifacts.root / artifacts.vm_files[task]}: weights do not "
                                   f"fit the model its config describes ({e})") from e

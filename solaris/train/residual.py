@@ -283,6 +283,48 @@ def choose_scale_guarded(model: ResidualVM, slot: str, tier: int, scales: tuple[
     return {"curve": curve, "gain": gain, "se": se, "scale": chosen}
 
 
+@torch.no_grad()
+def fit_present_affine(model: ResidualVM, tables, *, task: int, train_slots,
+                       base_logits: torch.Tensor, val_slots, val_base: torch.Tensor,
+                       read_ttl_s: float, min_gain_z: float, min_rows: int = 50) -> dict:
+    """Per pair tier served (scale > 0): fit ``alpha + beta * logit`` (Platt, on logits) on the
+    training rows ``train_slots`` serves with that tier, ``base_logits`` their out-of-sample
+    base logits; set it on ``model`` only if its BCE gain over the identity on the validation
+    rows served that tier is at least ``min_gain_z`` standard errors (clustered by user) and
+    positive. Fewer than ``min_rows`` rows on either side: not fitted. {tier label: record}."""
+    from solaris.eval.metrics import fit_platt_logits
+
+    y_all = tables.labels[:, task].astype(np.float64)
+    out: dict[str, dict] = {}
+    for t in (Tier.PAIR, *IMPUTED):
+        if float(model.scale[0, t]) <= 0:
+            continue
+        tr = np.flatnonzero(train_slots.pair_tier == int(t))
+        va = np.flatnonzero(val_slots.pair_tier == int(t))
+        rec: dict = {"train_rows": int(len(tr)), "val_rows": int(len(va)), "kept": False}
+        out[t.label] = rec
+        if len(tr) < min_rows or len(va) < min_rows:
+            continue
+        x = model(train_slots.batch(tables, tr, read_ttl_s), base_logit=base_logits[tr])
+        alpha_beta = fit_platt_logits(y_all[train_slots.rows[tr]], x.double().numpy())
+        beta, alpha = alpha_beta  # fit_platt_logits: (a, b) of sigmoid(a * x + b)
+        rec.update(alpha=float(alpha), beta=float(beta))
+        if not (np.isfinite(alpha) and np.isfinite(beta) and beta > 0):
+            continue
+        xv = model(val_slots.batch(tables, va, read_ttl_s), base_logit=val_base[va]).double()
+        yv = torch.from_numpy(y_all[val_slots.rows[va]])
+        before = F.binary_cross_entropy_with_logits(xv, yv, reduction="none").numpy()
+        after = F.binary_cross_entropy_with_logits(alpha + beta * xv, yv,
+                                                   reduction="none").numpy()
+        d = before - after
+        gain, se = float(d.mean()), clustered_se(d, tables.user[val_slots.rows[va]])
+        rec.update(gain=gain, se=se)
+        if gain > 0 and gain >= min_gain_z * se:
+            model.set_present_affine(int(t), alpha, beta)
+            rec["kept"] = True
+    return out
+
+
 def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train: TrainConfig,
                      *, task: int, train_slots, base_logits: np.ndarray, val_slots,
                      read_ttl_s: float, seed: int,
@@ -401,6 +443,13 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
     g = choose_scale_guarded(model, "agg", AGG_TIER, res.scales, vb_all, va_b, va_y,
                              z_in, users)
     curves["aggregate"], guard["aggregate"] = g["curve"], g
+    # 3. ``res.present_affine == "served"``: per pair tier served, the logit's map
+    # alpha + beta * logit fitted on the training rows simulated serving gives that tier (every
+    # input as served, out-of-sample base logits) and judged on validation by the guard
+    if res.present_affine == "served":
+        info["present_affine"] = fit_present_affine(
+            model, tables, task=task, train_slots=train_slots, base_logits=tr_b,
+            val_slots=val_slots, val_base=va_b, read_ttl_s=read_ttl_s, min_gain_z=z_in)
     info["guard"] = {k: {"gain": v["gain"], "se": v["se"], "scale": v["scale"]}
                      for k, v in guard.items()}
     with torch.no_grad():

@@ -306,3 +306,87 @@ def test_the_own_pair_gate_can_be_tuned_on_the_rows_serving_covers(world):
     bn = served.batch(exp.tables, none, ttl)
     with torch.no_grad():
         assert torch.equal(f.model(bn), base(bn))
+
+
+def test_present_affine_maps_only_the_rows_a_pair_tier_is_served(world):
+    """``present_affine`` is the identity until set; set for the own pair, it maps exactly
+    the rows served that tier (alpha + beta * logit) and no other row moves, misses included;
+    a bad map is refused by name."""
+    cfg, exp, _, base, _, _, _, served = world
+    ttl = float(cfg.cache.read_ttl_s)
+    m = ResidualVM(base, served.pair_emb.shape[1], 8, use_pair=True, use_agg=True)
+    b = served.batch(exp.tables, np.arange(len(served.rows)), ttl)
+    with torch.no_grad():
+        before = m(b)
+        m.set_present_affine(int(Tier.PAIR), 0.7, 1.5)
+        after = m(b)
+        alone = base(b)
+    own = torch.from_numpy(served.pair_tier == int(Tier.PAIR))
+    none = torch.from_numpy((served.pair_tier == int(Tier.NONE)) & ~served.agg_present)
+    assert own.any() and none.any() and (~own).any()
+    assert torch.allclose(after[own], 0.7 + 1.5 * before[own])
+    assert torch.equal(after[~own], before[~own])
+    assert torch.equal(after[none], alone[none])
+    m.set_scale("pair", int(Tier.PAIR), 0.0)  # a tier switched off is a miss: no map
+    with torch.no_grad():
+        off = m(b)
+    assert torch.equal(off[own & torch.from_numpy(~served.agg_present)],
+                       alone[own & torch.from_numpy(~served.agg_present)])
+    with pytest.raises(ValueError, match="beta > 0"):
+        m.set_present_affine(int(Tier.PAIR), 0.0, -1.0)
+    with pytest.raises(ValueError, match="tier=0"):
+        m.set_present_affine(int(Tier.NONE), 0.0, 1.0)
+
+
+def test_present_affine_is_fitted_on_served_rows_and_kept_only_past_the_guard(world):
+    """``residual.present_affine = "served"``: the own pair's map is the Platt fit of the
+    training rows served that tier; it is set only when its validation gain passes the guard
+    (an impossible guard leaves the identity), and rows without an input stay the VM alone.
+    "off" fits nothing."""
+    from solaris.eval.metrics import fit_platt_logits
+    from solaris.train.residual import fit_present_affine, fit_served_tiers
+
+    cfg, exp, _, base, _, _, _, served = world
+    ttl = float(cfg.cache.read_ttl_s)
+    pair = ResidualVM(base, served.pair_emb.shape[1], 8, use_pair=True, use_agg=False)
+    b = served.batch(exp.tables, np.arange(len(served.rows)), ttl)
+    with torch.no_grad():
+        bl = base(b).numpy()
+    fits = {}
+    for where in ("off", "served"):
+        res = dataclasses.replace(cfg.residual, hidden=8, epochs=1, present_affine=where)
+        fits[where] = fit_served_tiers(pair, exp.tables, res, cfg.train, task=0,
+                                       train_slots=served, base_logits=bl, val_slots=served,
+                                       read_ttl_s=ttl, seed=0)
+    assert "present_affine" not in fits["off"].info
+    ident = torch.tensor([0.0, 1.0])
+    assert all(torch.equal(r, ident) for r in fits["off"].model.present_affine)
+    f = fits["served"]
+    rec = f.info["present_affine"]["pair"]
+    own = np.flatnonzero(served.pair_tier == int(Tier.PAIR))
+    assert rec["train_rows"] == len(own) >= 50
+    # the map is the Platt fit over the own-pair rows' logits with every input as served
+    probe = fits["off"].model
+    with torch.no_grad():
+        x = probe(served.batch(exp.tables, own, ttl), base_logit=torch.from_numpy(bl)[own])
+    beta, alpha = fit_platt_logits(exp.tables.labels[served.rows[own], 0], x.double().numpy())
+    assert rec["alpha"] == pytest.approx(alpha, abs=1e-6)
+    assert rec["beta"] == pytest.approx(beta, abs=1e-6)
+    got = f.model.present_affine[int(Tier.PAIR)]
+    if rec["kept"]:
+        assert rec["gain"] > 0 and rec["gain"] >= f.info["guard_z"] * rec["se"]
+        assert got.tolist() == pytest.approx([alpha, beta], abs=1e-6)
+    else:
+        assert torch.equal(got, ident)
+    # an impossible guard keeps the identity, whatever the fit
+    m = fits["off"].model
+    with torch.no_grad():
+        out = fit_present_affine(m, exp.tables, task=0, train_slots=served,
+                                 base_logits=torch.from_numpy(bl), val_slots=served,
+                                 val_base=torch.from_numpy(bl), read_ttl_s=ttl,
+                                 min_gain_z=1e9)
+    assert out["pair"]["kept"] is False and torch.equal(m.present_affine[int(Tier.PAIR)], ident)
+    none = np.flatnonzero((served.pair_tier == int(Tier.NONE)) & ~served.agg_present)
+    bn = served.batch(exp.tables, none, ttl)
+    with torch.no_grad():
+        assert torch.equal(f.model(bn), base(bn))
