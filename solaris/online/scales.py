@@ -57,11 +57,13 @@ class ScaleTable:
         self._a: dict[tuple[str, str], np.ndarray] = {}
         self.residual: dict[tuple[str, str], bool] = {}
         self.curves: dict[tuple[str, str], dict] = {}
+        self.affine: dict[tuple[str, str], dict] = {}  # tier -> [alpha, beta] (not identity)
         for version, m in manifests.items():
             for task, vm in m.get("vms", {}).items():
                 self._a[(version, task)] = scale_array(vm.get("scales"))
                 self.residual[(version, task)] = "scales" in vm
                 self.curves[(version, task)] = vm.get("scale_curves", {})
+                self.affine[(version, task)] = vm.get("present_affine", {})
 
     def array(self, version: str, task: str) -> np.ndarray:
         return self._a[(version, task)].copy()
@@ -102,5 +104,6 @@ class ScaleTable:
 
     def state(self) -> dict[str, Any]:
         return {f"{v}/{t}": {"scales": scale_dict(a), "residual": self.residual[(v, t)],
-                             "validation": self.curves[(v, t)]}
+                             "validation": self.curves[(v, t)],
+                             "present_affine": self.affine[(v, t)]}
                 for (v, t), a in self._a.items()}

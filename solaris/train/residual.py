@@ -207,7 +207,12 @@ def residual_meta(fit: ResidualFit) -> dict:
     return {"residual": True, "use_pair": m.pair is not None, "use_agg": m.agg is not None,
             "use_z": m.use_z, "imputed": m.imputed is not None, "hidden": m.pair.delta[0].out_features if m.pair is not None
             else m.agg.delta[0].out_features, "scales": scales,
-            "scale_curves": fit.scale_curves, "val_bce": fit.val_bce}
+            "scale_curves": fit.scale_curves, "val_bce": fit.val_bce,
+            # the logit map where a pair tier is served, for the tiers where it is not identity
+            "present_affine": {t.label: [float(a), float(b)]
+                               for t, (a, b) in ((t, m.present_affine[t].tolist())
+                                                 for t in Tier if t > Tier.NONE)
+                               if (a, b) != (0.0, 1.0)}}
 
 
 # ---- tiers and the aggregate, trained on simulated serving ------------------------------------

@@ -11,7 +11,8 @@ OFF = {"pair": {"pair": 1.0, "user_neighbour": 0.0, "item_neighbour": 0.0}, "agg
 
 
 def _table() -> ScaleTable:
-    return ScaleTable({"v1": {"vms": {"click": {"scales": OFF, "scale_curves": {"pair": {}}},
+    return ScaleTable({"v1": {"vms": {"click": {"scales": OFF, "scale_curves": {"pair": {}},
+                                                "present_affine": {"pair": [0.4, 1.2]}},
                                       "conversion": {"scales": OFF}}},
                        "v0": {"vms": {"click": {}}}})
 
@@ -28,6 +29,9 @@ def test_tiers_at_zero_everywhere_are_not_looked_up():
     e = t.enrich_for("v1", base)
     assert (e.user_knn_probe, e.item_tier, e.aggregate) == (base.user_knn_probe, False, True)
     assert t.state()["v1/conversion"]["scales"]["pair"]["user_neighbour"] == 0.5
+    # the logit map where a pair tier is served is reported beside the scales
+    assert t.state()["v1/click"]["present_affine"] == {"pair": [0.4, 1.2]}
+    assert t.state()["v1/conversion"]["present_affine"] == {}
     # a VM of older artifacts keeps every tier on, as it was served
     assert t.enrich_for("v0", base) == base
     assert t.array("v0", "click")[0, 1:].tolist() == [1.0, 1.0, 1.0]

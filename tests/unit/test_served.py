@@ -378,6 +378,11 @@ def test_present_affine_is_fitted_on_served_rows_and_kept_only_past_the_guard(wo
         assert got.tolist() == pytest.approx([alpha, beta], abs=1e-6)
     else:
         assert torch.equal(got, ident)
+    # the manifest (and so GET /stats) records the map wherever it is not the identity
+    from solaris.train.residual import residual_meta
+    meta = residual_meta(f)["present_affine"]
+    assert ("pair" in meta) == rec["kept"] and "pair" not in residual_meta(fits["off"])[
+        "present_affine"]
     # an impossible guard keeps the identity, whatever the fit
     m = fits["off"].model
     with torch.no_grad():
