@@ -125,12 +125,14 @@ class ResidualVM(nn.Module):
         on = (batch["pair_present"] > 0) & (tier > Tier.NONE) & (self.scale[0][tier] > 0)
         return tier, on
 
-    def terms(self, batch: dict[str, Tensor], b: Tensor) -> tuple[Tensor, Tensor]:
-        """(pair term, user term), each (B,), already masked and scaled, given base logits."""
+    def terms(self, batch: dict[str, Tensor], b: Tensor,
+              pair_on: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+        """(pair term, user term), each (B,), already masked and scaled, given base logits;
+        ``pair_on``: ``self.pair_on(batch)`` where the caller has it."""
         zero = torch.zeros_like(b)
         pair_t, agg_t = zero, zero
         if self.pair is not None:
-            tier, on = self.pair_on(batch)  # (B,), (B,)
+            tier, on = self.pair_on(batch) if pair_on is None else pair_on  # (B,), (B,)
             s = self.scale[0][tier]  # (B,)
             e = torch.where(on[:, None], batch["pair_emb"], 0.0)  # (B, D)
             age = torch.where(on, batch["pair_age"], 0.0)  # (B,)
@@ -156,10 +158,11 @@ class ResidualVM(nn.Module):
         if base_logit is None:
             with torch.no_grad():
                 base_logit = self.base(batch)  # (B,)
-        pair_t, agg_t = self.terms(batch, base_logit.detach())
+        on_pair = self.pair_on(batch) if self.pair is not None else None
+        pair_t, agg_t = self.terms(batch, base_logit.detach(), on_pair)
         logit = base_logit + pair_t + agg_t  # absent slots add an exact 0.0
-        if self.pair is None:
+        if on_pair is None:
             return logit
-        tier, on = self.pair_on(batch)
+        tier, on = on_pair
         ab = self.present_affine[tier]  # (B, 2)
         return torch.where(on, ab[:, 0] + ab[:, 1] * logit, logit)

@@ -209,10 +209,8 @@ def residual_meta(fit: ResidualFit) -> dict:
             else m.agg.delta[0].out_features, "scales": scales,
             "scale_curves": fit.scale_curves, "val_bce": fit.val_bce,
             # the logit map where a pair tier is served, for the tiers where it is not identity
-            "present_affine": {t.label: [float(a), float(b)]
-                               for t, (a, b) in ((t, m.present_affine[t].tolist())
-                                                 for t in Tier if t > Tier.NONE)
-                               if (a, b) != (0.0, 1.0)}}
+            "present_affine": {t.label: m.present_affine[t].tolist() for t in Tier
+                               if t > Tier.NONE and m.present_affine[t].tolist() != [0.0, 1.0]}}
 
 
 # ---- tiers and the aggregate, trained on simulated serving ------------------------------------
@@ -311,8 +309,8 @@ def fit_present_affine(model: ResidualVM, tables, *, task: int, train_slots,
         if len(tr) < min_rows or len(va) < min_rows:
             continue
         x = model(train_slots.batch(tables, tr, read_ttl_s), base_logit=base_logits[tr])
-        alpha_beta = fit_platt_logits(y_all[train_slots.rows[tr]], x.double().numpy())
-        beta, alpha = alpha_beta  # fit_platt_logits: (a, b) of sigmoid(a * x + b)
+        # fit_platt_logits gives (a, b) of sigmoid(a * x + b): beta, alpha
+        beta, alpha = fit_platt_logits(y_all[train_slots.rows[tr]], x.double().numpy())
         rec.update(alpha=float(alpha), beta=float(beta))
         if not (np.isfinite(alpha) and np.isfinite(beta) and beta > 0):
             continue
