@@ -136,6 +136,7 @@ def _train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed:
                      "test_auc": M.auc(y, pt), "test_coverage": coverage,
                      "fm_test_bce": M.bce(y, probs[periods.test, t]),
                      "scales": meta["scales"], "scale_curves": meta["scale_curves"],
+                     "present_affine": meta["present_affine"],
                      "as_served": served.info, "served": fit.info}
     if evaluation:
         atomic.save(out / "teacher.npz", lambda f: np.savez(

@@ -84,6 +84,9 @@ def test_the_prediction_is_the_validation_period_served(world, full) -> None:
     assert cov["pair"] == pytest.approx(src["pair_simulated_keys"])
     assert 0.0 <= cov["pair"] <= cov["user_neighbour"] <= cov["item_neighbour"] \
         <= cov["effective"] <= 1.0
+    # the manifest (read by GET /stats) carries the logit map where a tier is served: none
+    # here (residual.present_affine is off by default)
+    assert manifest["vms"][manifest["tasks"][0]]["present_affine"] == {}
     # a tier at scale 0 in the served VM is not looked up, as the router does
     scales = manifest["vms"][manifest["tasks"][0]]["scales"]
     if scales["pair"]["item_neighbour"] == 0.0:
