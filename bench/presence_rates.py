@@ -98,8 +98,10 @@ def main(argv: list[str] | None = None) -> int:
                              f"{c['positive_rate']:.3f} [{c['ci'][0]:.3f}, {c['ci'][1]:.3f}] / "
                              f"{c['vm_alone_mean_p']:.3f} (n={c['rows']})")
             print(f"{run.name:<28}{per:<8}" + "".join(f"{x:<46}" for x in cells), flush=True)
+    from machine import IN_PROCESS, machine
+
     a.json.parent.mkdir(parents=True, exist_ok=True)
-    a.json.write_text(json.dumps(res, indent=1))
+    a.json.write_text(json.dumps({"runs": res, "machine": machine(IN_PROCESS)}, indent=1))
     print(f"wrote {a.json}")
     return 0
 

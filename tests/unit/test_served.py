@@ -237,29 +237,38 @@ def test_the_guard_judges_the_three_inputs_as_one_family(world):
     assert float(fam.model.scale[1, int(Tier.PAIR)]) == 0.0
 
 
-def test_the_own_pair_scale_can_be_chosen_on_the_rows_serving_covers(world):
-    """``residual.pair_scale_on = "served"``: the own pair's scale is the best of the grid on
-    the validation rows the schedule covers (curve ``pair_served``), 0 unless it gains;
-    "full" keeps the scale the pair correction came with."""
-    import dataclasses
-
+def _served_fits(world, field: str, arms: tuple[str, ...], scale: float | None = None,
+                 epochs: int = 1):
+    """A pair-only residual VM (its own-pair scale ``scale`` where given), the base logits of
+    the served rows, and ``fit_served_tiers`` over them with ``residual.<field>`` at each of
+    ``arms``: (pair model, base logits, {arm: fit})."""
     from solaris.train.residual import fit_served_tiers
 
     cfg, exp, _, base, _, _, _, served = world
     ttl = float(cfg.cache.read_ttl_s)
     pair = ResidualVM(base, served.pair_emb.shape[1], 8, use_pair=True, use_agg=False)
-    pair.set_scale("pair", int(Tier.PAIR), 0.25)
+    if scale is not None:
+        pair.set_scale("pair", int(Tier.PAIR), scale)
     b = served.batch(exp.tables, np.arange(len(served.rows)), ttl)
     with torch.no_grad():
         bl = base(b).numpy()
-    own = served.pair_tier == Tier.PAIR
-    assert own.sum() > 0
     fits = {}
-    for where in ("full", "served"):
-        res = dataclasses.replace(cfg.residual, hidden=8, epochs=1, pair_scale_on=where)
+    for where in arms:
+        res = dataclasses.replace(cfg.residual, hidden=8, epochs=epochs, **{field: where})
         fits[where] = fit_served_tiers(pair, exp.tables, res, cfg.train, task=0,
                                        train_slots=served, base_logits=bl, val_slots=served,
                                        read_ttl_s=ttl, seed=0)
+    return pair, bl, fits
+
+
+def test_the_own_pair_scale_can_be_chosen_on_the_rows_serving_covers(world):
+    """``residual.pair_scale_on = "served"``: the own pair's scale is the best of the grid on
+    the validation rows the schedule covers (curve ``pair_served``), 0 unless it gains;
+    "full" keeps the scale the pair correction came with."""
+    served = world[-1]
+    own = served.pair_tier == Tier.PAIR
+    assert own.sum() > 0
+    _, _, fits = _served_fits(world, "pair_scale_on", ("full", "served"), scale=0.25)
     assert float(fits["full"].model.scale[0, Tier.PAIR]) == 0.25
     assert "pair_served" not in fits["full"].scale_curves
     f = fits["served"]
@@ -275,21 +284,10 @@ def test_the_own_pair_gate_can_be_tuned_on_the_rows_serving_covers(world):
     """``residual.pair_gate_on = "served"``: only the own pair's gate moves (delta and the
     scale as they came), kept only if it lowers the holdout BCE of the covered rows; rows
     without an input still score as the VM alone."""
-    from solaris.train.residual import fit_served_tiers
-
     cfg, exp, _, base, _, _, _, served = world
     ttl = float(cfg.cache.read_ttl_s)
-    pair = ResidualVM(base, served.pair_emb.shape[1], 8, use_pair=True, use_agg=False)
-    pair.set_scale("pair", int(Tier.PAIR), 0.5)
-    b = served.batch(exp.tables, np.arange(len(served.rows)), ttl)
-    with torch.no_grad():
-        bl = base(b).numpy()
-    fits = {}
-    for where in ("fixed", "served"):
-        res = dataclasses.replace(cfg.residual, hidden=8, epochs=3, pair_gate_on=where)
-        fits[where] = fit_served_tiers(pair, exp.tables, res, cfg.train, task=0,
-                                       train_slots=served, base_logits=bl, val_slots=served,
-                                       read_ttl_s=ttl, seed=0)
+    pair, _, fits = _served_fits(world, "pair_gate_on", ("fixed", "served"), scale=0.5,
+                                 epochs=3)
     assert "own_pair_gate" not in fits["fixed"].info
     f = fits["served"]
     g = f.info["own_pair_gate"]
@@ -344,20 +342,11 @@ def test_present_affine_is_fitted_on_served_rows_and_kept_only_past_the_guard(wo
     (an impossible guard leaves the identity), and rows without an input stay the VM alone.
     "off" fits nothing."""
     from solaris.eval.metrics import fit_platt_logits
-    from solaris.train.residual import fit_present_affine, fit_served_tiers
+    from solaris.train.residual import fit_present_affine
 
     cfg, exp, _, base, _, _, _, served = world
     ttl = float(cfg.cache.read_ttl_s)
-    pair = ResidualVM(base, served.pair_emb.shape[1], 8, use_pair=True, use_agg=False)
-    b = served.batch(exp.tables, np.arange(len(served.rows)), ttl)
-    with torch.no_grad():
-        bl = base(b).numpy()
-    fits = {}
-    for where in ("off", "served"):
-        res = dataclasses.replace(cfg.residual, hidden=8, epochs=1, present_affine=where)
-        fits[where] = fit_served_tiers(pair, exp.tables, res, cfg.train, task=0,
-                                       train_slots=served, base_logits=bl, val_slots=served,
-                                       read_ttl_s=ttl, seed=0)
+    _, bl, fits = _served_fits(world, "present_affine", ("off", "served"))
     assert "present_affine" not in fits["off"].info
     ident = torch.tensor([0.0, 1.0])
     assert all(torch.equal(r, ident) for r in fits["off"].model.present_affine)
