@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     from solaris.data.load import load_dataset
     from solaris.eval import metrics as M
     from solaris.eval.transfer import TransferExperiment
-    from solaris.train.residual import crossfit_base_logits, train_base, train_residual
+    from solaris.train.residual import crossfit_base, train_base, train_residual
     from solaris.train.teacher import z_at_age
     from solaris.train.vertical import predict_vm
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     common = dict(task=0, rows=p.vm, absent_rows=exp.absent_rows, val_rows=p.val, seed=seed,
                   num_users=ds.num_users, num_items=ds.num_items)
     base, lr, _ = train_base(inputs, cfg.vm, cfg.train, cfg.report.vm_lrs, **common)
-    b_oos = crossfit_base_logits(inputs, cfg.vm, cfg.train, cfg.residual, lr=lr, **common)
+    b_oos = crossfit_base(inputs, cfg.vm, cfg.train, cfg.residual, lr=lr, **common).logits
     ttl = float(cfg.cache.read_ttl_s)
 
     z_at = z_at_age(teacher, tb, cfg.features)

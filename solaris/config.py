@@ -249,10 +249,18 @@ class ResidualConfig:
     # "off" -- identity; "served" -- fitted on the training rows simulated serving covers with
     # that tier (out-of-sample base logits), kept only if it passes the guard on validation
     present_affine: str = "off"
+    # who ranks the training (VM) period's candidates in the schedule simulation that builds
+    # the imputed tiers' and the aggregate's training rows: "base" -- the VM alone, which
+    # trained on those very rows (in sample: its top-ranked, precomputed pairs are enriched in
+    # positives it has memorised); "crossfit" -- each candidate scored by the cross-fitted VM
+    # alone that did not train on its pair's row, out of sample as the base is when it serves
+    train_verifier: str = "base"
 
     def __post_init__(self) -> None:
         _check(self.hidden >= 1, "residual.hidden", self.hidden, "must be >= 1")
         _check(self.folds >= 2, "residual.folds", self.folds, "must be >= 2")
+        _check(self.train_verifier in ("base", "crossfit"), "residual.train_verifier",
+               self.train_verifier, "must be 'base' or 'crossfit'")
         _check(self.lr > 0, "residual.lr", self.lr, "must be > 0")
         _check(self.epochs >= 1, "residual.epochs", self.epochs, "must be >= 1")
         _check(len(self.scales) >= 1 and all(0.0 <= x <= 1.0 for x in self.scales)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -272,11 +273,14 @@ def put_writes(store: PairStore, wr: dict[str, np.ndarray], z: np.ndarray, lo: i
 
 def simulate_period(cfg: SolarisConfig, ds: Dataset, tables: FeatureTables, periods,
                     base: torch.nn.Module, fm: FoundationModel, encoder: PairEncoder,
-                    version: str, period: str, seed: int = 0, lg: RequestLog | None = None
-                    ) -> ServedSlots:
+                    version: str, period: str, seed: int = 0, lg: RequestLog | None = None,
+                    verifier: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+                    | None = None) -> ServedSlots:
     """``simulate_serving`` of one period's rows (``vm``, ``val`` or ``test``) over its
-    request log (``window_log``, or ``lg``): the verifier ranking by the VM alone ``base``,
-    KNN tables as of the period's start."""
+    request log (``window_log``, or ``lg``): the verifier ranking by the VM alone ``base``
+    (or by ``verifier``: (users, items, surfaces) -> probabilities, e.g. the cross-fitted
+    models' out-of-sample scores, ``CrossFit.verifier``), KNN tables as of the period's
+    start."""
     from solaris.eval.schedule import candidate_scores, window_log
 
     start = {"vm": periods.cuts[0], "val": periods.cuts[1], "test": periods.cuts[2]}
@@ -284,8 +288,9 @@ def simulate_period(cfg: SolarisConfig, ds: Dataset, tables: FeatureTables, peri
         raise ValueError(f"period={period!r}: one of 'vm', 'val', 'test'")
     lg = window_log(cfg, ds, periods, period) if lg is None else lg
     c = lg.candidates.shape[1]
-    scores = candidate_scores(base, tables, np.repeat(lg.user, c), lg.candidates.ravel(),
-                              np.repeat(lg.surface, c)).reshape(-1, c)
+    score = verifier or (lambda u, i, s: candidate_scores(base, tables, u, i, s))
+    scores = score(np.repeat(lg.user, c), lg.candidates.ravel(),
+                   np.repeat(lg.surface, c)).reshape(-1, c)
     knn = knn_tables_as_of(fm, tables, float(start[period]), cfg)
     return simulate_serving(cfg, ds, tables, lg, scores, getattr(periods, period), fm,
                             encoder, version, knn, seed)

@@ -27,8 +27,9 @@ from solaris.eval.schedule import simulated_presence, window_log
 from solaris.eval.served import ServedSlots, simulate_period
 from solaris.tiers import STEPS
 from solaris.train.loop import predict_in_batches
-from solaris.train.residual import (crossfit_base_logits, fit_pair_as_served, fit_served_tiers,
-                                    residual_meta, train_base, train_residual)
+from solaris.train.residual import (CrossFit, crossfit_base, fit_pair_as_served,
+                                    fit_served_tiers, residual_meta, train_base, train_residual,
+                                    training_verifier)
 from solaris.train.teacher import Teacher, build_teacher, vm_inputs, z_at_age
 from solaris.train.vertical import VMInputs, VMSpec, best_vm, coverage_mask, predict_vm
 
@@ -127,18 +128,21 @@ class TransferExperiment:
         return simulated_presence(self.cfg, self.ds, self.tables, self.periods, base,
                                   self._logs[period], seed, rows=rows)
 
-    def served(self, base: VerticalModel, teacher: Teacher, period: str, seed: int
-               ) -> ServedSlots:
+    def served(self, base: VerticalModel, teacher: Teacher, period: str, seed: int,
+               cf: CrossFit) -> ServedSlots:
         """A period's rows as simulated serving gives them (``simulate_serving``): the
-        verifier ranking by ``base``, KNN tables as of the period's start."""
+        verifier ranking by ``base`` (on the training period by ``training_verifier``), KNN
+        tables as of the period's start."""
         if period not in self._logs:
             self._logs[period] = window_log(self.cfg, self.ds, self.periods, period)
         return simulate_period(self.cfg, self.ds, self.tables, self.periods, base, teacher.fm,
                                teacher.encoder, teacher.version, period, seed,
-                               self._logs[period])
+                               self._logs[period],
+                               verifier=training_verifier(self.cfg.residual, cf, self.tables,
+                                                          period))
 
     def served_arms(self, run: "SeedRun", base: VerticalModel, pair_model: torch.nn.Module,
-                    b_oos: np.ndarray, task: int, seed: int, teacher: Teacher,
+                    cf: CrossFit, task: int, seed: int, teacher: Teacher,
                     pair_curves: dict | None = None) -> None:
         """Every input the router serves, trained and judged on simulated serving
         (``fit_served_tiers``): the arms ``served_<step>`` switch them on cumulatively in
@@ -147,10 +151,10 @@ class TransferExperiment:
         cfg, p = self.cfg, self.periods
         ttl = float(cfg.cache.read_ttl_s)
         self.progress(f"seed {seed}: {self.ds.tasks[task]} simulated serving")
-        sv = {per: self.served(base, teacher, per, seed) for per in ("vm", "val", "test")}
+        sv = {per: self.served(base, teacher, per, seed, cf) for per in ("vm", "val", "test")}
         self.progress(f"seed {seed}: {self.ds.tasks[task]} tiers and aggregate as served")
         tf = fit_served_tiers(pair_model, self.tables, cfg.residual, cfg.train, task=task,
-                              train_slots=sv["vm"], base_logits=b_oos, val_slots=sv["val"],
+                              train_slots=sv["vm"], base_logits=cf.logits, val_slots=sv["val"],
                               read_ttl_s=ttl, seed=seed, pair_curves=pair_curves)
         m = tf.model
         run.chosen["served"] = {**tf.info, "scale_curves": tf.scale_curves,
@@ -183,10 +187,10 @@ class TransferExperiment:
         and ages as served."""
         p, cfg = self.periods, self.cfg
         self.progress(f"seed {seed}: {self.ds.tasks[task]} cross-fitted base logits")
-        b_oos = crossfit_base_logits(inputs, cfg.vm, cfg.train, cfg.residual, task=task,
-                                     rows=p.vm, absent_rows=self.absent_rows, val_rows=p.val,
-                                     lr=lr, seed=seed, num_users=self.ds.num_users,
-                                     num_items=self.ds.num_items)
+        cf = crossfit_base(inputs, cfg.vm, cfg.train, cfg.residual, task=task, rows=p.vm,
+                           absent_rows=self.absent_rows, val_rows=p.val, lr=lr, seed=seed,
+                           num_users=self.ds.num_users, num_items=self.ds.num_items)
+        b_oos = cf.logits
         self.progress(f"seed {seed}: {self.ds.tasks[task]} schedule simulation")
         sim_val = self.schedule(base, "val", seed)
         sim = self.schedule(base, "test", seed)
@@ -254,7 +258,7 @@ class TransferExperiment:
             {"fm": run.raw["fm"], "pair_100": run.raw["vm_pair_100"],
              "pair_sim": run.raw["vm_pair_sim"]})
         run.masks["vm_agg"] = inputs.agg_present.numpy()[p.test] > 0
-        self.served_arms(run, base, served_fit.fit.model, b_oos, task, seed, teacher,
+        self.served_arms(run, base, served_fit.fit.model, cf, task, seed, teacher,
                          served_fit.fit.scale_curves)
 
     def fm_predictions(self, probs: np.ndarray, task: int) -> tuple[np.ndarray, np.ndarray]:

@@ -40,8 +40,8 @@ from solaris.train.checkpoint import load_checkpoint, save_checkpoint
 from solaris.train.teacher import build_teacher, vm_inputs, z_at_age
 from solaris.eval.schedule import simulated_presence, window_log
 from solaris.eval.served import simulate_period
-from solaris.train.residual import (crossfit_base_logits, fit_pair_as_served, fit_served_tiers,
-                                    residual_meta, train_base)
+from solaris.train.residual import (crossfit_base, fit_pair_as_served, fit_served_tiers,
+                                    residual_meta, train_base, training_verifier)
 from solaris.train.vertical import coverage_mask, predict_vm
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,8 @@ def _train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed:
                         coverage=0.0, **sizes)
         baselines[task] = {"file": f"vm_{task}_alone.pt", "val_bce": v_base, "lr": lr}
         say(f"cross-fitting base logits for {task}")
-        b_oos = crossfit_base_logits(inputs, cfg.vm, cfg.train, cfg.residual, lr=lr, **common)
+        cf = crossfit_base(inputs, cfg.vm, cfg.train, cfg.residual, lr=lr, **common)
+        b_oos = cf.logits
         say(f"simulating the schedule on the validation period for {task}")
         sim_val = simulated_presence(cfg, ds, tables, periods, base, val_log, seed,
                                      rows=periods.val)
@@ -118,7 +119,8 @@ def _train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed:
         say(f"simulating serving on the VM and validation periods for {task}")
         sv = {per: simulate_period(cfg, ds, tables, periods, base, teacher.fm, teacher.encoder,
                                    teacher.version, per, seed,
-                                   val_log if per == "val" else None)
+                                   val_log if per == "val" else None,
+                                   verifier=training_verifier(cfg.residual, cf, tables, per))
               for per in ("vm", "val")}
         say(f"training the imputed tiers and the aggregate for {task} on simulated serving")
         fit = fit_served_tiers(served.fit.model, tables, cfg.residual, cfg.train, task=t,

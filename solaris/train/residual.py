@@ -28,22 +28,71 @@ from solaris.train.loop import fit, seed_everything
 from solaris.train.vertical import VMInputs, VMSpec, best_vm, train_vm, vm_logits
 
 
-def crossfit_base_logits(inputs: VMInputs, cfg: VMConfig, train: TrainConfig, res: ResidualConfig,
-                         *, task: int, rows: np.ndarray, absent_rows: np.ndarray,
-                         val_rows: np.ndarray, lr: float, seed: int, num_users: int,
-                         num_items: int) -> np.ndarray:
-    """Out-of-sample VM-alone logits (len(rows),) for ``rows``: fold k's logits come from a VM
-    alone trained on the other folds (plus ``absent_rows``, as the base), never on fold k."""
+@dataclass
+class CrossFit:
+    """Cross-fitted VMs alone: ``models[k]`` trained on every row of ``rows`` outside fold
+    ``k`` (``fold``, len(rows),); ``logits`` (len(rows),) each row's logit from the model that
+    did not train on it."""
+
+    rows: np.ndarray
+    fold: np.ndarray
+    models: list[VerticalModel]
+    logits: np.ndarray
+
+    def verifier(self, tables) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
+        """Out-of-sample candidate scores (users, items, surfaces) -> probabilities: a
+        candidate whose (user, item) pair has a row in ``rows`` is scored by the model that did
+        not train on that row (the first such row, where a pair repeats); any other by model
+        ``key % folds`` of its pair key. So a training-period schedule simulation ranks as the base
+        ranks unseen pairs when it serves."""
+        from solaris.eval.schedule import candidate_scores
+
+        n_items = int(tables.num_items)
+        keys = tables.user[self.rows].astype(np.int64) * n_items + tables.item[self.rows]
+        order = np.argsort(keys, kind="stable")
+        k_sorted, f_sorted = keys[order], self.fold[order]
+
+        def scores(users: np.ndarray, items: np.ndarray, surfaces: np.ndarray) -> np.ndarray:
+            q = np.asarray(users, np.int64) * n_items + np.asarray(items, np.int64)
+            at = np.minimum(np.searchsorted(k_sorted, q), max(len(k_sorted) - 1, 0))
+            hit = (k_sorted[at] == q) if len(k_sorted) else np.zeros(len(q), bool)
+            f = np.where(hit, f_sorted[at], q % len(self.models))
+            out = np.empty(len(q), np.float64)
+            for k, model in enumerate(self.models):
+                m = np.flatnonzero(f == k)
+                if len(m):
+                    out[m] = candidate_scores(model, tables, users[m], items[m], surfaces[m])
+            return out
+
+        return scores
+
+
+def training_verifier(res: ResidualConfig, cf: CrossFit, tables, period: str
+                      ) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None:
+    """The verifier a period's schedule simulation ranks by: on the training (``vm``) period
+    with ``res.train_verifier == "crossfit"`` the cross-fitted models' out-of-sample scores;
+    otherwise None (the VM alone, which is out of sample on every later period)."""
+    return cf.verifier(tables) if period == "vm" and res.train_verifier == "crossfit" else None
+
+
+def crossfit_base(inputs: VMInputs, cfg: VMConfig, train: TrainConfig, res: ResidualConfig,
+                  *, task: int, rows: np.ndarray, absent_rows: np.ndarray, val_rows: np.ndarray,
+                  lr: float, seed: int, num_users: int, num_items: int) -> CrossFit:
+    """``res.folds`` VMs alone on ``rows``: fold k's model trains on the other folds (plus
+    ``absent_rows``, as the base) with the base's code, lr and seed family, and gives fold k's
+    out-of-sample logits."""
     rows = np.asarray(rows)
     fold = np.random.default_rng(seed + 7919).permutation(len(rows)) % res.folds
     out = np.empty(len(rows), np.float32)
+    models = []
     for k in range(res.folds):
         model, _ = train_vm(inputs, VMSpec(f"vm_fold{k}"), cfg, train, task=task,
                             teacher_rows=rows[fold != k], absent_rows=absent_rows,
                             val_rows=val_rows, lr=lr, seed=seed + 1000 * (k + 1),
                             num_users=num_users, num_items=num_items)
         out[fold == k] = vm_logits(model, inputs, rows[fold == k])
-    return out
+        models.append(model)
+    return CrossFit(rows, fold, models, out)
 
 
 @dataclass
@@ -328,6 +377,20 @@ def fit_present_affine(model: ResidualVM, tables, *, task: int, train_slots,
     return out
 
 
+def presence_rates(tier: np.ndarray, y: np.ndarray, base_logit: np.ndarray) -> dict:
+    """Per served pair tier: rows, positive rate and the VM alone's mean probability on them
+    (``base_logit``: out of sample); their ratio far from 1 on the own pair's rows means the
+    verifier's choice carries label signal the base does not (in-sample ranking inflates it)."""
+    p = 1.0 / (1.0 + np.exp(-np.asarray(base_logit, np.float64)))
+    out = {}
+    for t in Tier:
+        m = np.asarray(tier) == int(t)
+        if m.any():
+            out[t.label] = {"rows": int(m.sum()), "positive_rate": float(y[m].mean()),
+                            "base_p": float(p[m].mean())}
+    return out
+
+
 def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train: TrainConfig,
                      *, task: int, train_slots, base_logits: np.ndarray, val_slots,
                      read_ttl_s: float, seed: int,
@@ -369,7 +432,11 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
         va_b = base(vb_all)
     z_in = guard_z(res)
     info: dict = {"train_rows": int(len(train_slots.rows)), "val_rows": int(len(every)),
-                  "guard_z": z_in}
+                  "guard_z": z_in,
+                  "presence": {"train": presence_rates(train_slots.pair_tier, tr_y.numpy(),
+                                                       tr_b.numpy()),
+                               "val": presence_rates(val_slots.pair_tier, va_y.numpy(),
+                                                     va_b.numpy())}}
     curves: dict[str, dict[str, float]] = dict(pair_curves or {})
     guard: dict[str, dict] = {}
 

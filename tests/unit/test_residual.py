@@ -7,9 +7,10 @@ import torch
 
 from solaris.config import load_config
 from solaris.data.load import load_dataset
+from solaris.eval.schedule import candidate_scores
 from solaris.eval.transfer import TransferExperiment
 from solaris.models.residual import ResidualVM
-from solaris.train.residual import crossfit_base_logits, train_residual, vm_logits
+from solaris.train.residual import crossfit_base, train_residual, vm_logits
 from solaris.train.vertical import VMSpec, train_vm
 from tests.unit.test_models import TINY_SPEC, make_batch, make_vm
 
@@ -96,12 +97,14 @@ def test_training_leaves_the_base_untouched_and_cross_fitted_logits_are_out_of_s
                        absent_rows=exp.absent_rows, val_rows=p.val, lr=1e-2, seed=0,
                        num_users=exp.ds.num_users, num_items=exp.ds.num_items)
     before = {k: v.clone() for k, v in base.state_dict().items()}
-    b = crossfit_base_logits(inputs, cfg.vm, cfg.train, cfg.residual, task=0, rows=p.vm,
-                             absent_rows=exp.absent_rows, val_rows=p.val, lr=1e-2, seed=0,
-                             num_users=exp.ds.num_users, num_items=exp.ds.num_items)
+    cf = crossfit_base(inputs, cfg.vm, cfg.train, cfg.residual, task=0, rows=p.vm,
+                       absent_rows=exp.absent_rows, val_rows=p.val, lr=1e-2, seed=0,
+                       num_users=exp.ds.num_users, num_items=exp.ds.num_items)
+    b = cf.logits
     assert b.shape == (len(p.vm),) and np.isfinite(b).all()
     # not the base's own (in-sample) logits: each fold's model never saw its rows
     assert not np.array_equal(b, vm_logits(base, inputs, p.vm))
+    _verifier_scores_each_row_out_of_sample(cf, exp.tables, p.vm)
     fit = train_residual(base, inputs, cfg.residual, cfg.train, task=0, rows=p.vm,
                          base_logits=b, val_rows=p.val, slot="pair", use_z=True, seed=0)
     for k, v in base.state_dict().items():
@@ -147,3 +150,25 @@ def test_the_vm_alone_is_calibrated_on_validation_and_old_checkpoints_load_uncal
     assert cal.calibration.tolist() == [1.0, 0.0]
     with pytest.raises(ValueError, match="calibration"):
         cal.set_calibration(-1.0, 0.0)
+
+
+def _verifier_scores_each_row_out_of_sample(cf, t, rows):
+    """The training-period verifier scores a candidate that is a training row by the fold
+    model that did not train on it (its probability is sigmoid of the cross-fitted logit), and
+    an unseen pair by model ``key % folds``."""
+    verify = cf.verifier(t)
+    first = np.unique(t.user[rows] * t.num_items + t.item[rows], return_index=True)[1]
+    r = rows[np.sort(first)[:400]]  # pairs with one first row each
+    got = verify(t.user[r], t.item[r], t.surface[r])
+    np.testing.assert_allclose(got, torch.sigmoid(torch.from_numpy(
+        cf.logits[np.searchsorted(rows, r)])).numpy(), rtol=1e-4, atol=1e-6)
+    seen = set((t.user[rows] * t.num_items + t.item[rows]).tolist())
+    u, i = np.meshgrid(np.arange(5), np.arange(t.num_items))
+    key = (u * t.num_items + i).ravel()
+    new = np.array([k not in seen for k in key])
+    uu, ii = u.ravel()[new][:50], i.ravel()[new][:50]
+    s = np.zeros(len(uu), np.int64)
+    want = [float(candidate_scores(cf.models[(a * t.num_items + b) % len(cf.models)], t,
+                                   np.array([a]), np.array([b]), np.array([0]))[0])
+            for a, b in zip(uu, ii)]
+    np.testing.assert_allclose(verify(uu, ii, s), want, rtol=1e-5)

@@ -384,3 +384,34 @@ def test_present_affine_is_fitted_on_served_rows_and_kept_only_past_the_guard(wo
     bn = served.batch(exp.tables, none, ttl)
     with torch.no_grad():
         assert torch.equal(f.model(bn), base(bn))
+
+
+def test_the_training_period_can_be_ranked_by_the_cross_fitted_models(world):
+    """``residual.train_verifier: crossfit``: the VM period's simulation ranks by the
+    cross-fitted models' out-of-sample scores (``CrossFit.verifier``), not the base that
+    trained on those rows; later periods keep the base."""
+    from solaris.eval.served import simulate_period
+    from solaris.train.residual import crossfit_base, training_verifier
+
+    cfg, exp, teacher, base, inputs, *_ = world
+    p, t = exp.periods, exp.tables
+    cf = crossfit_base(inputs, cfg.vm, cfg.train, cfg.residual, task=0, rows=p.vm,
+                       absent_rows=exp.absent_rows, val_rows=p.val, lr=1e-2, seed=0,
+                       num_users=exp.ds.num_users, num_items=exp.ds.num_items)
+    res = dataclasses.replace(cfg.residual, train_verifier="crossfit")
+    assert training_verifier(cfg.residual, cf, t, "vm") is None
+    assert training_verifier(res, cf, t, "val") is None
+    verify = training_verifier(res, cf, t, "vm")
+    lg = window_log(cfg, exp.ds, p, "vm")
+    c = lg.candidates.shape[1]
+    scores = verify(np.repeat(lg.user, c), lg.candidates.ravel(),
+                    np.repeat(lg.surface, c)).reshape(-1, c)
+    knn = knn_tables_as_of(teacher.fm, t, float(p.cuts[0]), cfg)
+    want = simulate_serving(cfg, exp.ds, t, lg, scores, p.vm, teacher.fm, teacher.encoder,
+                            teacher.version, knn, seed=0)
+    args = (cfg, exp.ds, t, p, base, teacher.fm, teacher.encoder, teacher.version, "vm", 0, lg)
+    got = simulate_period(*args, verifier=verify)
+    in_sample = simulate_period(*args)
+    np.testing.assert_array_equal(got.pair_tier, want.pair_tier)
+    own = got.pair_tier == int(Tier.PAIR)
+    assert own.any() and not np.array_equal(own, in_sample.pair_tier == int(Tier.PAIR))
