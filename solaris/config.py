@@ -244,6 +244,7 @@ class ResidualConfig:
     # the own pair's tier-and-age gate: "fixed" -- as the pair correction trained it (fresh z);
     # "served" -- fine-tuned (the gate only, delta frozen) on the training rows simulated
     # serving covers with an own pair, at the ages they are read: the verifier's rows
+    # "served_delta": the gate and the correction delta itself fine-tuned there
     pair_gate_on: str = "fixed"
     # where a pair tier is served, the logit mapped once more (alpha + beta * logit, per tier):
     # "off" -- identity; "served" -- fitted on the training rows simulated serving covers with
@@ -273,8 +274,9 @@ class ResidualConfig:
                "must be in (0, 1)")
         _check(self.pair_scale_on in ("full", "served"), "residual.pair_scale_on",
                self.pair_scale_on, "must be 'full' or 'served'")
-        _check(self.pair_gate_on in ("fixed", "served"), "residual.pair_gate_on",
-               self.pair_gate_on, "must be 'fixed' or 'served'")
+        _check(self.pair_gate_on in ("fixed", "served", "served_delta"),
+               "residual.pair_gate_on", self.pair_gate_on,
+               "must be 'fixed', 'served' or 'served_delta'")
         _check(self.present_affine in ("off", "served"), "residual.present_affine",
                self.present_affine, "must be 'off' or 'served'")
 

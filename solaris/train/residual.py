@@ -458,21 +458,23 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
 
     # 0a. ``res.pair_gate_on == "served"``: the own pair's gate (tier and age; delta frozen)
     # fine-tuned on the training rows simulated serving covers with an own pair -- the
-    # verifier's rows, at the ages they are read -- stopped early on the latest of them
-    if res.pair_gate_on == "served":
+    # verifier's rows, at the ages they are read -- stopped early on the latest of them;
+    # ``"served_delta"``: the correction delta with it (the whole own-pair term)
+    if res.pair_gate_on in ("served", "served_delta"):
         tr_p, ho_p = split(train_slots.pair_tier == int(Tier.PAIR))
         info["own_pair_rows"] = {"train": int(len(tr_p)), "holdout": int(len(ho_p))}
         if len(tr_p) and len(ho_p) and float(model.scale[0, Tier.PAIR]) > 0:
-            fixed = copy.deepcopy(model.pair.gate.state_dict())
+            tuned = model.pair if res.pair_gate_on == "served_delta" else model.pair.gate
+            fixed = copy.deepcopy(tuned.state_dict())
             with torch.no_grad():
                 before = holdout_loss(ho_p, False)()
-            _served_fit(model, list(model.pair.gate.parameters()),
+            _served_fit(model, list(tuned.parameters()),
                         lambda i, rng: loss_on(tr_p[i], False), holdout_loss(ho_p, False),
                         len(tr_p), res, train, seed, "residual_pair_gate_served")
             with torch.no_grad():
                 after = holdout_loss(ho_p, False)()
-            if not after < before:  # the epochs never beat the gate as it came: keep that
-                model.pair.gate.load_state_dict(fixed)
+            if not after < before:  # the epochs never beat the term as it came: keep that
+                tuned.load_state_dict(fixed)
             info["own_pair_gate"] = {"holdout_bce_fixed": before, "holdout_bce_tuned": after,
                                      "kept": "served" if after < before else "fixed"}
     # 0. ``res.pair_scale_on == "served"``: the own pair's scale chosen again on the

@@ -306,6 +306,28 @@ def test_the_own_pair_gate_can_be_tuned_on_the_rows_serving_covers(world):
         assert torch.equal(f.model(bn), base(bn))
 
 
+def test_served_delta_tunes_the_whole_own_pair_term_and_nothing_else(world):
+    """``residual.pair_gate_on = "served_delta"``: the own pair's gate and delta may move (kept
+    only if the holdout BCE of the covered rows drops), the imputed tiers' copy, the
+    aggregate's term and the scale are untouched by it; misses still score as the VM alone."""
+    cfg, exp, _, base, _, _, _, served = world
+    ttl = float(cfg.cache.read_ttl_s)
+    pair, _, fits = _served_fits(world, "pair_gate_on", ("served_delta",), scale=0.5,
+                                 epochs=3)
+    f = fits["served_delta"]
+    g = f.info["own_pair_gate"]
+    moved = any(not torch.equal(a, c) for a, c in zip(f.model.pair.parameters(),
+                                                        pair.pair.parameters()))
+    assert moved == (g["kept"] == "served") == (g["holdout_bce_tuned"] < g["holdout_bce_fixed"])
+    assert float(f.model.scale[0, Tier.PAIR]) == 0.5
+    for a, c in zip(f.model.imputed.delta.parameters(), pair.pair.delta.parameters()):
+        assert torch.equal(a, c)  # the imputed tiers start from the pair term as it came
+    none = np.flatnonzero((served.pair_tier == int(Tier.NONE)) & ~served.agg_present)
+    bn = served.batch(exp.tables, none, ttl)
+    with torch.no_grad():
+        assert torch.equal(f.model(bn), base(bn))
+
+
 def test_present_affine_maps_only_the_rows_a_pair_tier_is_served(world):
     """``present_affine`` is the identity until set; set for the own pair, it maps exactly
     the rows served that tier (alpha + beta * logit) and no other row moves, misses included;
