@@ -255,7 +255,7 @@ class ResidualConfig:
     # trained on those very rows (in sample: its top-ranked, precomputed pairs are enriched in
     # positives it has memorised); "crossfit" -- each candidate scored by the cross-fitted VM
     # alone that did not train on its pair's row, out of sample as the base is when it serves
-    train_verifier: str = "base"
+    train_verifier: str = "crossfit"
 
     def __post_init__(self) -> None:
         _check(self.hidden >= 1, "residual.hidden", self.hidden, "must be >= 1")

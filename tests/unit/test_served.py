@@ -409,9 +409,9 @@ def test_present_affine_is_fitted_on_served_rows_and_kept_only_past_the_guard(wo
 
 
 def test_the_training_period_can_be_ranked_by_the_cross_fitted_models(world):
-    """``residual.train_verifier: crossfit``: the VM period's simulation ranks by the
-    cross-fitted models' out-of-sample scores (``CrossFit.verifier``), not the base that
-    trained on those rows; later periods keep the base."""
+    """``residual.train_verifier: crossfit`` (the default): the VM period's simulation ranks
+    by the cross-fitted models' out-of-sample scores (``CrossFit.verifier``), not the base
+    that trained on those rows (``base``); later periods keep the base."""
     from solaris.eval.served import simulate_period
     from solaris.train.residual import crossfit_base, training_verifier
 
@@ -420,8 +420,10 @@ def test_the_training_period_can_be_ranked_by_the_cross_fitted_models(world):
     cf = crossfit_base(inputs, cfg.vm, cfg.train, cfg.residual, task=0, rows=p.vm,
                        absent_rows=exp.absent_rows, val_rows=p.val, lr=1e-2, seed=0,
                        num_users=exp.ds.num_users, num_items=exp.ds.num_items)
-    res = dataclasses.replace(cfg.residual, train_verifier="crossfit")
-    assert training_verifier(cfg.residual, cf, t, "vm") is None
+    res = cfg.residual
+    assert res.train_verifier == "crossfit"
+    in_sample = dataclasses.replace(res, train_verifier="base")
+    assert training_verifier(in_sample, cf, t, "vm") is None
     assert training_verifier(res, cf, t, "val") is None
     verify = training_verifier(res, cf, t, "vm")
     lg = window_log(cfg, exp.ds, p, "vm")
