@@ -10,7 +10,10 @@ positive rate with its 95% interval, and the VM alone's mean probability there. 
 positive rate stands above the VM alone's mean, the tier's presence carries information the VM
 alone lacks (the verifier bet on the pair, or it was asked for before), and a map fitted on one
 period (``residual.present_affine``) transfers to another only if the periods agree. The VM
-period is in sample for the VM alone (it trained there).
+period is in sample for the VM alone (it trained there), and here the VM alone also ranks its
+candidates (``residual.train_verifier: base``); training itself ranks them by the cross-fitted
+models by default (``crossfit``, not kept in the artifacts), and records what it saw per tier
+in the manifest (``vms.<task>.served.presence``: training and validation rows).
 """
 
 from __future__ import annotations
