@@ -43,8 +43,8 @@ class CrossFit:
         """Out-of-sample candidate scores (users, items, surfaces) -> probabilities: a
         candidate whose (user, item) pair has a row in ``rows`` is scored by the model that did
         not train on that row (the first such row, where a pair repeats); any other by model
-        ``key % folds`` of its pair key. So a training-period schedule simulation ranks as the base
-        ranks unseen pairs when it serves."""
+        ``key % folds`` of its pair key. So a training-period schedule simulation ranks as the
+        base ranks unseen pairs when it serves."""
         from solaris.eval.schedule import candidate_scores
 
         n_items = int(tables.num_items)
