@@ -327,12 +327,10 @@ def choose_scale_guarded(model: ResidualVM, slot: str, tier: int, scales: tuple[
                                                      reduction="none").double().numpy()
     curve = {f"{s:g}": float(v.mean()) for s, v in rows.items()}
     best = min(rows, key=lambda s: (rows[s].mean(), -s))
-    d = rows[0.0] - rows[best]
-    gain = float(d.mean())
-    se = clustered_se(d, groups)
-    chosen = best if best > 0 and gain >= min_gain_z * se and gain > 0 else 0.0
+    ok, g = passes_guard(rows[0.0] - rows[best], groups, min_gain_z)
+    chosen = best if best > 0 and ok else 0.0
     model.set_scale(slot, tier, chosen)
-    return {"curve": curve, "gain": gain, "se": se, "scale": chosen}
+    return {"curve": curve, "gain": g["val_gain"], "se": g["val_se"], "scale": chosen}
 
 
 @torch.no_grad()
@@ -368,13 +366,21 @@ def fit_present_affine(model: ResidualVM, tables, *, task: int, train_slots,
         before = F.binary_cross_entropy_with_logits(xv, yv, reduction="none").numpy()
         after = F.binary_cross_entropy_with_logits(alpha + beta * xv, yv,
                                                    reduction="none").numpy()
-        d = before - after
-        gain, se = float(d.mean()), clustered_se(d, tables.user[val_slots.rows[va]])
-        rec.update(gain=gain, se=se)
-        if gain > 0 and gain >= min_gain_z * se:
+        ok, g = passes_guard(before - after, tables.user[val_slots.rows[va]], min_gain_z)
+        rec.update(gain=g["val_gain"], se=g["val_se"])
+        if ok:
             model.set_present_affine(int(t), alpha, beta)
             rec["kept"] = True
     return out
+
+
+def passes_guard(gain_rows: np.ndarray, users: np.ndarray | None, z: float
+                 ) -> tuple[bool, dict]:
+    """Whether a change whose per-row validation BCE gain is ``gain_rows`` may be served: its
+    mean gain positive and at least ``z`` standard errors, clustered by ``users`` (None: per
+    row)."""
+    gain, se = float(np.mean(gain_rows)), clustered_se(gain_rows, users)
+    return bool(gain > 0 and gain >= z * se), {"val_gain": gain, "val_se": se}
 
 
 def presence_rates(tier: np.ndarray, y: np.ndarray, base_logit: np.ndarray) -> dict:
@@ -459,7 +465,8 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
     # 0a. ``res.pair_gate_on == "served"``: the own pair's gate (tier and age; delta frozen)
     # fine-tuned on the training rows simulated serving covers with an own pair -- the
     # verifier's rows, at the ages they are read -- stopped early on the latest of them;
-    # ``"served_delta"``: the correction delta with it (the whole own-pair term)
+    # ``"served_delta"``: the correction delta with it (the whole own-pair term). Either is
+    # kept only past the holdout and then the guard on validation's own-pair rows.
     if res.pair_gate_on in ("served", "served_delta"):
         tr_p, ho_p = split(train_slots.pair_tier == int(Tier.PAIR))
         info["own_pair_rows"] = {"train": int(len(tr_p)), "holdout": int(len(ho_p))}
@@ -473,10 +480,30 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
                         len(tr_p), res, train, seed, "residual_pair_gate_served")
             with torch.no_grad():
                 after = holdout_loss(ho_p, False)()
-            if not after < before:  # the epochs never beat the term as it came: keep that
+            rec = {"holdout_bce_fixed": before, "holdout_bce_tuned": after}
+            # kept only if it beats the term as it came on the holdout and then on the
+            # validation rows served their own pair by the guard (clustered by user)
+            keep = after < before
+            own_v = np.flatnonzero(val_slots.pair_tier == int(Tier.PAIR))
+            if keep and len(own_v):
+                vb_own = val_slots.batch(tables, own_v, read_ttl_s, None, False)
+
+                @torch.no_grad()
+                def val_rows_bce() -> np.ndarray:
+                    return F.binary_cross_entropy_with_logits(
+                        model(vb_own, base_logit=va_b[own_v]), va_y[own_v],
+                        reduction="none").double().numpy()
+
+                tuned_state = copy.deepcopy(tuned.state_dict())
+                bce_tuned = val_rows_bce()
                 tuned.load_state_dict(fixed)
-            info["own_pair_gate"] = {"holdout_bce_fixed": before, "holdout_bce_tuned": after,
-                                     "kept": "served" if after < before else "fixed"}
+                d = val_rows_bce() - bce_tuned
+                tuned.load_state_dict(tuned_state)
+                keep, guard_rec = passes_guard(d, users[own_v], z_in)
+                rec.update(val_rows=int(len(own_v)), **guard_rec)
+            if not keep:
+                tuned.load_state_dict(fixed)
+            info["own_pair_gate"] = {**rec, "kept": "served" if keep else "fixed"}
     # 0. ``res.pair_scale_on == "served"``: the own pair's scale chosen again on the
     # validation rows simulated serving covers, every other input off (the best scale of
     # the grid, 0 unless it gains)

@@ -294,8 +294,7 @@ def test_the_own_pair_gate_can_be_tuned_on_the_rows_serving_covers(world):
     assert f.info["own_pair_rows"]["train"] > 0
     moved = any(not torch.equal(a, c) for a, c in zip(f.model.pair.gate.parameters(),
                                                         pair.pair.gate.parameters()))
-    assert moved == (g["kept"] == "served") and (g["kept"] == "served") == (
-        g["holdout_bce_tuned"] < g["holdout_bce_fixed"])
+    assert moved == (g["kept"] == "served") == _passes(g, f.info["guard_z"])
     for a, c in zip(f.model.pair.delta.parameters(), pair.pair.delta.parameters()):
         assert torch.equal(a, c)  # delta frozen
     assert float(f.model.scale[0, Tier.PAIR]) == 0.5
@@ -304,6 +303,30 @@ def test_the_own_pair_gate_can_be_tuned_on_the_rows_serving_covers(world):
     bn = served.batch(exp.tables, none, ttl)
     with torch.no_grad():
         assert torch.equal(f.model(bn), base(bn))
+
+
+def _passes(g: dict, z: float) -> bool:
+    """The tuned own-pair term's acceptance: a holdout drop, then a validation gain past the
+    guard."""
+    if not g["holdout_bce_tuned"] < g["holdout_bce_fixed"]:
+        return False
+    return g["val_gain"] > 0 and g["val_gain"] >= z * g["val_se"]
+
+
+def test_a_tuned_own_pair_term_needs_the_guard_on_validation():
+    """The tuned own-pair term is served only if its validation gain is positive and at least
+    z standard errors, clustered by user: a gain that one user carries does not pass."""
+    from solaris.train.residual import passes_guard
+
+    rng = np.random.default_rng(0)
+    users = np.repeat(np.arange(40), 10)
+    even = 0.01 + 0.002 * rng.standard_normal(400)  # every user gains a little
+    ok, rec = passes_guard(even, users, 2.43)
+    assert ok and rec["val_gain"] > 2.43 * rec["val_se"]
+    one = np.where(users == 0, 0.4, 0.0) + 0.001 * rng.standard_normal(400)  # one user's gain
+    ok, rec = passes_guard(one, users, 2.43)
+    assert rec["val_gain"] > 0 and not ok
+    assert not passes_guard(-even, users, 0.0)[0]  # a loss never passes, even at z = 0
 
 
 def test_served_delta_tunes_the_whole_own_pair_term_and_nothing_else(world):
@@ -318,7 +341,7 @@ def test_served_delta_tunes_the_whole_own_pair_term_and_nothing_else(world):
     g = f.info["own_pair_gate"]
     moved = any(not torch.equal(a, c) for a, c in zip(f.model.pair.parameters(),
                                                         pair.pair.parameters()))
-    assert moved == (g["kept"] == "served") == (g["holdout_bce_tuned"] < g["holdout_bce_fixed"])
+    assert moved == (g["kept"] == "served") == _passes(g, f.info["guard_z"])
     assert float(f.model.scale[0, Tier.PAIR]) == 0.5
     for a, c in zip(f.model.imputed.delta.parameters(), pair.pair.delta.parameters()):
         assert torch.equal(a, c)  # the imputed tiers start from the pair term as it came
