@@ -387,7 +387,7 @@ def presence_rates(tier: np.ndarray, y: np.ndarray, base_logit: np.ndarray) -> d
     """Per served pair tier: rows, positive rate and the VM alone's mean probability on them
     (``base_logit``: out of sample); their ratio far from 1 on the own pair's rows means the
     verifier's choice carries label signal the base does not (in-sample ranking inflates it)."""
-    p = 1.0 / (1.0 + np.exp(-np.asarray(base_logit, np.float64)))
+    p = 0.5 * (1.0 + np.tanh(0.5 * np.asarray(base_logit, np.float64)))  # sigmoid, no overflow
     out = {}
     for t in Tier:
         m = np.asarray(tier) == int(t)
