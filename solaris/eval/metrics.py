@@ -53,7 +53,8 @@ def logit(p: np.ndarray) -> np.ndarray:
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.asarray(x, dtype=np.float64)))
+    with np.errstate(over="ignore"):  # exp(-x) = inf for x << 0 gives exactly 0
+        return 1.0 / (1.0 + np.exp(-np.asarray(x, dtype=np.float64)))
 
 
 def fit_platt(y: np.ndarray, p: np.ndarray, iters: int = 50) -> tuple[float, float]:

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from solaris.config import ResidualConfig, TrainConfig, VMConfig
-from solaris.eval.metrics import clustered_se
+from solaris.eval.metrics import clustered_se, sigmoid
 from solaris.models.residual import AGG_TIER, SLOTS, ResidualVM
 from solaris.models.vm import VerticalModel
 from solaris.tiers import Tier
@@ -387,7 +387,7 @@ def presence_rates(tier: np.ndarray, y: np.ndarray, base_logit: np.ndarray) -> d
     """Per served pair tier: rows, positive rate and the VM alone's mean probability on them
     (``base_logit``: out of sample); their ratio far from 1 on the own pair's rows means the
     verifier's choice carries label signal the base does not (in-sample ranking inflates it)."""
-    p = 0.5 * (1.0 + np.tanh(0.5 * np.asarray(base_logit, np.float64)))  # sigmoid, no overflow
+    p = sigmoid(base_logit)
     out = {}
     for t in Tier:
         m = np.asarray(tier) == int(t)
