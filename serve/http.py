@@ -41,7 +41,8 @@ class RankResponse(BaseModel):
     mode: str
     scores: list[float]
     tiers: list[str]
-    ages_s: list[float]
+    ages_s: list[float] = Field(description="per candidate, the event-time age in seconds "
+                                "of the embedding served (0 where none), to the millisecond")
     aggregate: list[bool]
     versions: dict[str, str]
     features: dict[str, list[list[float]]] | None = Field(

@@ -8,8 +8,10 @@ before left open (tier order: pair -> user-neighbour -> item-neighbour):
 2. the user-neighbour probe, a set intersection: which probed neighbours hold a fresh pair of
    which candidate. "Does user v hold item i" is one hash probe, so intersecting k ~ 10
    neighbours with an item's holders costs k probes however popular the item is (walking a
-   per-item holder list would cost its length). On the user's shard only candidates without a
-   fresh own pair are probed; in nearest mode only the nearest hit per candidate goes back;
+   per-item holder list would cost its length). A neighbour who holds no pair of the version
+   (no running-sum row; one small lookup) is left out of the grid. On the user's shard only
+   candidates without a fresh own pair are probed; in nearest mode only the nearest hit per
+   candidate goes back;
 3. the item-neighbour tier (on the user's shard): for candidates without a fresh own pair,
    the user's own pairs of their item neighbours; only the nearest fresh one per candidate
    still open after step 2 goes back. Steps 2 and 3 share one lookup: each lookup costs ~50
@@ -132,6 +134,15 @@ def _count_pairs(store: StoreView, vid: int, users: np.ndarray | int, items: np.
             c["pair_other_version"] += int(np.count_nonzero(slot >= 0))
 
 
+def _holders(store: StoreView, users: np.ndarray, vid: int) -> np.ndarray:
+    """Positions in ``users`` of those holding any pair of version ``vid`` (the running sums
+    keep a row exactly while a user holds one): one small lookup per user, cheaper than the
+    grid keys a user holding nothing would cost."""
+    find = store.sums.find_one
+    return np.array([j for j, v in enumerate(users.tolist()) if find(v, vid) >= 0],
+                    dtype=np.int64)
+
+
 def _first_of_each(rows: np.ndarray) -> np.ndarray:
     """Positions opening each run of equal values in a sorted array."""
     return np.flatnonzero(np.concatenate(([True], rows[1:] != rows[:-1]))) if len(rows) \
@@ -152,11 +163,14 @@ def answer_query(store: StoreView, vid: int, now: float, items: np.ndarray, user
             _count_pairs(store, vid, user, items, _NONE, 0)
         return out
     ttl = store.read_ttl_s
+    # the probed neighbours who hold any pair of this version (their rank in ``nbr_users``):
+    # the others can hit nothing, so the grid leaves them out
+    held = _holders(store, nbr_users, vid)
     if not own:  # only the user-neighbour probe, of every candidate
         if k and n_items:
-            pos, slot, age = _find_grid(store, nbr_users, items, vid, now)
+            pos, slot, age = _find_grid(store, nbr_users[held], items, vid, now)
             f = age <= ttl
-            _neighbour_hits(out, store, pos[f], slot[f], age[f], k, np.arange(n_items),
+            _neighbour_hits(out, store, pos[f], slot[f], age[f], held, k, np.arange(n_items),
                             nbr_all)
         return out
 
@@ -194,18 +208,19 @@ def answer_query(store: StoreView, vid: int, now: float, items: np.ndarray, user
     if m == 0 or k + ki == 0:
         return out
     nbrs = item_nbrs[cols]  # (m, ki)
-    n_grid = m * k
+    kh = len(held)
+    n_grid = m * kh
     users = np.empty(n_grid + (m * ki if user_row >= 0 else 0), dtype=np.int64)
     keys = np.empty_like(users)
-    users[:n_grid].reshape(m, k)[:] = nbr_users  # the grid, item-major
-    keys[:n_grid].reshape(m, k)[:] = items[cols, None]
+    users[:n_grid].reshape(m, kh)[:] = nbr_users[held]  # the grid, item-major
+    keys[:n_grid].reshape(m, kh)[:] = items[cols, None]
     users[n_grid:] = user  # then the user's pairs of the item neighbours
     keys[n_grid:] = nbrs.ravel()[:len(keys) - n_grid]  # a -1 pad matches nothing
     pos, slot, age = _find_keys(store, users, keys, vid, now)
     f = age <= ttl
     pos, slot, age = pos[f], slot[f], age[f]
     g = int(np.searchsorted(pos, n_grid))  # grid hits come first
-    rows = _neighbour_hits(out, store, pos[:g], slot[:g], age[:g], k, cols, nbr_all)
+    rows = _neighbour_hits(out, store, pos[:g], slot[:g], age[:g], held, k, cols, nbr_all)
     if ki:
         c["inbr_probes"] += int(np.count_nonzero(nbrs >= 0))
         p = pos[g:] - n_grid
@@ -221,16 +236,19 @@ def answer_query(store: StoreView, vid: int, now: float, items: np.ndarray, user
 
 
 def _neighbour_hits(out: ShardAnswer, store: StoreView, pos: np.ndarray, slot: np.ndarray,
-                    age: np.ndarray, k: int, cols: np.ndarray, nbr_all: bool) -> np.ndarray:
+                    age: np.ndarray, held: np.ndarray, k: int, cols: np.ndarray,
+                    nbr_all: bool) -> np.ndarray:
     """Fill ``out``'s user-neighbour hits from the fresh hits of an item-major (item,
-    neighbour) grid of ``len(cols)`` rows; returns the grid rows with a hit."""
+    neighbour) grid of ``len(cols)`` rows by the ``held`` neighbours (their ranks among the
+    ``k`` probed); returns the grid rows with a hit."""
     c = store.counters
     c["nbr_probes"] += len(cols) * k
-    row = pos // k
+    kh = max(1, len(held))
+    row = pos // kh
     first = _first_of_each(row)  # the nearest neighbour holding each item
     c["nbr_hits"] += len(first)
     sel = slice(None) if nbr_all else first
-    out.nbr_idx, out.nbr_rank = cols[row[sel]], pos[sel] - row[sel] * k
+    out.nbr_idx, out.nbr_rank = cols[row[sel]], held[pos[sel] - row[sel] * kh]
     out.nbr_vectors, out.nbr_age_s = _vectors(store, slot[sel]), age[sel]
     return row[first]
 

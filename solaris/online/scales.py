@@ -58,6 +58,9 @@ class ScaleTable:
         self.residual: dict[tuple[str, str], bool] = {}
         self.curves: dict[tuple[str, str], dict] = {}
         self.affine: dict[tuple[str, str], dict] = {}  # tier -> [alpha, beta] (not identity)
+        # enrich_for's answers per version, for the base config they were built from;
+        # dropped on every change of a scale
+        self._enrich: dict[str, tuple[EnrichConfig, EnrichConfig]] = {}
         for version, m in manifests.items():
             for task, vm in m.get("vms", {}).items():
                 self._a[(version, task)] = scale_array(vm.get("scales"))
@@ -80,6 +83,7 @@ class ScaleTable:
         if not (isinstance(value, (int, float)) and np.isfinite(value) and 0.0 <= value <= 1.0):
             raise ScaleError("scale", f"scale={value!r}: must be in [0, 1]")
         a = self._a[(version, task)]
+        self._enrich.clear()
         if slot == "aggregate":
             a[AGG, AGG_COL] = value
         elif slot == "pair":
@@ -91,16 +95,22 @@ class ScaleTable:
         return scale_dict(a)
 
     def enrich_for(self, version: str, base: EnrichConfig) -> EnrichConfig:
-        """``base`` with the tiers switched off that no VM of ``version`` uses (scale 0)."""
+        """``base`` with the tiers switched off that no VM of ``version`` uses (scale 0);
+        kept until a scale changes (the request path asks it once per request)."""
+        hit = self._enrich.get(version)
+        if hit is not None and hit[0] is base:
+            return hit[1]
         rows = [a for (v, _), a in self._a.items() if v == version]
-        if not rows:
-            return base
-        top = np.max(np.stack(rows), axis=0)  # (2, 4)
-        return dataclasses.replace(
-            base,
-            user_knn_probe=base.user_knn_probe if top[PAIR, Tier.USER_NEIGHBOUR] > 0 else 0,
-            item_tier=base.item_tier and bool(top[PAIR, Tier.ITEM_NEIGHBOUR] > 0),
-            aggregate=base.aggregate and bool(top[AGG, AGG_COL] > 0))
+        out = base
+        if rows:
+            top = np.max(np.stack(rows), axis=0)  # (2, 4)
+            out = dataclasses.replace(
+                base,
+                user_knn_probe=base.user_knn_probe if top[PAIR, Tier.USER_NEIGHBOUR] > 0 else 0,
+                item_tier=base.item_tier and bool(top[PAIR, Tier.ITEM_NEIGHBOUR] > 0),
+                aggregate=base.aggregate and bool(top[AGG, AGG_COL] > 0))
+        self._enrich[version] = (base, out)
+        return out
 
     def state(self) -> dict[str, Any]:
         return {f"{v}/{t}": {"scales": scale_dict(a), "residual": self.residual[(v, t)],

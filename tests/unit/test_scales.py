@@ -28,6 +28,12 @@ def test_tiers_at_zero_everywhere_are_not_looked_up():
     t.set("v1", "click", "aggregate", None, 0.25)
     e = t.enrich_for("v1", base)
     assert (e.user_knn_probe, e.item_tier, e.aggregate) == (base.user_knn_probe, False, True)
+    assert t.enrich_for("v1", base) is e  # kept until a scale changes
+    other = EnrichConfig(user_knn_probe=3)  # another base config gets its own answer
+    assert t.enrich_for("v1", other).user_knn_probe == 3
+    t.set("v1", "conversion", "pair", "user_neighbour", 0.0)
+    assert t.enrich_for("v1", other).user_knn_probe == 0
+    t.set("v1", "conversion", "pair", "user_neighbour", 0.5)
     assert t.state()["v1/conversion"]["scales"]["pair"]["user_neighbour"] == 0.5
     # the logit map where a pair tier is served is reported beside the scales
     assert t.state()["v1/click"]["present_affine"] == {"pair": [0.4, 1.2]}
