@@ -42,7 +42,8 @@ class RankResponse(BaseModel):
     scores: list[float]
     tiers: list[str]
     ages_s: list[float] = Field(description="per candidate, the event-time age in seconds "
-                                "of the embedding served (0 where none), to the millisecond")
+                                "of the embedding served (0 where none), in full: the replay "
+                                "re-scores its rows with these ages")
     aggregate: list[bool]
     versions: dict[str, str]
     features: dict[str, list[list[float]]] | None = Field(
