@@ -163,11 +163,9 @@ def answer_query(store: StoreView, vid: int, now: float, items: np.ndarray, user
             _count_pairs(store, vid, user, items, _NONE, 0)
         return out
     ttl = store.read_ttl_s
-    # the probed neighbours who hold any pair of this version (their rank in ``nbr_users``):
-    # the others can hit nothing, so the grid leaves them out
-    held = _holders(store, nbr_users, vid)
     if not own:  # only the user-neighbour probe, of every candidate
         if k and n_items:
+            held = _holders(store, nbr_users, vid)
             pos, slot, age = _find_grid(store, nbr_users[held], items, vid, now)
             f = age <= ttl
             _neighbour_hits(out, store, pos[f], slot[f], age[f], held, k, np.arange(n_items),
@@ -208,6 +206,9 @@ def answer_query(store: StoreView, vid: int, now: float, items: np.ndarray, user
     if m == 0 or k + ki == 0:
         return out
     nbrs = item_nbrs[cols]  # (m, ki)
+    # the probed neighbours who hold any pair of this version (their rank in ``nbr_users``):
+    # the others can hit nothing, so the grid leaves them out
+    held = _holders(store, nbr_users, vid)
     kh = len(held)
     n_grid = m * kh
     users = np.empty(n_grid + (m * ki if user_row >= 0 else 0), dtype=np.int64)
