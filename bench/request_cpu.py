@@ -3,19 +3,22 @@ and the shards' own code per request, by stage, and the VM forward with and with
 fixed-size blocks.
 
     python bench/request_cpu.py [--json runs/bench_request_cpu.json] [--shards 2]
-        [--artifacts DIR] [--baseline REV [--rounds 5]]
+        [--holders N] [--artifacts DIR] [--baseline REV [--rounds 5]]
 
 Stages (500 candidates, every tier looked up, in-process ``PairStore`` shards filled with
-400,000 random pairs, random user and item KNN tables): plan and route, encode the shard
+400,000 random pairs of all 2,000 users, or with ``--holders N`` of N of them only, the
+requests' users among those: random user and item KNN tables): plan and route, encode the shard
 queries, the shards' answers with their frames, decode, assemble, pack and encode the VM
 request, and the after-answer work (verifier picks, their frame); medians over requests of
 the wall time each stage takes, and the frames' sizes. What the actor calls add on top is
 ``bench/actor_call.py``'s; the whole app is ``bench/serve.py``'s.
 
-With ``--baseline REV``, the stages of the tree of commit REV (``git archive``, as
-``bench/vm_ab.py`` extracts it) and of this tree, each in its own process, alternated over
-``--rounds`` rounds (ABBA...), medians per stage and the ratio of the totals per round: what
-a change to the request path's own code saved, side by side on one machine.
+With ``--baseline REV``, the stages over the code of commit REV (``git archive``, as
+``bench/vm_ab.py`` extracts it) and over this tree's, each in its own process, alternated
+over ``--rounds`` rounds (ABBA...), medians per stage and the ratio of the totals per round:
+what a change to the request path's own code saved, side by side on one machine. Both arms
+run this file's workload (the same stores, requests and timing loop); only the ``solaris``
+package they import differs, so REV must have the APIs the stages call.
 
 With ``--artifacts`` (a trained artifact directory), the VM's forward CPU per 500-candidate
 request, one thread, blocked (``VM_BLOCK_ROWS``, and 256) against one call, in 7 interleaved
@@ -47,7 +50,10 @@ STAGES = ("plan_route", "encode_queries", "shard_answers", "decode_answers", "as
           "pack_encode", "after_answer")
 
 
-def stages(num_shards: int, requests: int = 300, seed: int = 0) -> dict:
+def stages(num_shards: int, requests: int = 300, seed: int = 0,
+           holders: int | None = None) -> dict:
+    """Median ms per request of each stage (``STAGES``); ``holders``: how many users hold
+    the pairs (None: every user), the requests' users among them."""
     from solaris import wire as frames
     from solaris.cache import wire
     from solaris.cache.ring import HashRing
@@ -63,7 +69,12 @@ def stages(num_shards: int, requests: int = 300, seed: int = 0) -> dict:
     cfg = CacheConfig(dim=d)
     ring = HashRing(num_shards)
     stores = [PairStore(cfg) for _ in range(num_shards)]
-    users, items = rng.integers(0, users_n, 400_000), rng.integers(0, items_n, 400_000)
+    if holders is not None and not 1 <= holders <= users_n:
+        raise ValueError(f"holders={holders!r}: must be in [1, {users_n}]")
+    owners = np.arange(users_n) if holders is None else rng.choice(users_n, holders,
+                                                                    replace=False)
+    users = rng.integers(0, users_n, 400_000) if holders is None else rng.choice(owners, 400_000)
+    items = rng.integers(0, items_n, 400_000)
     owner = ring.shard_of(users)
     for s, store in enumerate(stores):
         m = owner == s
@@ -74,7 +85,8 @@ def stages(num_shards: int, requests: int = 300, seed: int = 0) -> dict:
     ik = NeighbourTable(rng.integers(0, items_n, (items_n, 20)),
                         np.sort(rng.random((items_n, 20)))[:, ::-1], "k")
     ecfg, vcfg = EnrichConfig(), VerifierConfig()
-    reqs = [(int(rng.integers(0, users_n)), rng.choice(items_n, c, replace=False))
+    reqs = [(int(rng.integers(0, users_n) if holders is None else rng.choice(owners)),
+             rng.choice(items_n, c, replace=False))
             for _ in range(requests + 50)]
     times: dict[str, list[float]] = {k: [] for k in STAGES}
     sizes: dict[str, int] = {}
@@ -111,25 +123,31 @@ def stages(num_shards: int, requests: int = 300, seed: int = 0) -> dict:
                      "answer_bytes_user_shard": len(got[user_shard]),
                      "score_request_bytes": len(payload)}
     med = {k: float(np.median(v)) for k, v in times.items()}
-    return {"shards": num_shards, "requests": requests, "candidates": c,
+    return {"shards": num_shards, "requests": requests, "candidates": c, "holders": holders,
             "ms_per_request_median": med, "total_ms": sum(med.values()), **sizes}
 
 
-_STAGES_CALL = ("import json, sys; sys.path[:0] = [{root!r}, {bench!r}]; import request_cpu; "
-                "print(json.dumps(request_cpu.stages({shards}, {requests})))")
+# this file's workload, over the ``solaris`` package of ``root`` (first on the path once the
+# bench module, which puts its own tree on the path, is imported)
+_STAGES_CALL = ("import json, sys; sys.path[:0] = [{bench!r}]; import request_cpu; "
+                "sys.path.insert(0, {root!r}); "
+                "print(json.dumps(request_cpu.stages({shards}, {requests}, holders={holders})))")
 
 
-def _stages_in(root: Path, shards: int, requests: int) -> dict:
-    """``stages`` of the tree at ``root``, in a fresh process that imports that tree's code."""
-    code = _STAGES_CALL.format(root=str(root), bench=str(root / "bench"), shards=shards,
-                               requests=requests)
+def _stages_in(root: Path, shards: int, requests: int, holders: int | None = None) -> dict:
+    """``stages`` over the code of the tree at ``root``, in a fresh process that imports
+    that tree's ``solaris``."""
+    code = _STAGES_CALL.format(root=str(root), bench=str(ROOT / "bench"), shards=shards,
+                               requests=requests, holders=holders)
     out = subprocess.run([sys.executable, "-c", code], cwd=root, check=True,
                          capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def baseline_ab(rev: str, shards: int, rounds: int, requests: int = 300) -> dict:
-    """The stages of commit ``rev`` against this tree's, alternated ABBA over ``rounds``."""
+def baseline_ab(rev: str, shards: int, rounds: int, requests: int = 300,
+                holders: int | None = None) -> dict:
+    """The stages over commit ``rev``'s code against this tree's, alternated ABBA over
+    ``rounds``."""
     from vm_ab import extract
 
     with tempfile.TemporaryDirectory(prefix="solaris-request-cpu-") as tmp:
@@ -139,12 +157,14 @@ def baseline_ab(rev: str, shards: int, rounds: int, requests: int = 300) -> dict
             order = ("baseline", "current") if r % 2 == 0 else ("current", "baseline")
             for arm in order:
                 root = Path(tmp) if arm == "baseline" else ROOT
-                runs[arm].append(_stages_in(root, shards, requests)["ms_per_request_median"])
+                runs[arm].append(_stages_in(root, shards, requests,
+                                            holders)["ms_per_request_median"])
     med = {arm: {k: float(np.median([x[k] for x in v])) for k in STAGES}
            for arm, v in runs.items()}
     ratios = [sum(c.values()) / sum(b.values())
               for b, c in zip(runs["baseline"], runs["current"])]
     return {"baseline": sha, "shards": shards, "rounds": rounds, "requests": requests,
+            "holders": holders,
             "ms_per_request_median": med,
             "total_ms": {arm: sum(m.values()) for arm, m in med.items()},
             "ratio_current_to_baseline_per_round": ratios,
@@ -235,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--json", type=Path)
     p.add_argument("--shards", type=int, default=2)
+    p.add_argument("--holders", type=int,
+                   help="users holding the pairs, of 2,000 (default: all of them)")
     p.add_argument("--artifacts", help="a trained artifact directory (the VM's blocks)")
     p.add_argument("--baseline", help="a commit whose stages run beside this tree's")
     p.add_argument("--rounds", type=int, default=5, help="alternated rounds of --baseline")
@@ -243,9 +265,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--rounds={a.rounds}: must be >= 1")
     from machine import machine
 
-    out = {"machine": machine(None), "stages": stages(a.shards)}
+    if a.holders is not None and not 1 <= a.holders <= 2000:
+        p.error(f"--holders={a.holders}: must be in [1, 2000]")
+    out = {"machine": machine(None), "stages": stages(a.shards, holders=a.holders)}
     if a.baseline:
-        ab = out["baseline_ab"] = baseline_ab(a.baseline, a.shards, a.rounds)
+        ab = out["baseline_ab"] = baseline_ab(a.baseline, a.shards, a.rounds,
+                                              holders=a.holders)
         for arm in ("baseline", "current"):
             print(f"{arm:<9} " + "  ".join(f"{k} {v:.3f}" for k, v in
                                             ab["ms_per_request_median"][arm].items())

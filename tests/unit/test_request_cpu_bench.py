@@ -41,14 +41,15 @@ def test_fm_blocks_reports_both_arms_at_every_group_size(artifacts) -> None:
 def test_baseline_ab_runs_each_tree_in_its_own_process(monkeypatch) -> None:
     seen = []
 
-    def fake_stages_in(root: Path, shards: int, requests: int) -> dict:
+    def fake_stages_in(root: Path, shards: int, requests: int, holders=None) -> dict:
         seen.append(root)
+        assert holders == 30
         assert root.is_dir() and (root / "solaris" / "wire.py").is_file()
         ms = 2.0 if root != request_cpu.ROOT else 1.0  # the baseline costs twice as much
         return {"ms_per_request_median": {k: ms for k in request_cpu.STAGES}}
 
     monkeypatch.setattr(request_cpu, "_stages_in", fake_stages_in)
-    out = request_cpu.baseline_ab("HEAD", shards=2, rounds=3, requests=10)
+    out = request_cpu.baseline_ab("HEAD", shards=2, rounds=3, requests=10, holders=30)
     assert len(out["baseline"]) == 40  # the full commit id
     assert [r == request_cpu.ROOT for r in seen] == [False, True, True, False, False, True]
     assert out["ratio_current_to_baseline"] == 0.5
@@ -59,3 +60,11 @@ def test_stages_in_a_fresh_process_imports_that_trees_code() -> None:
     out = request_cpu._stages_in(request_cpu.ROOT, 2, 3)  # this tree, end to end, tiny
     assert set(out["ms_per_request_median"]) == set(request_cpu.STAGES)
     assert all(v >= 0 for v in out["ms_per_request_median"].values())
+
+
+def test_stages_with_few_holders_probe_their_pairs_only() -> None:
+    out = request_cpu.stages(2, requests=3, holders=30)  # in this process, tiny
+    assert out["holders"] == 30
+    assert set(out["ms_per_request_median"]) == set(request_cpu.STAGES)
+    with pytest.raises(ValueError, match="holders=0"):
+        request_cpu.stages(2, requests=3, holders=0)
