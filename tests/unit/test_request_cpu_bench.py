@@ -56,9 +56,17 @@ def test_baseline_ab_runs_each_tree_in_its_own_process(monkeypatch) -> None:
     assert out["total_ms"]["baseline"] == 2.0 * len(request_cpu.STAGES)
 
 
-def test_stages_in_a_fresh_process_imports_that_trees_code() -> None:
+def test_stages_in_a_fresh_process_imports_that_trees_code(tmp_path) -> None:
     out = request_cpu._stages_in(request_cpu.ROOT, 2, 3)  # this tree, end to end, tiny
     assert set(out["ms_per_request_median"]) == set(request_cpu.STAGES)
+    assert out["solaris_dir"] == str((request_cpu.ROOT / "solaris").resolve())
+    # another tree's package, under this file's workload (what --baseline measures)
+    from vm_ab import extract
+
+    extract("HEAD", tmp_path)
+    other = request_cpu._stages_in(tmp_path, 2, 3, holders=40)
+    assert other["solaris_dir"] == str((tmp_path / "solaris").resolve())
+    assert other["holders"] == 40
     assert all(v >= 0 for v in out["ms_per_request_median"].values())
 
 
