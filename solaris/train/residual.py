@@ -106,6 +106,11 @@ def _bce(logits: torch.Tensor, y: torch.Tensor) -> float:
     return float(F.binary_cross_entropy_with_logits(logits, y))
 
 
+def _bce_rows(logits: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+    """Per-row BCE as float64 numpy (what the validation guards compare)."""
+    return F.binary_cross_entropy_with_logits(logits, y, reduction="none").double().numpy()
+
+
 def train_residual(base: VerticalModel, inputs: VMInputs, res: ResidualConfig,
                    train: TrainConfig, *, task: int, rows: np.ndarray, base_logits: np.ndarray,
                    val_rows: np.ndarray, slot: str, use_z: bool, seed: int) -> ResidualFit:
@@ -323,8 +328,7 @@ def choose_scale_guarded(model: ResidualVM, slot: str, tier: int, scales: tuple[
     rows = {}
     for s in sorted(set(scales) | {0.0}):
         model.set_scale(slot, tier, s)
-        rows[s] = F.binary_cross_entropy_with_logits(model(batch, base_logit=base_logit), y,
-                                                     reduction="none").double().numpy()
+        rows[s] = _bce_rows(model(batch, base_logit=base_logit), y)
     curve = {f"{s:g}": float(v.mean()) for s, v in rows.items()}
     best = min(rows, key=lambda s: (rows[s].mean(), -s))
     ok, g = passes_guard(rows[0.0] - rows[best], groups, min_gain_z)
@@ -363,9 +367,7 @@ def fit_present_affine(model: ResidualVM, tables, *, task: int, train_slots,
             continue
         xv = model(val_slots.batch(tables, va, read_ttl_s), base_logit=val_base[va]).double()
         yv = torch.from_numpy(y_all[val_slots.rows[va]])
-        before = F.binary_cross_entropy_with_logits(xv, yv, reduction="none").numpy()
-        after = F.binary_cross_entropy_with_logits(alpha + beta * xv, yv,
-                                                   reduction="none").numpy()
+        before, after = _bce_rows(xv, yv), _bce_rows(alpha + beta * xv, yv)
         ok, g = passes_guard(before - after, tables.user[val_slots.rows[va]], min_gain_z)
         rec.update(gain=g["val_gain"], se=g["val_se"])
         if ok:
@@ -490,9 +492,7 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
 
                 @torch.no_grad()
                 def val_rows_bce() -> np.ndarray:
-                    return F.binary_cross_entropy_with_logits(
-                        model(vb_own, base_logit=va_b[own_v]), va_y[own_v],
-                        reduction="none").double().numpy()
+                    return _bce_rows(model(vb_own, base_logit=va_b[own_v]), va_y[own_v])
 
                 tuned_state = copy.deepcopy(tuned.state_dict())
                 bce_tuned = val_rows_bce()
