@@ -487,7 +487,10 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
             # validation rows served their own pair by the guard (clustered by user)
             keep = after < before
             own_v = np.flatnonzero(val_slots.pair_tier == int(Tier.PAIR))
-            if keep and len(own_v):
+            if keep and not len(own_v):  # no validation row to pass the guard on: refused
+                keep = False
+                rec["val_rows"] = 0
+            if keep:
                 vb_own = val_slots.batch(tables, own_v, read_ttl_s, None, False)
 
                 @torch.no_grad()

@@ -308,8 +308,8 @@ def test_the_own_pair_gate_can_be_tuned_on_the_rows_serving_covers(world):
 def _passes(g: dict, z: float) -> bool:
     """The tuned own-pair term's acceptance: a holdout drop, then a validation gain past the
     guard."""
-    if not g["holdout_bce_tuned"] < g["holdout_bce_fixed"]:
-        return False
+    if not g["holdout_bce_tuned"] < g["holdout_bce_fixed"] or g.get("val_rows") == 0:
+        return False  # no validation own-pair row: nothing to pass the guard on
     return g["val_gain"] > 0 and g["val_gain"] >= z * g["val_se"]
 
 
