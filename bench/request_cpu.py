@@ -54,6 +54,7 @@ def stages(num_shards: int, requests: int = 300, seed: int = 0,
            holders: int | None = None) -> dict:
     """Median ms per request of each stage (``STAGES``); ``holders``: how many users hold
     the pairs (None: every user), the requests' users among them."""
+    import solaris
     from solaris import wire as frames
     from solaris.cache import wire
     from solaris.cache.ring import HashRing
@@ -123,8 +124,6 @@ def stages(num_shards: int, requests: int = 300, seed: int = 0,
                      "answer_bytes_user_shard": len(got[user_shard]),
                      "score_request_bytes": len(payload)}
     med = {k: float(np.median(v)) for k, v in times.items()}
-    import solaris
-
     return {"shards": num_shards, "requests": requests, "candidates": c, "holders": holders,
             "solaris_dir": str(Path(solaris.__file__).resolve().parent),  # the code measured
             "ms_per_request_median": med, "total_ms": sum(med.values()), **sizes}
