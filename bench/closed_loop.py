@@ -1,6 +1,7 @@
 """Benchmark: the closed loop pooled over training seeds of one window.
 
     python bench/closed_loop.py RUN_DIR [RUN_DIR ...] --json OUT.json [--resamples 2000]
+        [--against RUN_DIR ...]
 
 Each RUN_DIR is a finished ``solaris simulate`` or ``solaris replay --closed-loop`` (its
 ``closed_loop.json`` and ``arms.npz``). The expected clicks per request of every arm are
@@ -12,6 +13,10 @@ shadow arm's coverage against its ceiling and oracle bound, the speculation poli
 verifier's cost, the FM's excess BCE over the VM alone's, for live runs the live arm against
 the in-process one, and, where the run has them, the off-policy (SNIPS) estimates of the
 click lift from the shadow arm's log beside the exact counterfactual and the on-policy lift.
+``--against`` takes the same seeds' runs of another configuration, one per RUN_DIR in the same
+order (same window, same seed): each shared arm's paired difference in expected clicks per
+request, RUN_DIR minus AGAINST, per run and pooled (one request draw shared by both sides and
+every seed), beside the FM evaluations of each side.
 Prints one table, writes every number as JSON.
 """
 
@@ -93,6 +98,35 @@ def per_run(run: Path, rep: dict) -> dict:
     return out
 
 
+def paired_difference(new: list[np.ndarray], old: list[np.ndarray], resamples: int = 2000,
+                      seed: int = 0) -> dict:
+    """The paired bootstrap of mean(new) - mean(old) over requests, pooled over the runs
+    (``paired_lift``'s draws: ``old`` in the VM alone's place)."""
+    return paired_lift({"vm": old, "new": new}, resamples=resamples,
+                       seed=seed)["gain_over_vm"]["new"]
+
+
+def against(runs: list[Path], reps: tuple, clicks: tuple, rids: tuple, others: list[Path],
+            resamples: int) -> dict:
+    """Each arm's paired difference in expected clicks per request, ``runs`` minus
+    ``others`` (one per run, the same seed and requests), per run and pooled."""
+    if len(others) != len(runs):
+        raise SystemExit(f"--against: {len(others)} runs for {len(runs)} RUN_DIRs (one each)")
+    o_reps, o_clicks, o_rids = zip(*(load(r) for r in others))
+    for run, other, rep, o_rep, rid, o_rid in zip(runs, others, reps, o_reps, rids, o_rids):
+        if rep["options"]["seed"] != o_rep["options"]["seed"] or not np.array_equal(rid, o_rid):
+            raise SystemExit(f"--against: {other} is not the same seed and requests as {run}")
+    arms = [k for k in clicks[0] if all(k in c for c in clicks + o_clicks)]
+    return {"against": [str(r) for r in others],
+            "fm_evals": [{"run": rep["fm_evals"], "against": o["fm_evals"]}
+                         for rep, o in zip(reps, o_reps)],
+            "difference": {k: {"pooled": paired_difference([c[k] for c in clicks],
+                                                           [c[k] for c in o_clicks], resamples),
+                               "per_run": [paired_difference([c[k]], [o[k]], resamples, seed=i)
+                                           for i, (c, o) in enumerate(zip(clicks, o_clicks))]}
+                           for k in arms}}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("runs", nargs="+", type=Path)
@@ -100,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resamples", type=int, default=2000)
     p.add_argument("--policies", action="store_true",
                    help="recompute the policy comparison from each run's shadow-arm log")
+    p.add_argument("--against", nargs="+", type=Path, default=None, metavar="RUN_DIR",
+                   help="the same seeds' runs of another configuration, in the same order: "
+                        "each arm's paired difference in clicks per request")
     a = p.parse_args(argv)
     t0 = time.perf_counter()
     reps, clicks, rids = zip(*(load(r) for r in a.runs))
@@ -115,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
 
     res = {"runs": rows, "pooled": pooled, "seconds": round(time.perf_counter() - t0, 1),
            "machine": machine(IN_PROCESS)}  # solaris simulate runs every arm in process
+    if a.against:
+        res["against"] = against(a.runs, reps, clicks, rids, a.against, a.resamples)
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(to_json(res))
 
@@ -154,6 +193,13 @@ def main(argv: list[str] | None = None) -> int:
         k = sum(bool(r["off_policy"]["within_snips_interval"]["click_lift_on_policy"])
                 for r in ope)
         print(f"the on-policy click_lift lies in the SNIPS interval in {k} of {len(ope)} runs")
+    if a.against:
+        ag = res["against"]
+        evals = " / ".join(f"{e['run']} vs {e['against']}" for e in ag["fm_evals"])
+        print(f"against {' '.join(ag['against'])}: FM evaluations {evals}")
+        for k, d in ag["difference"].items():
+            print(f"  {k}: clicks per request, paired difference pooled {ci(d['pooled'])}; per "
+                  f"run " + ", ".join(ci(x) for x in d["per_run"]))
     print(f"wrote {a.json} ({res['seconds']} s)")
     return 0
 
