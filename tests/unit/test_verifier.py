@@ -44,6 +44,21 @@ def test_missing_or_expiring_within_the_horizon():
         [0, 1, 2, 3, 4]
 
 
+def test_by_default_a_found_pair_is_computed_again_once_5_minutes_old():
+    # the default horizon is 5 min short of the default read TTL: a found pair of the top
+    # fraction is re-enqueued, as of this request's history, once it is older than 300 s
+    from solaris.config import CacheConfig
+
+    ttl = float(CacheConfig().read_ttl_s)
+    assert ttl - VerifierConfig().horizon_s == 300.0
+    scores = np.array([6.0, 5.0, 4.0, 3.0, 2.0, 1.0])
+    found = np.array([True, True, True, True, False, True])
+    age = np.array([301.0, 3600.0, 300.0, 10.0, 0.0, ttl - 1])
+    got = choose(scores, np.arange(6), found, age, np.zeros(6, bool),
+                 VerifierConfig(fraction=1.0), ttl)
+    assert got.tolist() == [0, 1, 4, 5]
+
+
 def test_pairs_in_flight_are_skipped():
     scores = np.linspace(1, 0, 10)
     busy = np.zeros(10, bool)
