@@ -143,35 +143,34 @@ def test_simulate_writes_report_arrays_and_plot(world, tmp_path) -> None:
     rep2 = json.loads((again / "closed_loop.json").read_text())
     for a in ("vm", "solaris"):
         assert rep2["arms"][a] == rep["arms"][a]
-    # bench/closed_loop.py --against: every found pair of the verifier's top re-enqueued (a
-    # horizon at the TTL) against the run above, paired by request
-    fresh = tmp_path / "fresh"
-    ttl = load_config(None, TINY).cache.read_ttl_s
-    assert main(["simulate", "--out", str(fresh), "--artifacts", str(art), "--seed", "3",
+    # bench/closed_loop.py --against: the default verifier (a found pair is computed again
+    # once 5 min old) against its former rule (only pairs expiring within 30 min), paired
+    former = tmp_path / "former"
+    assert main(["simulate", "--out", str(former), "--artifacts", str(art), "--seed", "3",
                  "--shown", "4", "--arms", "vm", "solaris", *sets,
-                 "--set", f"verifier.horizon_s={ttl}"]) == 0
-    rep3 = json.loads((fresh / "closed_loop.json").read_text())
+                 "--set", "verifier.horizon_s=1800"]) == 0
+    rep3 = json.loads((former / "closed_loop.json").read_text())
     assert rep3["arms"]["vm"]["clicks_per_request"] == rep["arms"]["vm"]["clicks_per_request"]
     sys.path.insert(0, str(ROOT / "bench"))
     import closed_loop as bench
 
     out = tmp_path / "against.json"
-    assert bench.main([str(fresh), "--against", str(again), "--json", str(out),
+    assert bench.main([str(again), "--against", str(former), "--json", str(out),
                        "--resamples", "200"]) == 0
     ag = json.loads(out.read_text())["against"]
-    assert ag["fm_evals"] == [{"run": rep3["fm_evals"], "against": rep2["fm_evals"]}]
-    assert rep3["fm_evals"] > rep2["fm_evals"]  # found pairs are computed again
+    assert ag["fm_evals"] == [{"run": rep2["fm_evals"], "against": rep3["fm_evals"]}]
+    assert rep2["fm_evals"] > rep3["fm_evals"]  # found pairs are computed again
     diff = ag["difference"]
     assert set(diff) == {"vm", "solaris"}
     assert diff["vm"]["pooled"]["point"] == 0 and diff["vm"]["pooled"]["ci"] == [0, 0]
-    want = (rep3["arms"]["solaris"]["clicks_per_request"]
-            - rep["arms"]["solaris"]["clicks_per_request"])
+    want = (rep2["arms"]["solaris"]["clicks_per_request"]
+            - rep3["arms"]["solaris"]["clicks_per_request"])
     assert diff["solaris"]["pooled"]["point"] == pytest.approx(want, abs=1e-12)
     assert diff["solaris"]["per_run"][0]["point"] == pytest.approx(want, abs=1e-12)
     lo, hi = diff["solaris"]["pooled"]["ci"]
     assert lo <= want <= hi
     with pytest.raises(SystemExit, match="one each"):
-        bench.main([str(fresh), str(again), "--against", str(again), "--json", str(out)])
+        bench.main([str(again), str(former), "--against", str(former), "--json", str(out)])
 
 
 @pytest.mark.slow
