@@ -102,11 +102,11 @@ def measure_paced(rate: float, fanout: int, rounds: int, arg_bytes: int,
     """CPU per call, each side, of ``rounds`` rounds of ``fanout`` parallel calls (one per
     threaded-group no-op actor) at ``rate`` rounds a second, less the same processes' idle
     CPU over as long a window (``idle_s``, default the rounds' duration), measured first."""
-    import ray
-
     if not rate > 0 or fanout < 1 or rounds < 1:
         raise ValueError(f"rate={rate!r}, fanout={fanout!r}, rounds={rounds!r}: need rate > 0, "
                          "fanout >= 1, rounds >= 1")
+    import ray
+
     actors = [_group_noop().remote() for _ in range(fanout)]
     pids = ray.get([a.pid.remote() for a in actors])
     arg = bytes(arg_bytes)
