@@ -566,9 +566,11 @@ class ServeConfig:
     rollout_min_lookups: int = 2000  # candidates looked up under a new version before a switch
     inline_sharing: bool = False  # mode inline: share the FM's request part (else per pair)
     # impressions and verifier picks are sent in batches this often (each send is a call per
-    # shard and one to the queue: on 2 cores, 20 ms cost the queue and the shards about 1 ms
-    # more CPU per request than 250)
-    flush_ms: float = 250.0
+    # shard and one to the queue, and a call to an idle actor costs ~2 ms of CPU on 2 cores:
+    # 20 ms cost the queue and the shards about 1 ms more CPU per request than 250; 1000
+    # makes 0.13-0.22 such calls per request at 23 rps, against 0.44-0.59 at 250). Picks
+    # wait at most this long for the queue, where they wait minutes for their user anyway
+    flush_ms: float = 1000.0
     # the top-k candidates by score are recorded as impressions (what a feed shows); 0: none
     # (then /feedback alone feeds the history store)
     impressions_top_k: int = 10
