@@ -60,8 +60,7 @@ def measure(calls: int, arg_bytes: int) -> dict[str, dict[str, float]]:
     kinds = {
         "plain": ray.remote(**base)(_Noop),
         "threaded": ray.remote(max_concurrency=4, **base)(_Noop),
-        "threaded_group": ray.remote(max_concurrency=4, concurrency_groups={"g": 1},
-                                     **base)(_Noop),
+        "threaded_group": _group_noop(),
         "async": ray.remote(**base)(_AsyncNoop),
         "plain_task_events": ray.remote(num_cpus=0.1)(_Noop),
     }
@@ -97,11 +96,10 @@ def _sleep_until(t: float) -> None:
         time.sleep(left)
 
 
-def measure_paced(rate: float, fanout: int, rounds: int, arg_bytes: int,
-                  idle_s: float | None = None) -> dict[str, float]:
+def measure_paced(rate: float, fanout: int, rounds: int, arg_bytes: int) -> dict[str, float]:
     """CPU per call, each side, of ``rounds`` rounds of ``fanout`` parallel calls (one per
     threaded-group no-op actor) at ``rate`` rounds a second, less the same processes' idle
-    CPU over as long a window (``idle_s``, default the rounds' duration), measured first."""
+    CPU over as long a window, measured first."""
     if not rate > 0 or fanout < 1 or rounds < 1:
         raise ValueError(f"rate={rate!r}, fanout={fanout!r}, rounds={rounds!r}: need rate > 0, "
                          "fanout >= 1, rounds >= 1")
@@ -117,7 +115,7 @@ def measure_paced(rate: float, fanout: int, rounds: int, arg_bytes: int,
     def cpu() -> tuple[float, float]:
         return sum(_cpu_s(p) for p in pids), _cpu_s(me)
 
-    window = rounds / rate if idle_s is None else idle_s
+    window = rounds / rate
     a0, c0 = cpu()
     time.sleep(window)
     a1, c1 = cpu()
@@ -155,13 +153,13 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=400, help="paced rounds")
     p.add_argument("--paced-only", action="store_true", help="skip the back-to-back kinds")
     args = p.parse_args()
+    if args.paced_only and not args.rate > 0:
+        p.error("--paced-only needs --rate > 0")
     import ray
 
     ray.init(address="local", num_cpus=args.num_cpus, object_store_memory=100 * 1024**2,
              include_dashboard=False, logging_level="error", log_to_driver=False)
     try:
-        if args.paced_only and not args.rate > 0:
-            raise SystemExit("--paced-only needs --rate > 0")
         res = {} if args.paced_only else measure(args.calls, args.arg_bytes)
         paced = (measure_paced(args.rate, args.fanout, args.rounds, args.arg_bytes)
                  if args.rate > 0 else None)
