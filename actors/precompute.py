@@ -73,7 +73,7 @@ from solaris.config import PrecomputeConfig
 from solaris.errors import ConfigError
 from solaris.precompute.pqueue import Lease
 from solaris.precompute.worker import (HistoryProvider, PrecomputeWorker, SideTables, WindowHistory,
-                                describe_device, load_models)
+                                describe_device, device_sizes, load_models)
 
 log = logging.getLogger(__name__)
 
@@ -110,19 +110,19 @@ class FMWorker:
         self._queue = QueueClient.of(queue)
         self._cache = cache  # actors.cache.CacheGroup
         self._ledger = LedgerClient.of(ledger)
-        self._lease_pairs = lease_pairs
         self._id = worker_id
         use_gpu = bool(ray.get_gpu_ids()) and torch.cuda.is_available()
         if cfg.device == "cuda" and not use_gpu:
             raise ConfigError("precompute.device='cuda': this worker got no usable GPU")
+        device = "cuda" if use_gpu else "cpu"
+        b_req, b_pairs, dev_lease = device_sizes(cfg, device)  # a GPU's own, larger sizes
+        self._lease_pairs = lease_pairs if lease_pairs is not None else dev_lease
         fm, enc, version = load_models(artifacts_dir)
         if history is None:
             history = WindowHistory(cache.history_window, cache.history_window_start)
         self._live_history = isinstance(history, WindowHistory)
-        self._worker = PrecomputeWorker(fm, enc, history, tables, version,
-                                        "cuda" if use_gpu else "cpu",
-                                        block_requests=cfg.block_requests,
-                                        block_pairs=cfg.block_pairs)
+        self._worker = PrecomputeWorker(fm, enc, history, tables, version, device,
+                                        block_requests=b_req, block_pairs=b_pairs)
         self.version = version
         self._fault: str | None = None
         self._hook: Any = None
@@ -399,6 +399,8 @@ class FMWorker:
         return {**self._counts, "fm_seconds": self._fm_seconds,
                 "phase_seconds": dict(self._phase), "worker": self._id,
                 "version": self.version, "device": self._device,
+                "blocks": [self._worker.block_requests, self._worker.block_pairs],
+                "lease_pairs": self._lease_pairs,
                 "history": "live" if self._live_history else "static",
                 "pid": os.getpid(), "restarted": self._restarted,
                 "running": self._loop is not None}

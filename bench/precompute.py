@@ -68,8 +68,8 @@ TRAIN = {"train.fm_epochs": 1, "encoder.epochs": 1, "train.vm_epochs": 1, "train
 
 
 def build(work: Path, shape: dict | None = None) -> dict:
-    """Train the artifacts (``shape``: config overrides, e.g. the history length), fill
-    the history store; the FLOP split of one pair."""
+    """Train the artifacts (``shape``: config overrides, e.g. the history length) unless
+    ``work`` already holds them, fill the history store; the FLOP split of one pair."""
     import torch
 
     from solaris.config import HistoryConfig, load_config
@@ -84,8 +84,14 @@ def build(work: Path, shape: dict | None = None) -> dict:
     cfg = load_config(None, {**TRAIN, **(shape or {})})
     ds = load_dataset(cfg.data)
     t0 = time.perf_counter()
-    manifest = train_artifacts(cfg, ds, work)
-    train_s = time.perf_counter() - t0
+    if (work / "manifest.json").exists():  # trained earlier with the same shape: reused
+        manifest, train_s = json.loads((work / "manifest.json").read_text()), 0.0
+        got = {k: manifest["config"][k.split(".")[0]][k.split(".")[1]] for k in shape or {}}
+        if got != dict(shape or {}):
+            raise SystemExit(f"{work}: trained with {got}, not the asked {shape}")
+    else:
+        manifest = train_artifacts(cfg, ds, work)
+        train_s = time.perf_counter() - t0
     ft = FeatureTables(ds, cfg.features)
     hs = HistoryStore(HistoryConfig(max_events=2 * cfg.features.history_len,
                                     max_users=ds.num_users))

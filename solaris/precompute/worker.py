@@ -112,6 +112,15 @@ class WindowHistory:
         return request_inputs(win, users, now, surfaces, item_cat, user_cat, user_cont)
 
 
+def device_sizes(cfg: PrecomputeConfig, device: str | torch.device
+                 ) -> tuple[int, int, int | None]:
+    """(block requests, block pairs, pairs per lease) of a worker on ``device``: a GPU's own
+    larger sizes, or the CPU's blocks and the queue's default lease (None)."""
+    if torch.device(device).type == "cuda":
+        return cfg.gpu_block_requests, cfg.gpu_block_pairs, cfg.gpu_lease_pairs
+    return cfg.block_requests, cfg.block_pairs, None
+
+
 def describe_device(device: str | torch.device) -> str:
     """Where FM inference runs, for logs, ``/stats`` and bench JSON: ``cpu``, or
     ``cuda:<index> (<GPU name>)`` -- which GPU, not only that there is one."""

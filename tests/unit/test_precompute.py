@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from solaris.config import EncoderConfig, FeatureConfig, FMConfig, HistoryConfig, QueueConfig, \
-    SyntheticConfig
+from solaris.config import EncoderConfig, FeatureConfig, FMConfig, HistoryConfig, PrecomputeConfig, \
+    QueueConfig, SyntheticConfig
 from solaris.data.synthetic import generate
 from solaris.errors import RequestError
 from solaris.features import FeatureTables
@@ -15,7 +15,8 @@ from solaris.history import HistoryStore
 from solaris.models.encoder import PairEncoder
 from solaris.models.fm import FoundationModel
 from solaris.precompute.pqueue import Group, PrecomputeQueue
-from solaris.precompute.worker import PrecomputeWorker, WindowHistory, describe_device
+from solaris.precompute.worker import (PrecomputeWorker, WindowHistory, describe_device,
+                                       device_sizes)
 
 L = 8
 V = "fm-test"
@@ -89,6 +90,30 @@ def test_a_pair_embedding_does_not_depend_on_what_else_its_lease_holds(world, se
     whole = PrecomputeWorker(worker.fm, worker.encoder, worker.history, ft, version=V,
                              block_requests=0, block_pairs=0)  # one call on the whole lease
     np.testing.assert_allclose(whole.run(groups)[2], z, atol=1e-6, rtol=0)
+
+
+def test_the_gpu_block_sizes_keep_a_pair_embedding_independent_of_its_lease(world):
+    """A GPU worker's larger fixed blocks (``device_sizes``) keep the property above; here on
+    the CPU, the same code path (bench/precompute_gpu.py checks it on a GPU)."""
+    ft, worker = world
+    b_req, b_pairs, _ = device_sizes(PrecomputeConfig(), "cuda")
+    big = PrecomputeWorker(worker.fm, worker.encoder, worker.history, ft, version=V,
+                           block_requests=b_req, block_pairs=b_pairs)
+    groups = _leased_groups(ft, n_groups=30, seed=3)
+    _, _, z, _ = big.run(groups)
+    starts = np.cumsum([0] + [len(g.items) for g in groups])
+    for j in (0, 7, 29):
+        np.testing.assert_array_equal(big.run([groups[j]])[2], z[starts[j]:starts[j + 1]])
+    np.testing.assert_allclose(worker.run(groups)[2], z, atol=1e-6, rtol=0)
+
+
+def test_a_gpu_worker_uses_its_own_block_and_lease_sizes():
+    cfg = PrecomputeConfig(block_requests=8, block_pairs=64, gpu_block_requests=256,
+                           gpu_block_pairs=2048, gpu_lease_pairs=1024)
+    assert device_sizes(cfg, "cpu") == (8, 64, None)  # None: the queue's default lease
+    assert device_sizes(cfg, torch.device("cuda:1")) == (256, 2048, 1024)
+    d = PrecomputeConfig()
+    assert device_sizes(d, "cuda")[1] > d.block_pairs  # the shipped GPU blocks are larger
 
 
 def test_window_history_equals_the_store(world):
@@ -200,6 +225,10 @@ def test_config_errors_name_the_field():
         PrecomputeConfig(device="tpu")
     with pytest.raises(ConfigError, match="precompute.max_workers=1"):
         PrecomputeConfig(workers=2, max_workers=1)
+    with pytest.raises(ConfigError, match="precompute.gpu_block_pairs=-1"):
+        PrecomputeConfig(gpu_block_pairs=-1)
+    with pytest.raises(ConfigError, match="precompute.gpu_lease_pairs=0"):
+        PrecomputeConfig(gpu_lease_pairs=0)
 
 
 def test_the_device_says_which_gpu_not_only_that_there_is_one(monkeypatch):
