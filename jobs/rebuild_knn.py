@@ -208,9 +208,12 @@ def _last_ts(md: pq.FileMetaData, events: Any) -> float:
 
 def user_embeddings(data: DataDir, fm: Any, as_of: float | None, encoders: int,
                     batch_size: int, encoder_cpus: float, use_gpu: bool,
-                    task_cpus: float = 1.0) -> tuple[np.ndarray, np.ndarray, float]:
+                    task_cpus: float = 1.0, all_users: bool = True
+                    ) -> tuple[np.ndarray, np.ndarray, float]:
     """(user ids (U,), embeddings (U, S), as_of) through the Ray Data pipeline; the read and
-    group tasks ask for ``task_cpus`` each (less than 1 to run beside a serving app)."""
+    group tasks ask for ``task_cpus`` each (less than 1 to run beside a serving app).
+    ``all_users`` False: only the users with an event before ``as_of`` (as the closed loop's
+    in-process arms build their tables), not every user of the user table."""
     tasks = tuple(data.meta()["tasks"])
     events = data.dataset(INTERACTIONS, ["seq", "user_id", "item_id", "ts", "surface", *tasks],
                           task_cpus)
@@ -222,6 +225,8 @@ def user_embeddings(data: DataDir, fm: Any, as_of: float | None, encoders: int,
     # without events get an embedding too
     users = np.arange(len(tables.user_cat), dtype=np.int64)
     rows = events.union(ray.data.from_arrow(_placeholders({"user_id": users}, tasks)))
+    if not all_users:
+        rows = events.filter(expr=f"ts < {float(as_of)!r}", num_cpus=task_cpus)
     parts = max(2, min(64, md.num_rows // 500_000 + 1))  # Ray's default 200 is for big clusters
     hist = rows.groupby("user_id", num_partitions=parts).map_groups(
         histories, fn_kwargs={"tasks": tasks, "as_of": as_of, "length": fm.history_len},
@@ -263,8 +268,9 @@ def _bar(desc: str):
 def rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConfig, *,
             as_of: float | None = None, encoders: int = 1, batch_size: int = 256,
             encoder_cpus: float = 1.0, use_gpu: bool | None = None, task_cpus: float = 1.0,
-            version: str | None = None) -> dict:
-    """One rebuild against the connected Ray cluster; returns what was published."""
+            version: str | None = None, all_users: bool = True) -> dict:
+    """One rebuild against the connected Ray cluster; returns what was published
+    (``all_users``: see ``user_embeddings``)."""
     import torch
 
     from solaris.knn.tables import build_table, new_version, publish
@@ -283,7 +289,7 @@ def rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConfi
 
     t = time.perf_counter()
     users, uvec, as_of = user_embeddings(DataDir(data), fm, as_of, encoders, batch_size,
-                                         encoder_cpus, use_gpu, task_cpus)
+                                         encoder_cpus, use_gpu, task_cpus, all_users)
     out["as_of"] = as_of
     out["embed_s"] = round(time.perf_counter() - t, 2)
     log.info("embedded %d users (%d-d) in %.1fs", len(users), uvec.shape[1], out["embed_s"])

@@ -33,6 +33,7 @@ transfer, costs), ``OUT/served.npz`` (what was served), and the plots.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -182,7 +183,8 @@ class LiveReplay:
             if o.rollover_at is not None:
                 raise SolarisError("--closed-loop with --rollover-at: not supported")
             self.loop_opts = LoopOptions(shown=o.shown, explore=o.explore, seed=o.seed,
-                                         candidates=o.num_candidates)
+                                         candidates=o.num_candidates,
+                                         knn_every_h=o.knn_every_h)
             self.loop = loop_prepare(o.schedule(cfg), ds, self.art_dirs[0], self.loop_opts,
                                      o.max_requests, truth=self.truth)
             self.log = self.loop.lg  # the same requests and candidates, no labels yet
@@ -243,12 +245,50 @@ class LiveReplay:
             finally:
                 ray.shutdown()
 
-    def _knn(self, as_of: float) -> dict[str, Any]:
+    def _knn(self, as_of: float, data: Path | None = None) -> dict[str, Any]:
+        """A KNN job run as of ``as_of`` over ``data`` (default: the dataset's log). The
+        closed loop's tables hold the users with events then, as its in-process arms'."""
         from jobs.rebuild_knn import rebuild
 
-        return rebuild(self.data_dir, self.art_dirs[0], self.knn_uri, self.app_cfg.knn,
-                       as_of=as_of, encoders=1, encoder_cpus=0.25, task_cpus=0.25,
-                       use_gpu=False)
+        return rebuild(data or self.data_dir, self.art_dirs[0], self.knn_uri,
+                       self.app_cfg.knn, as_of=as_of, encoders=1, encoder_cpus=0.25,
+                       task_cpus=0.25, use_gpu=False, all_users=not self.opts.closed_loop)
+
+    def _loop_knn(self, as_of: float, upto: int, answered: np.ndarray) -> dict[str, Any]:
+        """Closed loop: the KNN job rebuilds as of ``as_of`` from the arm's own log -- the
+        interactions before the window and what the arm showed at its answered rows before
+        ``upto``, with their labels -- and the router loads the tables."""
+        from solaris.replay.closed_loop import arm_interactions
+        from solaris.replay.prepare import write_data_dir
+
+        inter = self.ds.interactions
+        n0 = int(np.searchsorted(inter.column("ts").to_numpy(), self.start, side="left"))
+        rows = np.flatnonzero(answered[:upto])
+        table = arm_interactions(inter.slice(0, n0), self.log, self.loop_log, rows,
+                                 tuple(self.ds.tasks))
+        data = write_data_dir(dataclasses.replace(self.ds, interactions=table),
+                              self.out / "loop_data")
+        run = self._knn(as_of, data)
+        self._wait_knn(run["version"])
+        return run
+
+    def _segments(self, a: int, b: int) -> list[tuple[int, int, float | None]]:
+        """Rows a..b-1 of one tick as (a', b', KNN as_of) runs: in a closed loop cut where a
+        request reaches a rebuild boundary (``knn_due``), which is built first, as of that
+        boundary, as the in-process arms do; else one run, no rebuild."""
+        from solaris.replay.schedule import knn_due
+
+        if not self.opts.closed_loop:
+            return [(a, b, None)]
+        out, lo, due = [], a, None
+        for r in range(a, b):
+            as_of = knn_due(float(self.log.ts[r]), self._next_knn, self._knn_every)
+            if as_of is not None:
+                if r > lo or due is not None:
+                    out.append((lo, r, due))
+                lo, due, self._next_knn = r, as_of, as_of + self._knn_every
+        out.append((lo, b, due))
+        return out
 
     def _deploy(self, dirs: list[Path], app_id: str) -> None:
         from ray import serve
@@ -350,6 +390,8 @@ class LiveReplay:
         plan = Ticks.of(lg.ts, o.tick_s)
         knn_every = o.knn_every_h * 3600.0
         next_knn = float(self.start) + knn_every if knn_every > 0 else math.inf
+        self._knn_every, self._next_knn = knn_every, next_knn  # the closed loop's (_segments)
+        answered = np.zeros(R, bool)
         roll_k = None
         if o.rollover_at is not None:
             roll_k = plan.at_fraction(o.rollover_at)
@@ -374,12 +416,16 @@ class LiveReplay:
                     pre.pause.remote().result()
                     rolled = True
                 if (rows := plan.rows(k)) is not None:
+                    for a, b, as_of in self._segments(*rows):
+                        if as_of is not None:  # closed loop: from the arm's own log
+                            knn_runs.append(self._loop_knn(as_of, a, answered))
+                        bodies = list(pool.map(one, range(a, b)))
+                        answered[a:b] = np.isfinite(scores[a:b]).all(1)
+                        if o.closed_loop:  # show, label with the ground truth, feed back
+                            self._label(a, b, scores, tiers, agg, client, pool)
+                        else:  # the tick's labels, once its requests are answered
+                            post_feedback(client, pool, [x for x in bodies if x is not None])
                     a, b = rows
-                    bodies = list(pool.map(one, range(a, b)))
-                    if o.closed_loop:  # show, label with the ground truth, feed back
-                        self._label(a, b, scores, tiers, agg, client, pool)
-                    else:  # the tick's labels, once its requests are answered
-                        post_feedback(client, pool, [x for x in bodies if x is not None])
                     router.flush_now.remote().result()
                     bar.update(b - a)
                     if o.rollover_at is not None:  # own-pair coverage of every version
@@ -393,7 +439,7 @@ class LiveReplay:
                 steps += 1
                 evaluated += got["pairs"]
                 q = got["queue"]
-                if T_end >= next_knn:
+                if T_end >= next_knn and not o.closed_loop:
                     run = self._knn(T_end)
                     knn_runs.append(run)
                     self._wait_knn(run["version"])
@@ -655,9 +701,8 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
                          closed_loop=args.closed_loop, explore=args.explore,
                          predict=not args.no_predict, verbose=getattr(args, "verbose", False),
                          shown=args.shown if args.shown is not None else SHOWN.get(args.dataset, 10),
-                         # the KNN job reads the logged interactions: in a closed loop only
-                         # the initial build (as of the window start) is causal for the arm
-                         knn_every_h=0.0 if args.closed_loop else args.knn_every_h)
+                         # in a closed loop the KNN job reads the arm's own interactions
+                         knn_every_h=args.knn_every_h)
 
 
 def run_from_args(args: argparse.Namespace) -> int:
@@ -706,6 +751,7 @@ def closed_loop_report(lr: LiveReplay, live: dict, prep: dict) -> dict[str, Any]
     out, ctx, o = lr.out, lr.loop, lr.opts
     live_log = lr.loop_log
     live_log.fm_evals = int(live["evaluated"])
+    live_log.knn_as_of = [float(r["as_of"]) for r in live["knn_runs"][1:]]  # after the first
     lr.say("running the in-process arms on the same arrivals")
     bar = _bar(ctx.lg.num_requests * len(lr.loop_opts.arms), "in-process arms", o.progress)
     try:
@@ -726,6 +772,8 @@ def closed_loop_report(lr: LiveReplay, live: dict, prep: dict) -> dict[str, Any]
         "same_shown": float((np.sort(lv.item, 1) == np.sort(sim.item, 1)).all(1).mean()),
         "knn_rebuilds": [{k: r.get(k) for k in ("version", "as_of", "seconds")}
                          for r in live["knn_runs"]],
+        # the user table's rebuilds after the window start's build, as of these event times
+        "knn_as_of_live": live_log.knn_as_of, "knn_as_of_sim": sim.knn_as_of,
         "seconds": round(live["seconds"], 1), "artifacts_seconds": prep["artifacts_seconds"]}
     rep["dataset"] = lr.ds.name
     rep["artifacts"] = str(lr.art_dirs[0])

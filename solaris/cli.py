@@ -185,7 +185,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         train_artifacts(cfg, ds, art, seed=args.seed, evaluation=True)
     shown = args.shown if args.shown is not None else SHOWN[cfg.data.dataset]
     opts = LoopOptions(shown=shown, explore=args.explore, seed=args.seed,
-                       arms=tuple(args.arms), candidates=args.candidates)
+                       arms=tuple(args.arms), candidates=args.candidates,
+                       **({} if args.knn_every_h is None else {"knn_every_h": args.knn_every_h}))
     ctx = prepare(cfg, ds, art, opts, truth=truth)
     bar = tqdm(total=ctx.lg.num_requests * len(opts.arms), desc="closed loop", unit="req",
                dynamic_ncols=True)
@@ -336,6 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="movielens: a fitted ground truth (default: OUT/ground_truth.npz, "
                           "fitted if absent)")
     sim.add_argument("--explore", type=int, default=1, help="uniform exploration slots")
+    sim.add_argument("--knn-every-h", type=float,
+                     help="event hours between user-KNN rebuilds from each arm's own history "
+                          "(default 72, as the replay's; 0: only the build at the window start)")
     sim.add_argument("--arms", nargs="+", default=["vm", "solaris", "fm", "oracle"],
                      choices=["vm", "solaris", "fm", "oracle"])
     sim.set_defaults(fn=cmd_simulate)

@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from solaris.cache.query import Slots
 from solaris.cache.store import PairStore
 from solaris.config import SolarisConfig
-from solaris.data.schema import Dataset
+from solaris.data.schema import ITEM, SEQ, SURFACE, TS, USER, Dataset
 from solaris.knn.neighbours import NeighbourTable
 from solaris.online.enrich import enrich_local
 from solaris.features import FeatureTables
@@ -104,6 +105,27 @@ def knn_tables_as_of(fm: FoundationModel, tables: FeatureTables, as_of: float,
     item_t, _ = build_table("item", np.arange(len(ivec)), ivec, cfg.knn.item_k, cfg.knn,
                             version)
     return user_t.neighbour_table(), item_t.neighbour_table()
+
+
+def user_knn_from_log(fm: FoundationModel, log: pa.Table, tasks: tuple[str, ...],
+                      side: SideTables, as_of: float, cfg: SolarisConfig, version: str = "sim"
+                      ) -> NeighbourTable:
+    """The user table the KNN job builds at ``as_of`` from an interaction log ``log`` (the
+    interaction schema; the closed loop's: an arm's own, ``arm_interactions``): every user
+    with an event before ``as_of``, embedded by the FM's request tower over that history --
+    what ``knn_tables_as_of`` builds from the dataset's log."""
+    from solaris.knn.tables import build_table
+    from solaris.knn.user_encoder import UserEncoder, recent_history
+    from solaris.knn.user_encoder import request_inputs as user_request_inputs
+
+    col = {k: log.column(k).to_numpy() for k in (USER, ITEM, TS, SEQ, SURFACE)}
+    labels = np.stack([log.column(t).to_numpy() for t in tasks], 1)
+    hist = recent_history(col[USER], col[ITEM], col[TS], col[SEQ], col[SURFACE], labels, as_of,
+                          fm.history_len)
+    req = user_request_inputs(hist, as_of, side.item_cat, side.user_cat, side.user_cont)
+    user_t, _ = build_table("user", hist["user"], UserEncoder(fm).encode(req), cfg.knn.k,
+                            cfg.knn, version)
+    return user_t.neighbour_table()
 
 
 @dataclass

@@ -27,7 +27,10 @@ The speculation schedule is the key-level simulation (``simulate_pair_coverage``
 reproduces the live queue's pair coverage): the verifier ranks by the VM alone, whose scores
 read no history, so which pairs are computed and when is the same in every arm; each arm's
 vectors are computed from its own history as of the speculating request. KNN tables are
-built once, as of the window start.
+built as of the window start; every ``knn_every_h`` event hours the user table is rebuilt
+from the arm's own interaction log (``arm_interactions``, ``user_knn_from_log``: what the
+KNN job builds from it, as the live closed loop runs it), the item table (the FM's item
+embeddings) stays.
 
 numpy, torch and the serving core; no Ray.
 """
@@ -43,12 +46,13 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import pyarrow as pa
 
 from solaris import atomic
 from solaris.cache.store import PairStore
 from solaris.config import SolarisConfig
 from solaris.data.rating_truth import RatingTruth
-from solaris.data.schema import ITEM, TS, USER
+from solaris.data.schema import ITEM, SEQ, SURFACE, TS, USER, interaction_schema
 from solaris.data.synthetic_truth import Arrivals, SessionTruth, uniforms
 from solaris.knn.neighbours import NeighbourTable
 from solaris.online.enrich import enrich_local
@@ -58,6 +62,7 @@ from solaris.eval.metrics import point_ci
 from solaris.history import HistoryStore
 from solaris.replay.coverage import ceiling_mask, simulate_pair_coverage
 from solaris.replay.log import RequestLog
+from solaris.replay.schedule import knn_due
 from solaris.tiers import Tier
 
 ARMS = ("vm", "solaris", "fm", "oracle")
@@ -75,8 +80,14 @@ class LoopOptions:
     # the shadow arm also scores every candidate as SOLARIS and the FM inline would have (on
     # its own history and cache), for the off-policy estimates (``solaris.replay.offpolicy``)
     counterfactual: bool = True
+    # the user KNN table is rebuilt every this many event hours from each arm's own history,
+    # as the live system's KNN job is (``solaris.replay.schedule.knn_due``; 0: only the build
+    # at the window start)
+    knn_every_h: float = 72.0
 
     def __post_init__(self) -> None:
+        if not (self.knn_every_h >= 0 and math.isfinite(self.knn_every_h)):
+            raise ConfigError(f"knn_every_h={self.knn_every_h!r}: must be a finite number >= 0")
         if self.shown < 1:
             raise ConfigError(f"shown={self.shown!r}: must be >= 1")
         if self.explore < 0:
@@ -142,6 +153,7 @@ class ArmLog:
     tier: np.ndarray  # int8 pair-slot tier of the shown items as looked up (-1: no lookup)
     agg: np.ndarray  # bool aggregate present
     fm_evals: int = 0
+    knn_as_of: list = field(default_factory=list)  # event times its user table was rebuilt at
     # the shadow arm's counterfactual scores of every candidate (R, C): what the served VM
     # on this arm's cache ("solaris") and with the FM inline ("fm") would have ranked by, and
     # the truth's click probabilities ("p_true")
@@ -188,6 +200,10 @@ class LoopContext:
     dim: int
     enrich: object = None  # EnrichConfig the router looks up with (tiers at scale 0 off)
     info: dict = field(default_factory=dict)
+    start: float = 0.0  # the window start: the first KNN build's time
+    # (arm log, its rows so far, as_of) -> the user table the KNN job builds then from that
+    # arm's own interaction log (``arm_interactions``)
+    rebuild_user_knn: Callable[[ArmLog, np.ndarray, float], NeighbourTable] | None = None
 
 
 def run_arm(ctx: LoopContext, arm: str, opts: LoopOptions,
@@ -218,9 +234,16 @@ def run_arm(ctx: LoopContext, arm: str, opts: LoopOptions,
         out.cf = {k: np.zeros((r, c), np.float32) for k in ("solaris", "fm", "p_true")}
     nxt = 0
     explore_u = explore_uniforms(ctx, opts)
+    every = opts.knn_every_h * 3600.0
+    next_knn = (ctx.start + every if every > 0 and store is not None
+                and ctx.rebuild_user_knn is not None else math.inf)
     for i in range(r):
         t = float(lg.ts[i])
         user, items, surface = int(lg.user[i]), lg.candidates[i], int(lg.surface[i])
+        if (as_of := knn_due(t, next_knn, every)) is not None:  # this arm's own log
+            user_knn = ctx.rebuild_user_knn(out, np.arange(i), as_of)
+            out.knn_as_of.append(as_of)
+            next_knn = as_of + every
         if store is not None:
             stop = int(np.searchsorted(vis, t, side="right"))
             if stop > nxt:
@@ -303,6 +326,28 @@ def empty_log(r: int, shown: int) -> ArmLog:
                   agg=np.zeros((r, shown), bool))
 
 
+def arm_interactions(before: pa.Table, lg: RequestLog, arm: ArmLog, rows: np.ndarray,
+                     tasks: tuple[str, ...]) -> pa.Table:
+    """The interaction log a KNN job reads for one arm: ``before`` (the log's rows before the
+    window, in the interaction schema) followed by what the arm showed at log rows ``rows``
+    (ascending) and how it was labelled -- one row per shown item, in the order the arm's
+    history store took them (``seq`` continues from ``before``'s). The first two tasks take
+    the click and the conversion (synthetic: click, conversion; MovieLens: like, love)."""
+    rows = np.asarray(rows, np.int64)
+    s = arm.item.shape[1]
+    r = np.repeat(rows, s)
+    seq0 = int(before.column(SEQ).to_numpy().max()) + 1 if before.num_rows else 0
+    y = [arm.click[rows].ravel(), arm.conv[rows].ravel()]
+    cols = {SEQ: np.arange(seq0, seq0 + len(r), dtype=np.int64), USER: lg.user[r].astype(np.int64),
+            ITEM: arm.item[rows].ravel().astype(np.int64), TS: lg.ts[r].astype(np.int64),
+            SURFACE: lg.surface[r].astype(np.int32),
+            **{t: (y[j] if j < 2 else np.zeros(len(r))).astype(np.float32)
+               for j, t in enumerate(tasks)}}
+    schema = interaction_schema(tasks)
+    return pa.concat_tables([before.select(schema.names).cast(schema),
+                             pa.Table.from_pydict(cols, schema=schema)])
+
+
 # ------------------------------------------------------------------------------ metrics
 def _bce(p: np.ndarray, y: np.ndarray) -> np.ndarray:
     p = np.clip(p, 1e-7, 1 - 1e-7)
@@ -328,7 +373,7 @@ def arm_metrics(arm: ArmLog) -> dict:
     out = {"clicks_per_request": float(arm.p_true.sum(1).mean()),
            "realised_clicks_per_request": float(y.sum(1).mean()),
            "bce_shown": bce, "bayes_bce_shown": bayes, "excess_bce": bce - bayes,
-           "fm_evals": arm.fm_evals}
+           "fm_evals": arm.fm_evals, "knn_rebuilds": len(arm.knn_as_of)}
     if looked.any():
         out["coverage_shown_pair"] = float((arm.tier[looked] == Tier.PAIR).mean())
         out["coverage_shown_any"] = float(((arm.tier[looked] != Tier.NONE)
@@ -444,7 +489,7 @@ def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions,
     fitted ``GroundTruth`` and ``ds`` the log relabelled by it (``rating_truth.relabel``); the
     arrivals are the replay's requests (``build_request_log``: the real per-user request
     times, the causal retrieval of the real log), unlabelled."""
-    from solaris.eval.served import knn_tables_as_of
+    from solaris.eval.served import knn_tables_as_of, user_knn_from_log
     from solaris.features import FeatureTables
     from solaris.precompute.worker import PrecomputeWorker, load_models
     from solaris.replay.prepare import seed_history, window
@@ -503,6 +548,14 @@ def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions,
     tables = FeatureTables(ds, cfg.features)
     knn = knn_tables_as_of(fm, tables, float(start), cfg)
     sim = schedule(cfg, lg, base, opts.seed)
+
+    log0 = ds.interactions  # the log before the window: every arm's log starts with it
+    log0 = log0.slice(0, int(np.searchsorted(log0.column(TS).to_numpy(), start, "left")))
+
+    def rebuild_user_knn(arm: ArmLog, rows: np.ndarray, as_of: float) -> NeighbourTable:
+        log = arm_interactions(log0, lg, arm, rows, tuple(ds.tasks))
+        return user_knn_from_log(fm, log, tuple(ds.tasks), side, as_of, cfg)
+
     return LoopContext(
         cfg=cfg, lg=lg, request_id=request_id[order], arr_pos=order, base=base,
         scorer=scorer, make_inline=lambda h: InlineFM(art, side, h),
@@ -510,7 +563,8 @@ def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions,
         make_truth=make_truth,
         seed_history=seed_history(ds, start, cfg.history.max_events), knn=knn,
         writes=sim["writes"], fm_evals=int(sim["fm_evals"]), version=version,
-        dim=enc.width, enrich=enrich, info={"window_start": int(start), "requests": lg.num_requests,
+        dim=enc.width, enrich=enrich, start=float(start), rebuild_user_knn=rebuild_user_knn,
+        info={"window_start": int(start), "requests": lg.num_requests,
                              "candidates_per_request": lg.num_candidates,
                              "fm_evals": int(sim["fm_evals"]),
                              "fm_evals_per_1k_requests": 1000.0 * sim["fm_evals"]

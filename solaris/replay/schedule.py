@@ -92,3 +92,15 @@ class Ticks:
         if pending > self.last + int(read_ttl_s // self.tick_s) + 1:
             return None  # work released after the window could serve nothing
         return pending
+
+
+def knn_due(t: float, next_at: float, every_s: float) -> float | None:
+    """The KNN rebuild a request at event time ``t`` must be served after: the latest
+    boundary ``next_at + j * every_s`` (j >= 0) at or before ``t``, the tables being built as
+    of it; None when ``t`` is before ``next_at``. Boundaries a gap between requests skips
+    are not built (no request would read them). The closed loop's in-process arms and its
+    live run both follow it, so they rebuild as of the same times."""
+    if not t >= next_at:
+        return None
+    return next_at + every_s * math.floor((t - next_at) / every_s)
+

@@ -114,6 +114,46 @@ def test_the_oracle_puts_the_fm_only_where_the_ranking_vm_reads_a_tier(world) ->
     assert _same(every, own_only, SHOWN)
 
 
+def test_each_arm_rebuilds_its_user_knn_from_its_own_history(world) -> None:
+    """The user table rebuilt at the window start from an arm's (still empty) log is the one
+    built from the dataset's log then; it moves with what the arm showed and how that was
+    labelled; with a period of 6 event hours every arm with a cache rebuilds on the
+    boundaries its requests reach, the FM inline (no cache) never, and with the default
+    72 h (longer than this window) no arm does."""
+    import dataclasses
+
+    from solaris.replay.closed_loop import empty_log
+
+    cfg, _, _, opts, ctx = world
+    s_n, lg = opts.shown + opts.explore, ctx.lg
+    users = np.unique(ctx.seed_history[0])
+    k = cfg.enrich.user_knn_probe
+    again = ctx.rebuild_user_knn(empty_log(lg.num_requests, s_n), np.zeros(0, np.int64),
+                                 ctx.start)
+    assert np.array_equal(again.neighbour_ids(users, k), ctx.knn[0].neighbour_ids(users, k))
+    # the first 100 requests' top items shown: all clicked, or none
+    rows, t = np.arange(100), float(lg.ts[100])
+    logs = []
+    for clicked in (True, False):
+        arm = empty_log(lg.num_requests, s_n)
+        arm.item[rows] = lg.candidates[rows, :s_n]
+        arm.click[rows] = clicked
+        logs.append(ctx.rebuild_user_knn(arm, rows, t))
+    movers = np.unique(lg.user[rows])
+    assert not np.array_equal(logs[0].neighbour_ids(movers, k), logs[1].neighbour_ids(movers, k))
+
+    six = dataclasses.replace(opts, knn_every_h=6.0)
+    period = 6 * 3600.0
+    ts = lg.ts[lg.ts >= ctx.start + period].astype(float)
+    expected = sorted(set((ctx.start + period * np.floor((ts - ctx.start) / period)).tolist()))
+    assert len(expected) >= 2
+    runs = {a: run_arm(ctx, a, six) for a in ("vm", "solaris", "fm")}
+    assert runs["vm"].knn_as_of == runs["solaris"].knn_as_of == expected
+    assert runs["fm"].knn_as_of == []
+    assert arm_metrics(runs["solaris"])["knn_rebuilds"] == len(expected)
+    assert run_arm(ctx, "solaris", opts).knn_as_of == []  # 72 h: past this window's end
+
+
 def test_simulate_writes_report_arrays_and_plot(world, tmp_path) -> None:
     _, _, art, _, _ = world
     sets = sum((["--set", f"{k}={json.dumps(v)}"] for k, v in TINY.items()), [])
@@ -192,7 +232,9 @@ def test_live_closed_loop_matches_the_in_process_arm(world, tmp_path) -> None:
     shutil.copytree(art, out / "artifacts")
     # the replay's preparation wants the evaluation outputs too; the closed loop reads none
     (out / "artifacts" / "teacher.npz").write_bytes(b"")
-    opts = ReplayOptions(workers=2, max_requests=60, knn_every_h=0.0, port=free_port(),
+    # a KNN rebuild every 6 event hours: the live job reads the arm's own log (written as
+    # Parquet) where the in-process arm reads the same rows in memory
+    opts = ReplayOptions(workers=2, max_requests=60, knn_every_h=6.0, port=free_port(),
                          progress=False, num_cpus=3, seed=3, closed_loop=True, shown=4)
     rep = replay(cfg, ds, out, opts, say=lambda m: None)
     live = rep["live"]
@@ -205,6 +247,8 @@ def test_live_closed_loop_matches_the_in_process_arm(world, tmp_path) -> None:
     assert live["fm_evals_live"] >= 0.95 * live["fm_evals_sim"]
     assert live["same_shown"] == 1.0
     assert live["clicks_live"] == live["clicks_sim"]
+    assert len(live["knn_as_of_sim"]) >= 1
+    assert live["knn_as_of_live"] == live["knn_as_of_sim"]
     assert live["pair_shown_live"] == live["pair_shown_sim"]
     assert (out / "closed_loop.png").stat().st_size > 0
     assert json.loads((out / "closed_loop.json").read_text())["live"]["errors"] == 0

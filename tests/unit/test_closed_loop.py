@@ -142,3 +142,36 @@ def test_a_tier_at_scale_0_is_not_delivered_to_the_oracle() -> None:
     # no slot is never delivered, whatever a scale array holds in its "none" column
     assert not delivered(np.array([Tier.NONE]), np.ones(4, np.float32)).any()
     assert not delivered(tiers, np.zeros(4, np.float32)).any()
+
+
+def test_an_arms_interaction_log_is_what_it_showed_after_the_log_before() -> None:
+    """The log the closed loop's KNN job reads: the rows before the window, then one row per
+    item an arm showed at the given log rows, in the order its history took them, the click
+    and conversion under the first two tasks."""
+    import pyarrow as pa
+
+    from solaris.data.schema import interaction_schema
+    from solaris.replay.closed_loop import arm_interactions, empty_log
+    from solaris.replay.log import RequestLog
+
+    tasks = ("like", "love")
+    before = pa.table({"seq": [0, 1], "user_id": [4, 5], "item_id": [9, 8], "ts": [10, 11],
+                       "surface": pa.array([0, 1], pa.int32()),
+                       "like": pa.array([1.0, 0.0], pa.float32()),
+                       "love": pa.array([0.0, 0.0], pa.float32())})
+    lg = RequestLog(user=np.array([4, 6, 5]), ts=np.array([20, 30, 40]),
+                    surface=np.array([1, 0, 1]), candidates=np.arange(12).reshape(3, 4),
+                    labels=np.full((3, 4, 2), np.nan, np.float32), tasks=tasks)
+    arm = empty_log(3, 2)
+    arm.item[:] = [[3, 1], [7, 5], [11, 8]]
+    arm.click[:] = [[True, False], [False, False], [True, True]]
+    arm.conv[:] = [[True, False], [False, False], [False, True]]
+    got = arm_interactions(before, lg, arm, np.array([0, 2]), tasks)  # row 1 not answered
+    assert got.schema == interaction_schema(tasks)
+    assert got.column("seq").to_pylist() == [0, 1, 2, 3, 4, 5]
+    assert got.column("user_id").to_pylist() == [4, 5, 4, 4, 5, 5]
+    assert got.column("item_id").to_pylist() == [9, 8, 3, 1, 11, 8]
+    assert got.column("ts").to_pylist() == [10, 11, 20, 20, 40, 40]
+    assert got.column("surface").to_pylist() == [0, 1, 1, 1, 1, 1]
+    assert got.column("like").to_pylist() == [1, 0, 1, 0, 1, 1]
+    assert got.column("love").to_pylist() == [0, 0, 1, 0, 0, 1]

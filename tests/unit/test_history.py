@@ -215,3 +215,4 @@ def test_config_errors_name_the_field():
         HistoryConfig(max_events=0)
     with pytest.raises(ConfigError, match="history.evict_share=0.0"):
         HistoryConfig(evict_share=0.0)
+

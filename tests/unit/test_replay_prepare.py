@@ -54,3 +54,18 @@ def test_tick_allowance_spends_the_budget_exactly_over_ticks() -> None:
     got = [tick_allowance(90.0, 60.0, k) for k in range(40)]  # 1.5 per tick
     assert sum(got) == 60 and set(got) == {1, 2}
     assert tick_allowance(0.0, 60.0, 3) is None
+
+
+def test_knn_due_rebuilds_as_of_the_last_boundary_a_request_reaches() -> None:
+    from solaris.replay.schedule import knn_due
+
+    start, every = 1000.0, 100.0
+    nxt, got = start + every, []
+    for t in (1050.0, 1099.0, 1100.0, 1150.0, 1199.9, 1450.0, 1460.0, 1500.0):
+        if (as_of := knn_due(t, nxt, every)) is not None:
+            got.append((t, as_of))
+            nxt = as_of + every
+    # on the boundary itself it is due; a gap of several periods rebuilds once, as of the
+    # last boundary before the request (1200 and 1300 are skipped: no request read them)
+    assert got == [(1100.0, 1100.0), (1450.0, 1400.0), (1500.0, 1500.0)]
+    assert knn_due(5.0, float("inf"), every) is None  # rebuilds off
