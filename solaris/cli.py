@@ -338,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "fitted if absent)")
     sim.add_argument("--explore", type=int, default=1, help="uniform exploration slots")
     sim.add_argument("--knn-every-h", type=float,
-                     help="event hours between user-KNN rebuilds from each arm's own history "
+                     help="event hours between user-KNN rebuilds from each arm's own log "
                           "(default 72, as the replay's; 0: only the build at the window start)")
     sim.add_argument("--arms", nargs="+", default=["vm", "solaris", "fm", "oracle"],
                      choices=["vm", "solaris", "fm", "oracle"])

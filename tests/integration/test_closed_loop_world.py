@@ -176,10 +176,12 @@ def test_simulate_writes_report_arrays_and_plot(world, tmp_path) -> None:
     ope = rep["off_policy"]
     assert set(ope["targets"]) == {"solaris", "fm"}
     assert ope["exact_counterfactual"]["gain_fm"] is not None
-    # the same report from the same seed
+    # the user KNN table: rebuilt every 72 event hours by default, past this window's end
+    assert rep["options"]["knn_every_h"] == 72.0 and rep["arms"]["vm"]["knn_rebuilds"] == 0
+    # the same report from the same seed (the default period named explicitly)
     again = tmp_path / "again"
     assert main(["simulate", "--out", str(again), "--artifacts", str(art), "--seed", "3",
-                 "--shown", "4", "--arms", "vm", "solaris", *sets]) == 0
+                 "--shown", "4", "--arms", "vm", "solaris", "--knn-every-h", "72", *sets]) == 0
     rep2 = json.loads((again / "closed_loop.json").read_text())
     for a in ("vm", "solaris"):
         assert rep2["arms"][a] == rep["arms"][a]

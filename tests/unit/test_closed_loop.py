@@ -52,6 +52,8 @@ def test_loop_options_name_the_bad_value() -> None:
         LoopOptions(shown=0)
     with pytest.raises(ConfigError, match="arms="):
         LoopOptions(arms=("solaris",))
+    with pytest.raises(ConfigError, match="knn_every_h=-1"):
+        LoopOptions(knn_every_h=-1)
 
 
 @pytest.fixture(scope="module")
