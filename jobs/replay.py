@@ -284,7 +284,7 @@ class LiveReplay:
         for r in range(a, b):
             as_of = knn_due(float(self.log.ts[r]), self._next_knn, self._knn_every)
             if as_of is not None:
-                if r > lo or due is not None:
+                if r > lo:  # the rows before the boundary, on the tables they had
                     out.append((lo, r, due))
                 lo, due, self._next_knn = r, as_of, as_of + self._knn_every
         out.append((lo, b, due))
