@@ -221,11 +221,12 @@ def user_embeddings(data: DataDir, fm: Any, as_of: float | None, encoders: int,
     if as_of is None:
         as_of = _last_ts(md, events) + 1.0
     tables = side_tables(data)
-    # one event-less row per user (ids are the user table's dense codes 0..n-1), so users
-    # without events get an embedding too
-    users = np.arange(len(tables.user_cat), dtype=np.int64)
-    rows = events.union(ray.data.from_arrow(_placeholders({"user_id": users}, tasks)))
-    if not all_users:
+    if all_users:
+        # one event-less row per user (ids are the user table's dense codes 0..n-1), so users
+        # without events get an embedding too
+        users = np.arange(len(tables.user_cat), dtype=np.int64)
+        rows = events.union(ray.data.from_arrow(_placeholders({"user_id": users}, tasks)))
+    else:  # a user with no event before as_of gets no row at all
         rows = events.filter(expr=f"ts < {float(as_of)!r}", num_cpus=task_cpus)
     parts = max(2, min(64, md.num_rows // 500_000 + 1))  # Ray's default 200 is for big clusters
     hist = rows.groupby("user_id", num_partitions=parts).map_groups(

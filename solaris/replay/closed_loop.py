@@ -80,8 +80,8 @@ class LoopOptions:
     # the shadow arm also scores every candidate as SOLARIS and the FM inline would have (on
     # its own history and cache), for the off-policy estimates (``solaris.replay.offpolicy``)
     counterfactual: bool = True
-    # the user KNN table is rebuilt every this many event hours from each arm's own history,
-    # as the live system's KNN job is (``solaris.replay.schedule.knn_due``; 0: only the build
+    # the user KNN table is rebuilt every this many event hours from each arm's own log, as
+    # the live system's KNN job is (``solaris.replay.schedule.knn_due``; 0: only the build
     # at the window start)
     knn_every_h: float = 72.0
 
