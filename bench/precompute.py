@@ -121,13 +121,25 @@ def batch_of(w: dict, c: int, pairs: int, seed: int) -> tuple[np.ndarray, ...]:
     return np.repeat(users, c), items, rng.random(n_req * c), now, surf
 
 
+def leases_of(w: dict, version: str, c: int, pairs: int, lease_pairs: int, seed: int
+              ) -> list[list]:
+    """``batch_of``'s requests as request groups, cut into leases of ``lease_pairs`` pairs
+    (whole groups, at least one per lease)."""
+    from solaris.precompute.pqueue import Group
+
+    users, items, prio, now, surf = batch_of(w, c, pairs, seed)
+    groups = [Group(int(users[k]), float(now[k]), int(surf[k]), version, items[k:k + c],
+                    prio[k:k + c]) for k in range(0, len(users), c)]
+    per = max(1, lease_pairs // c)
+    return [groups[k:k + per] for k in range(0, len(groups), per)]
+
+
 def measure_fm_only(w: dict, work: Path, trials: int, pairs: int, lease_pairs: int) -> dict:
     """The same batches through ``PrecomputeWorker.run`` / ``run_naive`` in this process
     (no Ray, no cache, queue or ledger): what sharing saves in the FM itself. Per C, the
     median over interleaved trials of pairs/s."""
     import torch
 
-    from solaris.precompute.pqueue import Group
     from solaris.precompute.worker import PrecomputeWorker, load_models
 
     torch.set_num_threads(1)
@@ -136,18 +148,15 @@ def measure_fm_only(w: dict, work: Path, trials: int, pairs: int, lease_pairs: i
     out: dict = {str(c): {"shared": [], "naive": []} for c in CANDIDATES}
     for trial in range(-1, trials):  # trial -1 warms up
         for c in CANDIDATES:
-            users, items, prio, now, surf = batch_of(w, c, pairs, seed=1000 * max(trial, 0) + c)
-            groups = [Group(int(users[k]), float(now[k]), int(surf[k]), version,
-                            items[k:k + c], prio[k:k + c]) for k in range(0, len(users), c)]
-            per = max(1, lease_pairs // c)
-            leases = [groups[k:k + per] for k in range(0, len(groups), per)]
+            leases = leases_of(w, version, c, pairs, lease_pairs, seed=1000 * max(trial, 0) + c)
+            n_pairs = sum(len(g.items) for lease in leases for g in lease)
             modes = [("shared", pw.run), ("naive", pw.run_naive)]
             for mode, fn in modes if trial % 2 else modes[::-1]:
                 t0 = time.perf_counter()
                 for lease in leases:
                     fn(lease)
                 if trial >= 0:
-                    out[str(c)][mode].append(len(users) / (time.perf_counter() - t0))
+                    out[str(c)][mode].append(n_pairs / (time.perf_counter() - t0))
     return medians(out)
 
 

@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from precompute import CANDIDATES, batch_of, build  # noqa: E402  (this folder's bench)
+from precompute import CANDIDATES, build, leases_of  # noqa: E402  (this folder's bench)
 
 
 def parse_threads(values: list[str]) -> list[int]:
@@ -93,16 +93,6 @@ def settings(devices: list[str], threads: list[int], blocks: list[tuple[int, int
         else:
             raise SystemExit(f"--devices {d!r}: must be cpu or cuda")
     return out
-
-
-def leases_of(w: dict, version: str, c: int, pairs: int, lease_pairs: int, seed: int) -> list:
-    from solaris.precompute.pqueue import Group
-
-    users, items, prio, now, surf = batch_of(w, c, pairs, seed)
-    groups = [Group(int(users[k]), float(now[k]), int(surf[k]), version, items[k:k + c],
-                    prio[k:k + c]) for k in range(0, len(users), c)]
-    per = max(1, lease_pairs // c)
-    return [groups[k:k + per] for k in range(0, len(groups), per)]
 
 
 def workers(w: dict, work: Path, sets: list) -> dict:
@@ -149,10 +139,11 @@ def check_agreement(w: dict, ws: dict, sets: list, lease_pairs: int) -> dict:
             alone = p.run(lease[:1])[2]
             out["lease_invariance"].setdefault(name, {})[str(c)] = agreement(
                 z[:len(alone)], alone)
-        out["vectors"][str(c)] = {name: agreement(got[ref][2], z) for name, (u, i, z)
-                                  in got.items() if name != ref
-                                  and np.array_equal(got[ref][0], u)
-                                  and np.array_equal(got[ref][1], i)}
+        for name, (u, i, _) in got.items():  # every setting returns the lease's pair order
+            if not (np.array_equal(got[ref][0], u) and np.array_equal(got[ref][1], i)):
+                raise SystemExit(f"{name}: pairs in another order than {ref}'s")
+        out["vectors"][str(c)] = {name: agreement(got[ref][2], z)
+                                  for name, (_, _, z) in got.items() if name != ref}
     return out
 
 

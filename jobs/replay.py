@@ -261,10 +261,8 @@ class LiveReplay:
         from solaris.replay.closed_loop import arm_interactions
         from solaris.replay.prepare import write_data_dir
 
-        inter = self.ds.interactions
-        n0 = int(np.searchsorted(inter.column("ts").to_numpy(), self.start, side="left"))
         rows = np.flatnonzero(answered[:upto])
-        table = arm_interactions(inter.slice(0, n0), self.log, self.loop_log, rows,
+        table = arm_interactions(self.loop.log0, self.log, self.loop_log, rows,
                                  tuple(self.ds.tasks))
         data = write_data_dir(dataclasses.replace(self.ds, interactions=table),
                               self.out / "loop_data")

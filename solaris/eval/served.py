@@ -84,48 +84,52 @@ class TableHistory:
                               item_cat, user_cat, user_cont)
 
 
-def knn_tables_as_of(fm: FoundationModel, tables: FeatureTables, as_of: float,
-                     cfg: SolarisConfig, version: str = "sim"
-                     ) -> tuple[NeighbourTable, NeighbourTable]:
-    """(user table, item table) as the KNN job builds them at ``as_of``: every user with an
-    event before ``as_of``, embedded by the FM's request tower over its history then; the
-    FM's item embeddings."""
-    from solaris.knn.tables import build_table
-    from solaris.knn.user_encoder import UserEncoder, item_embeddings, recent_history
-    from solaris.knn.user_encoder import request_inputs as user_request_inputs
-
-    before = tables.ts < as_of
-    hist = recent_history(tables.user[before], tables.item[before], tables.ts[before],
-                          np.flatnonzero(before), tables.surface[before],
-                          tables.labels[before], as_of, fm.history_len)
-    req = user_request_inputs(hist, as_of, tables.item_cat, tables.user_cat, tables.user_cont)
-    uvec = UserEncoder(fm).encode(req)
-    user_t, _ = build_table("user", hist["user"], uvec, cfg.knn.k, cfg.knn, version)
-    ivec = item_embeddings(fm)
-    item_t, _ = build_table("item", np.arange(len(ivec)), ivec, cfg.knn.item_k, cfg.knn,
-                            version)
-    return user_t.neighbour_table(), item_t.neighbour_table()
-
-
-def user_knn_from_log(fm: FoundationModel, log: pa.Table, tasks: tuple[str, ...],
-                      side: SideTables, as_of: float, cfg: SolarisConfig, version: str = "sim"
-                      ) -> NeighbourTable:
-    """The user table the KNN job builds at ``as_of`` from an interaction log ``log`` (the
-    interaction schema; the closed loop's: an arm's own, ``arm_interactions``): every user
-    with an event before ``as_of``, embedded by the FM's request tower over that history --
-    what ``knn_tables_as_of`` builds from the dataset's log."""
+def user_table_of(fm: FoundationModel, users: np.ndarray, items: np.ndarray, ts: np.ndarray,
+                  seq: np.ndarray, surfaces: np.ndarray, labels: np.ndarray, side,
+                  as_of: float, cfg: SolarisConfig, version: str = "sim") -> NeighbourTable:
+    """The user table as the KNN job builds it at ``as_of`` from logged events (any order;
+    ``seq`` breaks ties of time): every user with an event before ``as_of``, embedded by the
+    FM's request tower over its history then. ``side``: the side-feature tables
+    (``FeatureTables`` or ``SideTables``)."""
     from solaris.knn.tables import build_table
     from solaris.knn.user_encoder import UserEncoder, recent_history
     from solaris.knn.user_encoder import request_inputs as user_request_inputs
 
-    col = {k: log.column(k).to_numpy() for k in (USER, ITEM, TS, SEQ, SURFACE)}
-    labels = np.stack([log.column(t).to_numpy() for t in tasks], 1)
-    hist = recent_history(col[USER], col[ITEM], col[TS], col[SEQ], col[SURFACE], labels, as_of,
+    b = np.asarray(ts) < as_of
+    hist = recent_history(users[b], items[b], ts[b], seq[b], surfaces[b], labels[b], as_of,
                           fm.history_len)
     req = user_request_inputs(hist, as_of, side.item_cat, side.user_cat, side.user_cont)
     user_t, _ = build_table("user", hist["user"], UserEncoder(fm).encode(req), cfg.knn.k,
                             cfg.knn, version)
     return user_t.neighbour_table()
+
+
+def knn_tables_as_of(fm: FoundationModel, tables: FeatureTables, as_of: float,
+                     cfg: SolarisConfig, version: str = "sim"
+                     ) -> tuple[NeighbourTable, NeighbourTable]:
+    """(user table, item table) as the KNN job builds them at ``as_of`` from the dataset's
+    log (``user_table_of``; a row's index is its ``seq``); the FM's item embeddings."""
+    from solaris.knn.tables import build_table
+    from solaris.knn.user_encoder import item_embeddings
+
+    t = tables
+    user_t = user_table_of(fm, t.user, t.item, t.ts, np.arange(len(t.ts)), t.surface, t.labels,
+                           t, as_of, cfg, version)
+    ivec = item_embeddings(fm)
+    item_t, _ = build_table("item", np.arange(len(ivec)), ivec, cfg.knn.item_k, cfg.knn,
+                            version)
+    return user_t, item_t.neighbour_table()
+
+
+def user_knn_from_log(fm: FoundationModel, log: pa.Table, tasks: tuple[str, ...],
+                      side: SideTables, as_of: float, cfg: SolarisConfig, version: str = "sim"
+                      ) -> NeighbourTable:
+    """``user_table_of`` over an interaction log ``log`` (the interaction schema; the closed
+    loop's: an arm's own, ``arm_interactions``)."""
+    col = {k: log.column(k).to_numpy() for k in (USER, ITEM, TS, SEQ, SURFACE)}
+    labels = np.stack([log.column(t).to_numpy() for t in tasks], 1)
+    return user_table_of(fm, col[USER], col[ITEM], col[TS], col[SEQ], col[SURFACE], labels,
+                         side, as_of, cfg, version)
 
 
 @dataclass

@@ -201,6 +201,7 @@ class LoopContext:
     enrich: object = None  # EnrichConfig the router looks up with (tiers at scale 0 off)
     info: dict = field(default_factory=dict)
     start: float = 0.0  # the window start: the first KNN build's time
+    log0: pa.Table | None = None  # the interaction log before the window: every arm's starts so
     # (arm log, its rows so far, as_of) -> the user table the KNN job builds then from that
     # arm's own interaction log (``arm_interactions``)
     rebuild_user_knn: Callable[[ArmLog, np.ndarray, float], NeighbourTable] | None = None
@@ -563,7 +564,8 @@ def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions,
         make_truth=make_truth,
         seed_history=seed_history(ds, start, cfg.history.max_events), knn=knn,
         writes=sim["writes"], fm_evals=int(sim["fm_evals"]), version=version,
-        dim=enc.width, enrich=enrich, start=float(start), rebuild_user_knn=rebuild_user_knn,
+        dim=enc.width, enrich=enrich, start=float(start), log0=log0,
+        rebuild_user_knn=rebuild_user_knn,
         info={"window_start": int(start), "requests": lg.num_requests,
                              "candidates_per_request": lg.num_candidates,
                              "fm_evals": int(sim["fm_evals"]),
