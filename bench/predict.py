@@ -67,8 +67,11 @@ def main(argv: list[str] | None = None) -> int:
             c = chk[k]
             if c is None:
                 continue
+            sd = ""
+            if c.get("online_sd") is not None and c.get("predicted_sd") is not None:
+                sd = f"  (sd: predicted {c['predicted_sd']:.3f}, online {c['online_sd']:.3f})"
             print(f"  {k:<20} predicted {c['predicted']:7.3f}  online {c['online']:7.3f}  "
-                  f"error {c['error']:+7.3f}  within {c['tolerance']:.3f}: {c['within']}")
+                  f"error {c['error']:+7.3f}  within {c['tolerance']:.3f}: {c['within']}{sd}")
         e = chk["fm_evals_per_1k_requests"]
         print(f"  {'fm evals / 1k req':<20} predicted {e['predicted']:7.0f}  online "
               f"{e['online']:7.0f}  ratio {e['ratio']:.3f}")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -110,6 +111,51 @@ def transfer(y: np.ndarray, p_vm: np.ndarray, p_x: np.ndarray, p_fm: np.ndarray,
     return {"tr_raw": M.transfer_ratio(raw["vm"], raw["x"], raw["fm"]),
             "tr_cal": M.transfer_ratio(cal["vm"], cal["x"], cal["fm"]),
             "bce_raw": raw, "bce_cal": cal}
+
+
+def crossfit_tr(y: np.ndarray, p_vm: np.ndarray, p_x: np.ndarray, p_fm: np.ndarray,
+                first: np.ndarray) -> float:
+    """Calibrated TR with every row measured once: each predictor's Platt fit on ``first`` is
+    measured on the rest and its fit on the rest on ``first``, and TR is the ratio of the
+    summed BCE gaps over all rows. The estimand is ``transfer``'s ``tr_cal`` (a Platt fit on
+    half the rows, measured out of sample); measuring both halves instead of one roughly
+    halves its variance (``bench/predict.py`` reports both)."""
+    gain = gap = 0.0
+    for fit in (first, ~first):
+        ev = ~fit
+        if not fit.any() or not ev.any():
+            return float("nan")
+        loss = {k: M.bce_rows(y[ev], M.apply_platt(p[ev], M.fit_platt(y[fit], p[fit])))
+                for k, p in (("vm", p_vm), ("x", p_x), ("fm", p_fm))}
+        gain += float((loss["vm"] - loss["x"]).sum())
+        gap += float((loss["vm"] - loss["fm"]).sum())
+    return gain / gap if gap > 0 else float("nan")
+
+
+def calibrated_tr_ci(y: np.ndarray, p_vm: np.ndarray, p_x: np.ndarray, p_fm: np.ndarray,
+                     first: np.ndarray, req: np.ndarray, resamples: int, seed: int = 0,
+                     alpha: float = 0.05, crossfit: bool = False) -> dict[str, Any] | None:
+    """Percentile interval and standard deviation of the calibrated TR over a bootstrap of
+    whole requests (``req``: each row's request), the Platt fits redone in every resample:
+    ``transfer``'s single split (Platt on ``first``, TR on the rest), or ``crossfit_tr``."""
+    _, inv = np.unique(req, return_inverse=True)
+    members = np.split(np.argsort(inv, kind="stable"),
+                       np.cumsum(np.bincount(inv))[:-1])
+    rng = np.random.default_rng(seed)
+    draws = np.full(resamples, np.nan)
+    for k in range(resamples):
+        pick = rng.integers(0, len(members), len(members))
+        idx = np.concatenate([members[j] for j in pick])
+        f = first[idx]
+        if f.all() or not f.any():
+            continue
+        a = (y[idx], p_vm[idx], p_x[idx], p_fm[idx])
+        draws[k] = crossfit_tr(*a, f) if crossfit else transfer(*a, f, ~f)["tr_cal"]
+    ok = draws[np.isfinite(draws)]
+    if len(ok) < 2:
+        return None
+    lo, hi = np.quantile(ok, [alpha / 2, 1 - alpha / 2])
+    return {"ci": [float(lo), float(hi)], "sd": float(ok.std(ddof=1)), "draws": int(len(ok))}
 
 
 def base_calibrated_tr(y: np.ndarray, p_vm: np.ndarray, p_x: np.ndarray, p_fm: np.ndarray,

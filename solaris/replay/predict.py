@@ -8,8 +8,10 @@ schedule decides which pairs the FM workers compute and when (``solaris.replay.c
 the workers' vectors go into an in-process ``PairStore`` and each request is looked up with
 the router's own code (``solaris.eval.served.simulate_serving``). The rows are then re-scored
 exactly as the replay re-scores its feature log (``solaris.replay.evaluate``): the served VM,
-the VM alone and the FM snapshot on the same rows, TR raw and calibrated (Platt on the first
-half by request time, measured on the second). Nothing of the window -- its requests, labels
+the VM alone and the FM snapshot on the same rows, TR raw and calibrated. The calibrated
+figure measures both halves of the period by request time (each predictor's Platt fit on one
+half applied to the other, ``crossfit_tr``): the replay's own calibrated TR measures one half
+of its window, and the prediction need not copy that half's noise. Nothing of the window -- its requests, labels
 or scores -- is read: a test runs it on a dataset with the window deleted.
 
 No Ray here.
@@ -184,7 +186,8 @@ def served_period(art_dir: Path, manifest: dict, past: Dataset, cfg: SolarisConf
     from solaris.features import FeatureTables
     from solaris.precompute.worker import load_models
     from solaris.replay.coverage import coverage_by_tier
-    from solaris.replay.evaluate import base_calibrated_tr, halves, score, transfer
+    from solaris.replay.evaluate import (base_calibrated_tr, calibrated_tr_ci, crossfit_tr,
+                                         halves, score, transfer)
     from solaris.replay.log import build_request_log
     from solaris.online.scales import ScaleTable
     from solaris.online.scoring import Artifacts, VMScorer
@@ -230,13 +233,21 @@ def served_period(art_dir: Path, manifest: dict, past: Dataset, cfg: SolarisConf
     tr = transfer(y, p_alone, p_served, p_fm, first, second)
     la, lx, lf = (M.bce_rows(y, p) for p in (p_alone, p_served, p_fm))
     ci = M.tr_bootstrap(la, lx, lf, resamples, 0.05, seed)
-    cal_ci = calibrated_tr_ci(y, p_alone, p_served, p_fm, first, rows.req,
-                              max(1, resamples // 5), seed)
+    # the calibrated figure: both halves measured (``crossfit_tr``), which has about half the
+    # variance of the single split the replay reports on its window and the same estimand
+    n_cal = max(2, resamples // 5)
+    cal_ci = calibrated_tr_ci(y, p_alone, p_served, p_fm, first, rows.req, n_cal, seed,
+                              crossfit=True)
+    one_ci = calibrated_tr_ci(y, p_alone, p_served, p_fm, first, rows.req, n_cal, seed)
     cov = coverage_by_tier(rows.tier, rows.agg_present)
     info = slots.info
     return {
-        "tr_predicted": tr["tr_cal"],
-        "tr_predicted_ci": cal_ci,
+        "tr_predicted": crossfit_tr(y, p_alone, p_served, p_fm, first),
+        "tr_predicted_ci": None if cal_ci is None else cal_ci["ci"],
+        "tr_predicted_sd": None if cal_ci is None else cal_ci["sd"],
+        "tr_predicted_single_split": tr["tr_cal"],
+        "tr_predicted_single_split_ci": None if one_ci is None else one_ci["ci"],
+        "tr_predicted_single_split_sd": None if one_ci is None else one_ci["sd"],
         "tr_predicted_raw": tr["tr_raw"],
         "tr_predicted_raw_ci": [ci["ci_low"], ci["ci_high"]],
         "tr_predicted_base_calibrated": base_calibrated_tr(y, p_alone, p_served, p_fm, first,
@@ -256,33 +267,6 @@ def served_period(art_dir: Path, manifest: dict, past: Dataset, cfg: SolarisConf
     }
 
 
-def calibrated_tr_ci(y: np.ndarray, p_vm: np.ndarray, p_x: np.ndarray, p_fm: np.ndarray,
-                     first: np.ndarray, req: np.ndarray, resamples: int, seed: int = 0,
-                     alpha: float = 0.05) -> list[float] | None:
-    """Percentile interval of the calibrated TR (``transfer``: Platt on ``first``, TR on the
-    rest) over a bootstrap of whole requests (``req``: each row's request), the Platt fits
-    redone in every resample."""
-    from solaris.replay.evaluate import transfer
-
-    _, inv = np.unique(req, return_inverse=True)
-    members = np.split(np.argsort(inv, kind="stable"),
-                       np.cumsum(np.bincount(inv))[:-1])
-    rng = np.random.default_rng(seed)
-    draws = np.full(resamples, np.nan)
-    for k in range(resamples):
-        pick = rng.integers(0, len(members), len(members))
-        idx = np.concatenate([members[j] for j in pick])
-        f = first[idx]
-        if f.all() or not f.any():
-            continue
-        draws[k] = transfer(y[idx], p_vm[idx], p_x[idx], p_fm[idx], f, ~f)["tr_cal"]
-    ok = draws[np.isfinite(draws)]
-    if not len(ok):
-        return None
-    lo, hi = np.quantile(ok, [alpha / 2, 1 - alpha / 2])
-    return [float(lo), float(hi)]
-
-
 def compare(pred: dict[str, Any], rep: dict[str, Any]) -> dict[str, Any]:
     """Prediction against a finished replay (``replay.json``): each figure's error and the
     issue's bars: |TR online - predicted| <= max(0.03, 0.3 |TR online|) (calibrated and raw),
@@ -297,6 +281,9 @@ def compare(pred: dict[str, Any], rep: dict[str, Any]) -> dict[str, Any]:
         tol = max(0.03, 0.3 * abs(o))
         out[name] = {"online": o, "predicted": p, "error": p - o, "tolerance": tol,
                      "within": bool(abs(p - o) <= tol)}
+    if out["tr"] is not None:  # each side's own sampling noise, where measured
+        out["tr"]["online_sd"] = rep.get("tr_online_sd")
+        out["tr"]["predicted_sd"] = pred.get("tr_predicted_sd")
     for k in ("pair", "effective"):
         o, p = rep["coverage"][k], pred["coverage_predicted"][k]
         out[f"coverage_{k}"] = {"online": o, "predicted": p, "error": p - o, "tolerance": 0.05,
@@ -324,6 +311,10 @@ def prediction_table(pred: dict[str, Any], check: dict[str, Any] | None = None) 
         lines.append(f"  {name:<28}{fmt(p):>10}{fmt(o['online']) if o else '':>10}{extra}")
 
     row("TR (calibrated)", pred["tr_predicted"], "tr", ci(pred.get("tr_predicted_ci")))
+    if pred.get("tr_predicted_single_split") is not None:
+        lines.append(f"  {'TR (calibrated, one half)':<28}"
+                     f"{fmt(pred['tr_predicted_single_split']):>10}"
+                     f"{'':>10}{ci(pred.get('tr_predicted_single_split_ci'))}")
     row("TR (raw)", pred["tr_predicted_raw"], "tr_raw", ci(pred.get("tr_predicted_raw_ci")))
     lines.append(f"  {'TR (base-calibrated)':<28}{fmt(pred['tr_predicted_base_calibrated']):>10}")
     for k in ("pair", "effective"):

@@ -93,8 +93,8 @@ def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_t
     """Online TR, by tier, with every pair present, tier worth and train/serve consistency,
     on the labelled rows that map to interaction rows (and were served by ``art_dir``'s VM)."""
     from solaris.eval import metrics as M
-    from solaris.replay.evaluate import (TIER_STEPS, base_calibrated_tr, fine_tune, halves,
-                                         score, tier_worth, transfer)
+    from solaris.replay.evaluate import (TIER_STEPS, base_calibrated_tr, calibrated_tr_ci,
+                                         fine_tune, halves, score, tier_worth, transfer)
 
     m = mapped(art_dir, task, rows, row, read_ttl_s)
     rows, vm, p_fm, z_real = m.rows, m.vm, m.p_fm, m.z_real
@@ -131,6 +131,11 @@ def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_t
         for name, m in (("present", present), ("missing", ~present))}
     online = transfer(y, p_alone, p_served, p_fm, first, second)
     out["tr_online"] = online["tr_cal"]
+    # its own sampling noise: a bootstrap over whole requests, the Platt fits redone
+    noise = calibrated_tr_ci(y, p_alone, p_served, p_fm, first, rows.req,
+                             max(2, resamples // 5))
+    out["tr_online_ci"] = None if noise is None else noise["ci"]
+    out["tr_online_sd"] = None if noise is None else noise["sd"]
     out["tr_online_raw"] = online["tr_raw"]
     # calibrated as the system would be: one Platt fit of the VM alone (first half) applied to
     # the VM alone and to the served scores alike, so rows without SOLARIS input stay equal to
@@ -193,7 +198,8 @@ def transfer_from_log(path: Path, art_dir: Path, task: str, read_ttl_s: float
     row = data.pop("row")
     out: dict[str, Any] = {"transfer": transfer_report(Path(art_dir), task, ServedRows(**data),
                                                        row, read_ttl_s)}
-    for k in ("tr_online", "tr_online_raw", "tr_online_raw_ci", "tr_online_base_calibrated",
+    for k in ("tr_online", "tr_online_ci", "tr_online_sd", "tr_online_raw", "tr_online_raw_ci",
+              "tr_online_base_calibrated",
               "tr_online_teacher_bound", "gain_per_row",
               "tr_online_by_tier", "tr_offline_pair_100",
               "consistency", "tier_worth", "all_slots_off", "calibration_slope"):

@@ -96,9 +96,15 @@ def test_the_prediction_is_the_validation_period_served(world, full) -> None:
     assert full["fm_evals_predicted"] > 0
     assert full["fm_evals_per_1k_requests_predicted"] == pytest.approx(
         1000.0 * full["fm_evals_predicted"] / src["requests"])
-    for key in ("tr_predicted", "tr_predicted_raw", "tr_predicted_base_calibrated"):
+    for key in ("tr_predicted", "tr_predicted_raw", "tr_predicted_base_calibrated",
+                "tr_predicted_single_split"):
         v = full[key]
         assert v is None or isinstance(v, float)
+    # the calibrated figure measures both halves; the replay's single split rides along
+    for key in ("tr_predicted", "tr_predicted_single_split"):
+        ci = full[f"{key}_ci"]
+        if ci is not None and math.isfinite(full[key]):
+            assert ci[0] <= ci[1] and full[f"{key}_sd"] >= 0.0
     lo, hi = full["tr_predicted_raw_ci"]
     if math.isfinite(full["tr_predicted_raw"]):
         assert lo <= full["tr_predicted_raw"] <= hi
@@ -131,6 +137,11 @@ def test_compare_applies_the_bars() -> None:
     assert c["fm_evals_per_1k_requests"]["ratio"] == pytest.approx(1.2)
     big = compare({**pred, "tr_predicted": 0.64}, {**rep, "tr_online": 0.5})
     assert big["tr"]["tolerance"] == pytest.approx(0.15) and big["tr"]["within"]
+    # each side's sampling noise rides along where it was measured, and only there
+    assert c["tr"]["online_sd"] is None and c["tr"]["predicted_sd"] is None
+    noisy = compare({**pred, "tr_predicted_sd": 0.02}, {**rep, "tr_online_sd": 0.025})
+    assert noisy["tr"]["predicted_sd"] == 0.02 and noisy["tr"]["online_sd"] == 0.025
+    assert noisy["tr"]["within"] == c["tr"]["within"]  # the bar itself is unchanged
 
 
 def test_estimate_command_writes_json_and_plot(world, full, tmp_path, capsys) -> None:
