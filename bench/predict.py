@@ -69,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             sd = ""
             if c.get("online_sd") is not None and c.get("predicted_sd") is not None:
-                sd = f"  (sd: predicted {c['predicted_sd']:.3f}, online {c['online_sd']:.3f})"
+                sd = (f"  (sd: predicted {c['predicted_sd']:.3f}, online {c['online_sd']:.3f};"
+                      f" error {c['error_z']:+.2f} sd)")
             print(f"  {k:<20} predicted {c['predicted']:7.3f}  online {c['online']:7.3f}  "
                   f"error {c['error']:+7.3f}  within {c['tolerance']:.3f}: {c['within']}{sd}")
         e = chk["fm_evals_per_1k_requests"]

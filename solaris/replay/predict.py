@@ -270,7 +270,8 @@ def served_period(art_dir: Path, manifest: dict, past: Dataset, cfg: SolarisConf
 def compare(pred: dict[str, Any], rep: dict[str, Any]) -> dict[str, Any]:
     """Prediction against a finished replay (``replay.json``): each figure's error and the
     issue's bars: |TR online - predicted| <= max(0.03, 0.3 |TR online|) (calibrated and raw),
-    |coverage - predicted| <= 0.05 (pair and effective)."""
+    |coverage - predicted| <= 0.05 (pair and effective); for the calibrated TR, where both
+    sides measured their noise, the error in units of it (``error_z``)."""
     out: dict[str, Any] = {}
     for name, p_key, o_key in (("tr", "tr_predicted", "tr_online"),
                                ("tr_raw", "tr_predicted_raw", "tr_online_raw")):
@@ -282,8 +283,14 @@ def compare(pred: dict[str, Any], rep: dict[str, Any]) -> dict[str, Any]:
         out[name] = {"online": o, "predicted": p, "error": p - o, "tolerance": tol,
                      "within": bool(abs(p - o) <= tol)}
     if out["tr"] is not None:  # each side's own sampling noise, where measured
-        out["tr"]["online_sd"] = rep.get("tr_online_sd")
-        out["tr"]["predicted_sd"] = pred.get("tr_predicted_sd")
+        c = out["tr"]
+        c["online_sd"], c["predicted_sd"] = rep.get("tr_online_sd"), pred.get("tr_predicted_sd")
+        if c["online_sd"] is not None and c["predicted_sd"] is not None:
+            # the error in units of both sides' noise together (requests resampled on each
+            # side): beyond 1.96 the periods differ by more than sampling explains
+            sd = float(np.hypot(c["online_sd"], c["predicted_sd"]))
+            c["error_sd"] = sd
+            c["error_z"] = c["error"] / sd if sd > 0 else None
     for k in ("pair", "effective"):
         o, p = rep["coverage"][k], pred["coverage_predicted"][k]
         out[f"coverage_{k}"] = {"online": o, "predicted": p, "error": p - o, "tolerance": 0.05,

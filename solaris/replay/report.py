@@ -306,7 +306,9 @@ def summary_table(rep: dict[str, Any]) -> str:
               f"  {'  ... at equal FM evals':<26}"
               f"{fmt(rep.get('coverage_pair_random_equal_evals')):>8}",
               f"{'transfer ratio (calibrated)':<28}"]
-    lines.append(f"  {'online, as served':<26}{fmt(rep['tr_online']):>8}")
+    ci = rep.get("tr_online_ci")
+    lines.append(f"  {'online, as served':<26}{fmt(rep['tr_online']):>8}"
+                 + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else ""))
     for k, v in rep["tr_online_by_tier"].items():
         lines.append(f"  {'+ ' + k:<26}{fmt(v['tr']):>8}")
     lines.append(f"  {'every pair present':<26}{fmt(rep['tr_offline_pair_100']):>8}")

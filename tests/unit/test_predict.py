@@ -142,6 +142,10 @@ def test_compare_applies_the_bars() -> None:
     noisy = compare({**pred, "tr_predicted_sd": 0.02}, {**rep, "tr_online_sd": 0.025})
     assert noisy["tr"]["predicted_sd"] == 0.02 and noisy["tr"]["online_sd"] == 0.025
     assert noisy["tr"]["within"] == c["tr"]["within"]  # the bar itself is unchanged
+    # 0.05 of error against sqrt(0.02^2 + 0.025^2) of noise
+    assert noisy["tr"]["error_sd"] == pytest.approx(0.032016, abs=1e-6)
+    assert noisy["tr"]["error_z"] == pytest.approx(0.05 / 0.032016, rel=1e-4)
+    assert "error_z" not in c["tr"]
 
 
 def test_estimate_command_writes_json_and_plot(world, full, tmp_path, capsys) -> None:
