@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
             if c.get("online_sd") is not None and c.get("predicted_sd") is not None:
                 sd = (f"  (sd: predicted {c['predicted_sd']:.3f}, online {c['online_sd']:.3f};"
                       f" error {c['error_z']:+.2f} sd)")
+                if c.get("online_within_bar_share") is not None:
+                    sd += (f"; online resampled within the bar of itself: "
+                           f"{c['online_within_bar_share']:.2f}")
             print(f"  {k:<20} predicted {c['predicted']:7.3f}  online {c['online']:7.3f}  "
                   f"error {c['error']:+7.3f}  within {c['tolerance']:.3f}: {c['within']}{sd}")
         e = chk["fm_evals_per_1k_requests"]

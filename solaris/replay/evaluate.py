@@ -137,7 +137,8 @@ def calibrated_tr_ci(y: np.ndarray, p_vm: np.ndarray, p_x: np.ndarray, p_fm: np.
                      alpha: float = 0.05, crossfit: bool = False) -> dict[str, Any] | None:
     """Percentile interval and standard deviation of the calibrated TR over a bootstrap of
     whole requests (``req``: each row's request), the Platt fits redone in every resample:
-    ``transfer``'s single split (Platt on ``first``, TR on the rest), or ``crossfit_tr``."""
+    ``transfer``'s single split (Platt on ``first``, TR on the rest), or ``crossfit_tr``.
+    ``values``: the finite draws themselves."""
     _, inv = np.unique(req, return_inverse=True)
     members = np.split(np.argsort(inv, kind="stable"),
                        np.cumsum(np.bincount(inv))[:-1])
@@ -155,7 +156,8 @@ def calibrated_tr_ci(y: np.ndarray, p_vm: np.ndarray, p_x: np.ndarray, p_fm: np.
     if len(ok) < 2:
         return None
     lo, hi = np.quantile(ok, [alpha / 2, 1 - alpha / 2])
-    return {"ci": [float(lo), float(hi)], "sd": float(ok.std(ddof=1)), "draws": int(len(ok))}
+    return {"ci": [float(lo), float(hi)], "sd": float(ok.std(ddof=1)), "draws": int(len(ok)),
+            "values": ok}
 
 
 def base_calibrated_tr(y: np.ndarray, p_vm: np.ndarray, p_x: np.ndarray, p_fm: np.ndarray,

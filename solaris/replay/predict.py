@@ -285,6 +285,7 @@ def compare(pred: dict[str, Any], rep: dict[str, Any]) -> dict[str, Any]:
     if out["tr"] is not None:  # each side's own sampling noise, where measured
         c = out["tr"]
         c["online_sd"], c["predicted_sd"] = rep.get("tr_online_sd"), pred.get("tr_predicted_sd")
+        c["online_within_bar_share"] = rep.get("tr_online_within_bar_share")
         if c["online_sd"] is not None and c["predicted_sd"] is not None:
             # the error in units of both sides' noise together (requests resampled on each
             # side): beyond 1.96 the periods differ by more than sampling explains

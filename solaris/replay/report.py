@@ -136,6 +136,12 @@ def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_t
                              max(2, resamples // 5))
     out["tr_online_ci"] = None if noise is None else noise["ci"]
     out["tr_online_sd"] = None if noise is None else noise["sd"]
+    # how often a replay of this system on a window like this one lands within the
+    # prediction bar (max(0.03, 0.3 |TR|)) of this one's figure: the share of those draws
+    tol = max(0.03, 0.3 * abs(online["tr_cal"])) if np.isfinite(online["tr_cal"]) else None
+    out["tr_online_within_bar_share"] = (
+        None if noise is None or tol is None
+        else float(np.mean(np.abs(noise["values"] - online["tr_cal"]) <= tol)))
     out["tr_online_raw"] = online["tr_raw"]
     # calibrated as the system would be: one Platt fit of the VM alone (first half) applied to
     # the VM alone and to the served scores alike, so rows without SOLARIS input stay equal to
@@ -198,7 +204,8 @@ def transfer_from_log(path: Path, art_dir: Path, task: str, read_ttl_s: float
     row = data.pop("row")
     out: dict[str, Any] = {"transfer": transfer_report(Path(art_dir), task, ServedRows(**data),
                                                        row, read_ttl_s)}
-    for k in ("tr_online", "tr_online_ci", "tr_online_sd", "tr_online_raw", "tr_online_raw_ci",
+    for k in ("tr_online", "tr_online_ci", "tr_online_sd", "tr_online_within_bar_share",
+              "tr_online_raw", "tr_online_raw_ci",
               "tr_online_base_calibrated",
               "tr_online_teacher_bound", "gain_per_row",
               "tr_online_by_tier", "tr_offline_pair_100",

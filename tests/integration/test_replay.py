@@ -116,6 +116,12 @@ def test_replay_is_independent_of_worker_count_and_matches_its_schedule(tmp_path
                 assert band["ci_low"] < band["ci_high"] and 0.0 <= band["p_value"] <= 1.0
                 assert band["consistent"] == (band["p_value"] >= 0.05)
         assert "calibration slope" in summary_table(rep)
+        # the calibrated TR's own noise over whole requests, and how often a like window
+        # would land within the prediction bar of this one's figure
+        if rep["tr_online_ci"] is not None:
+            lo, hi = rep["tr_online_ci"]
+            assert lo <= hi and rep["tr_online_sd"] >= 0.0
+            assert 0.0 <= rep["tr_online_within_bar_share"] <= 1.0
 
     # one worker or two: the same pairs, served with the same tiers
     a = np.load(tmp_path / "w1" / "served.npz")

@@ -146,6 +146,8 @@ def test_compare_applies_the_bars() -> None:
     assert noisy["tr"]["error_sd"] == pytest.approx(0.032016, abs=1e-6)
     assert noisy["tr"]["error_z"] == pytest.approx(0.05 / 0.032016, rel=1e-4)
     assert "error_z" not in c["tr"]
+    shared = compare(pred, {**rep, "tr_online_within_bar_share": 0.4})
+    assert shared["tr"]["online_within_bar_share"] == 0.4
 
 
 def test_estimate_command_writes_json_and_plot(world, full, tmp_path, capsys) -> None:
