@@ -76,6 +76,17 @@ def main(argv: list[str] | None = None) -> int:
                            f"{c['online_within_bar_share']:.2f}")
             print(f"  {k:<20} predicted {c['predicted']:7.3f}  online {c['online']:7.3f}  "
                   f"error {c['error']:+7.3f}  within {c['tolerance']:.3f}: {c['within']}{sd}")
+        if chk["tr"] is not None and pred.get("tr_predicted_crossfit") is not None:
+            x = pred["tr_predicted_crossfit"]
+            print(f"  {'tr, cross-fit':<20} predicted {x:7.3f}  online {chk['tr']['online']:7.3f}  "
+                  f"error {x - chk['tr']['online']:+7.3f}  (sd {pred['tr_predicted_crossfit_sd']:.3f})")
+        g_p, g_o = pred.get("gain_per_row"), rep.get("gain_per_row")
+        if g_p and g_o:  # what a covered row is worth in each period (raw BCE gain per row)
+            def f(v: float | None) -> str:
+                return "n/a" if v is None else f"{v:.4f}"
+            print(f"  {'gain / covered row':<20} FM {f(g_p['fm']['present'])} -> "
+                  f"{f(g_o['fm']['present'])}, served {f(g_p['served']['present'])} -> "
+                  f"{f(g_o['served']['present'])} (validation -> window)")
         e = chk["fm_evals_per_1k_requests"]
         print(f"  {'fm evals / 1k req':<20} predicted {e['predicted']:7.0f}  online "
               f"{e['online']:7.0f}  ratio {e['ratio']:.3f}")

@@ -117,9 +117,11 @@ def crossfit_tr(y: np.ndarray, p_vm: np.ndarray, p_x: np.ndarray, p_fm: np.ndarr
                 first: np.ndarray) -> float:
     """Calibrated TR with every row measured once: each predictor's Platt fit on ``first`` is
     measured on the rest and its fit on the rest on ``first``, and TR is the ratio of the
-    summed BCE gaps over all rows. The estimand is ``transfer``'s ``tr_cal`` (a Platt fit on
-    half the rows, measured out of sample); measuring both halves instead of one roughly
-    halves its variance (``bench/predict.py`` reports both)."""
+    summed BCE gaps over all rows. Where the period is stationary this is ``transfer``'s
+    ``tr_cal`` (a Platt fit on half the rows, measured out of sample) with about half its
+    variance; where it drifts, fitting on the later half and measuring the earlier one is not
+    what a replay measures, so the prediction reports it beside the single split, not
+    instead of it."""
     gain = gap = 0.0
     for fit in (first, ~first):
         ev = ~fit
@@ -158,6 +160,16 @@ def calibrated_tr_ci(y: np.ndarray, p_vm: np.ndarray, p_x: np.ndarray, p_fm: np.
     lo, hi = np.quantile(ok, [alpha / 2, 1 - alpha / 2])
     return {"ci": [float(lo), float(hi)], "sd": float(ok.std(ddof=1)), "draws": int(len(ok)),
             "values": ok}
+
+
+def gain_per_row(y: np.ndarray, p_vm: np.ndarray, p_x: np.ndarray, p_fm: np.ndarray,
+                 present: np.ndarray) -> dict[str, dict[str, float | None]]:
+    """Each side's mean raw BCE gain per row over the VM alone (``fm``: the FM's own
+    probability, ``served``: ``p_x``), on the rows with a SOLARIS input and on the rest."""
+    la = M.bce_rows(y, p_vm)
+    return {name: {side: float((la - M.bce_rows(y, p))[m].mean()) if m.any() else None
+                   for side, m in (("present", present), ("missing", ~present))}
+            for name, p in (("fm", p_fm), ("served", p_x))}
 
 
 def base_calibrated_tr(y: np.ndarray, p_vm: np.ndarray, p_x: np.ndarray, p_fm: np.ndarray,

@@ -8,10 +8,9 @@ schedule decides which pairs the FM workers compute and when (``solaris.replay.c
 the workers' vectors go into an in-process ``PairStore`` and each request is looked up with
 the router's own code (``solaris.eval.served.simulate_serving``). The rows are then re-scored
 exactly as the replay re-scores its feature log (``solaris.replay.evaluate``): the served VM,
-the VM alone and the FM snapshot on the same rows, TR raw and calibrated. The calibrated
-figure measures both halves of the period by request time (each predictor's Platt fit on one
-half applied to the other, ``crossfit_tr``): the replay's own calibrated TR measures one half
-of its window, and the prediction need not copy that half's noise. Nothing of the window -- its requests, labels
+the VM alone and the FM snapshot on the same rows, TR raw and calibrated (Platt on the first
+half by request time, measured on the second), and beside it the calibrated TR with both
+halves measured (``crossfit_tr``), each with its spread over whole requests. Nothing of the window -- its requests, labels
 or scores -- is read: a test runs it on a dataset with the window deleted.
 
 No Ray here.
@@ -187,7 +186,8 @@ def served_period(art_dir: Path, manifest: dict, past: Dataset, cfg: SolarisConf
     from solaris.precompute.worker import load_models
     from solaris.replay.coverage import coverage_by_tier
     from solaris.replay.evaluate import (base_calibrated_tr, calibrated_tr_ci, crossfit_tr,
-                                         halves, score, transfer)
+                                         gain_per_row, halves, score, transfer)
+    from solaris.tiers import Tier
     from solaris.replay.log import build_request_log
     from solaris.online.scales import ScaleTable
     from solaris.online.scoring import Artifacts, VMScorer
@@ -233,26 +233,30 @@ def served_period(art_dir: Path, manifest: dict, past: Dataset, cfg: SolarisConf
     tr = transfer(y, p_alone, p_served, p_fm, first, second)
     la, lx, lf = (M.bce_rows(y, p) for p in (p_alone, p_served, p_fm))
     ci = M.tr_bootstrap(la, lx, lf, resamples, 0.05, seed)
-    # the calibrated figure: both halves measured (``crossfit_tr``), which has about half the
-    # variance of the single split the replay reports on its window and the same estimand
+    # the calibrated figure as the replay measures its window (Platt on the first half, TR
+    # on the second), and beside it both halves measured (``crossfit_tr``), each with its
+    # spread over whole requests
     n_cal = max(2, resamples // 5)
-    cal_ci = calibrated_tr_ci(y, p_alone, p_served, p_fm, first, rows.req, n_cal, seed,
-                              crossfit=True)
     one_ci = calibrated_tr_ci(y, p_alone, p_served, p_fm, first, rows.req, n_cal, seed)
+    both_ci = calibrated_tr_ci(y, p_alone, p_served, p_fm, first, rows.req, n_cal, seed,
+                               crossfit=True)
     cov = coverage_by_tier(rows.tier, rows.agg_present)
     info = slots.info
     return {
-        "tr_predicted": crossfit_tr(y, p_alone, p_served, p_fm, first),
-        "tr_predicted_ci": None if cal_ci is None else cal_ci["ci"],
-        "tr_predicted_sd": None if cal_ci is None else cal_ci["sd"],
-        "tr_predicted_single_split": tr["tr_cal"],
-        "tr_predicted_single_split_ci": None if one_ci is None else one_ci["ci"],
-        "tr_predicted_single_split_sd": None if one_ci is None else one_ci["sd"],
+        "tr_predicted": tr["tr_cal"],
+        "tr_predicted_ci": None if one_ci is None else one_ci["ci"],
+        "tr_predicted_sd": None if one_ci is None else one_ci["sd"],
+        "tr_predicted_crossfit": crossfit_tr(y, p_alone, p_served, p_fm, first),
+        "tr_predicted_crossfit_ci": None if both_ci is None else both_ci["ci"],
+        "tr_predicted_crossfit_sd": None if both_ci is None else both_ci["sd"],
         "tr_predicted_raw": tr["tr_raw"],
         "tr_predicted_raw_ci": [ci["ci_low"], ci["ci_high"]],
         "tr_predicted_base_calibrated": base_calibrated_tr(y, p_alone, p_served, p_fm, first,
                                                            second),
         "coverage_predicted": cov,
+        # what a covered row is worth here, as the replay reports it for its window
+        "gain_per_row": gain_per_row(y, p_alone, p_served, p_fm,
+                                     (rows.tier != Tier.NONE) | rows.agg_present),
         "fm_evals_predicted": int(info["fm_evals"]),
         "fm_evals_per_1k_requests_predicted": 1000.0 * info["fm_evals"] / max(1, lg.num_requests),
         "bce": {"raw": tr["bce_raw"], "calibrated_second_half": tr["bce_cal"]},
@@ -319,10 +323,10 @@ def prediction_table(pred: dict[str, Any], check: dict[str, Any] | None = None) 
         lines.append(f"  {name:<28}{fmt(p):>10}{fmt(o['online']) if o else '':>10}{extra}")
 
     row("TR (calibrated)", pred["tr_predicted"], "tr", ci(pred.get("tr_predicted_ci")))
-    if pred.get("tr_predicted_single_split") is not None:
-        lines.append(f"  {'TR (calibrated, one half)':<28}"
-                     f"{fmt(pred['tr_predicted_single_split']):>10}"
-                     f"{'':>10}{ci(pred.get('tr_predicted_single_split_ci'))}")
+    if "tr_predicted_crossfit" in pred:
+        lines.append(f"  {'TR (calibrated, cross-fit)':<28}"
+                     f"{fmt(pred['tr_predicted_crossfit']):>10}"
+                     f"{'':>10}{ci(pred.get('tr_predicted_crossfit_ci'))}")
     row("TR (raw)", pred["tr_predicted_raw"], "tr_raw", ci(pred.get("tr_predicted_raw_ci")))
     lines.append(f"  {'TR (base-calibrated)':<28}{fmt(pred['tr_predicted_base_calibrated']):>10}")
     for k in ("pair", "effective"):

@@ -94,7 +94,8 @@ def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_t
     on the labelled rows that map to interaction rows (and were served by ``art_dir``'s VM)."""
     from solaris.eval import metrics as M
     from solaris.replay.evaluate import (TIER_STEPS, base_calibrated_tr, calibrated_tr_ci,
-                                         fine_tune, halves, score, tier_worth, transfer)
+                                         fine_tune, gain_per_row, halves, score, tier_worth,
+                                         transfer)
 
     m = mapped(art_dir, task, rows, row, read_ttl_s)
     rows, vm, p_fm, z_real = m.rows, m.vm, m.p_fm, m.z_real
@@ -152,11 +153,7 @@ def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_t
     # the VM alone's elsewhere; and each side's gain per row over the VM alone
     bound = transfer(y, p_alone, np.where(present, p_fm, p_alone), p_fm, first, second)
     out["tr_online_teacher_bound"] = {"tr": bound["tr_cal"], "tr_raw": bound["tr_raw"]}
-    la = M.bce_rows(y, p_alone)
-    out["gain_per_row"] = {
-        name: {side: float((la - M.bce_rows(y, p))[m].mean()) if m.any() else None
-               for side, m in (("present", present), ("missing", ~present))}
-        for name, p in (("fm", p_fm), ("served", p_served))}
+    out["gain_per_row"] = gain_per_row(y, p_alone, p_served, p_fm, present)
     ci = M.tr_bootstrap(M.bce_rows(y, p_alone), M.bce_rows(y, p_served), M.bce_rows(y, p_fm),
                         resamples, 0.05)
     out["tr_online_raw_ci"] = [ci["ci_low"], ci["ci_high"]]  # paired bootstrap over rows

@@ -97,11 +97,15 @@ def test_the_prediction_is_the_validation_period_served(world, full) -> None:
     assert full["fm_evals_per_1k_requests_predicted"] == pytest.approx(
         1000.0 * full["fm_evals_predicted"] / src["requests"])
     for key in ("tr_predicted", "tr_predicted_raw", "tr_predicted_base_calibrated",
-                "tr_predicted_single_split"):
+                "tr_predicted_crossfit"):
         v = full[key]
         assert v is None or isinstance(v, float)
-    # the calibrated figure measures both halves; the replay's single split rides along
-    for key in ("tr_predicted", "tr_predicted_single_split"):
+    g = full["gain_per_row"]
+    assert set(g) == {"fm", "served"} and set(g["fm"]) == {"present", "missing"}
+    # rows without a SOLARIS input are scored as the VM alone: no gain there
+    assert g["served"]["missing"] is None or abs(g["served"]["missing"]) < 1e-6
+    # the calibrated figure as the replay measures it, and both halves measured beside it
+    for key in ("tr_predicted", "tr_predicted_crossfit"):
         ci = full[f"{key}_ci"]
         if ci is not None and math.isfinite(full[key]):
             assert ci[0] <= ci[1] and full[f"{key}_sd"] >= 0.0

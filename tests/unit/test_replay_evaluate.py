@@ -132,3 +132,19 @@ def test_crossfit_tr_is_steadier_than_one_half_over_requests() -> None:
     assert both["ci"][1] - both["ci"][0] < one["ci"][1] - one["ci"][0]
     # too few usable resamples: no interval rather than a made-up one
     assert calibrated_tr_ci(y, p_vm, p_x, p_fm, np.ones_like(first), req, 20) is None
+
+
+def test_gain_per_row_splits_each_sides_gain_by_presence() -> None:
+    from solaris.eval import metrics as M
+    from solaris.replay.evaluate import gain_per_row
+
+    y, p_vm, p_x, p_fm, _, _ = _world()
+    present = p_x != p_vm
+    g = gain_per_row(y, p_vm, p_x, p_fm, present)
+    la = M.bce_rows(y, p_vm)
+    assert g["fm"]["present"] == pytest.approx((la - M.bce_rows(y, p_fm))[present].mean())
+    assert g["fm"]["missing"] == pytest.approx((la - M.bce_rows(y, p_fm))[~present].mean())
+    assert g["served"]["present"] == pytest.approx((la - M.bce_rows(y, p_x))[present].mean())
+    assert g["served"]["missing"] == 0.0  # the VM alone's own scores there
+    none = gain_per_row(y, p_vm, p_x, p_fm, np.zeros(len(y), bool))
+    assert none["fm"]["present"] is None and none["served"]["present"] is None
