@@ -78,8 +78,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"error {c['error']:+7.3f}  within {c['tolerance']:.3f}: {c['within']}{sd}")
         if chk["tr"] is not None and pred.get("tr_predicted_crossfit") is not None:
             x = pred["tr_predicted_crossfit"]
-            print(f"  {'tr, cross-fit':<20} predicted {x:7.3f}  online {chk['tr']['online']:7.3f}  "
-                  f"error {x - chk['tr']['online']:+7.3f}  (sd {pred['tr_predicted_crossfit_sd']:.3f})")
+            on, sd_x = chk["tr"]["online"], pred.get("tr_predicted_crossfit_sd")
+            print(f"  {'tr, cross-fit':<20} predicted {x:7.3f}  online {on:7.3f}  "
+                  f"error {x - on:+7.3f}  (sd {'n/a' if sd_x is None else format(sd_x, '.3f')})")
         g_p, g_o = pred.get("gain_per_row"), rep.get("gain_per_row")
         if g_p and g_o:  # what a covered row is worth in each period (raw BCE gain per row)
             def f(v: float | None) -> str:

@@ -10,8 +10,9 @@ the router's own code (``solaris.eval.served.simulate_serving``). The rows are t
 exactly as the replay re-scores its feature log (``solaris.replay.evaluate``): the served VM,
 the VM alone and the FM snapshot on the same rows, TR raw and calibrated (Platt on the first
 half by request time, measured on the second), and beside it the calibrated TR with both
-halves measured (``crossfit_tr``), each with its spread over whole requests. Nothing of the window -- its requests, labels
-or scores -- is read: a test runs it on a dataset with the window deleted.
+halves measured (``crossfit_tr``), each with its spread over whole requests. Nothing of the
+window -- its requests, labels or scores -- is read: a test runs it on a dataset with the
+window deleted.
 
 No Ray here.
 """
@@ -187,12 +188,12 @@ def served_period(art_dir: Path, manifest: dict, past: Dataset, cfg: SolarisConf
     from solaris.replay.coverage import coverage_by_tier
     from solaris.replay.evaluate import (base_calibrated_tr, calibrated_tr_ci, crossfit_tr,
                                          gain_per_row, halves, score, transfer)
-    from solaris.tiers import Tier
     from solaris.replay.log import build_request_log
     from solaris.online.scales import ScaleTable
     from solaris.online.scoring import Artifacts, VMScorer
     from solaris.train.artifacts import load_base
     from solaris.train.teacher import Teacher, teacher_outputs
+    from solaris.tiers import Tier
 
     art = Artifacts.open(art_dir)
     say("building the period's requests")
