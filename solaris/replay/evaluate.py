@@ -162,6 +162,20 @@ def calibrated_tr_ci(y: np.ndarray, p_vm: np.ndarray, p_x: np.ndarray, p_fm: np.
             "values": ok}
 
 
+def tr_tolerance(tr_online: float) -> float:
+    """The prediction bar around an online TR: max(0.03, 0.3 |TR|)."""
+    return max(0.03, 0.3 * abs(tr_online))
+
+
+def within_bar_share(draws: np.ndarray, tr_online: float) -> float | None:
+    """Share of ``draws`` (resampled TR figures) within ``tr_tolerance`` of ``tr_online``:
+    how often a like window would land within the prediction bar of this one."""
+    draws = np.asarray(draws, dtype=np.float64)
+    if not np.isfinite(tr_online) or not len(draws):
+        return None
+    return float(np.mean(np.abs(draws - tr_online) <= tr_tolerance(tr_online)))
+
+
 def gain_per_row(y: np.ndarray, p_vm: np.ndarray, p_x: np.ndarray, p_fm: np.ndarray,
                  present: np.ndarray) -> dict[str, dict[str, float | None]]:
     """Each side's mean raw BCE gain per row over the VM alone (``fm``: the FM's own

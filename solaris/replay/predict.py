@@ -277,6 +277,8 @@ def compare(pred: dict[str, Any], rep: dict[str, Any]) -> dict[str, Any]:
     issue's bars: |TR online - predicted| <= max(0.03, 0.3 |TR online|) (calibrated and raw),
     |coverage - predicted| <= 0.05 (pair and effective); for the calibrated TR, where both
     sides measured their noise, the error in units of it (``error_z``)."""
+    from solaris.replay.evaluate import tr_tolerance
+
     out: dict[str, Any] = {}
     for name, p_key, o_key in (("tr", "tr_predicted", "tr_online"),
                                ("tr_raw", "tr_predicted_raw", "tr_online_raw")):
@@ -284,7 +286,7 @@ def compare(pred: dict[str, Any], rep: dict[str, Any]) -> dict[str, Any]:
         if o is None or p is None:
             out[name] = None
             continue
-        tol = max(0.03, 0.3 * abs(o))
+        tol = tr_tolerance(o)
         out[name] = {"online": o, "predicted": p, "error": p - o, "tolerance": tol,
                      "within": bool(abs(p - o) <= tol)}
     if out["tr"] is not None:  # each side's own sampling noise, where measured

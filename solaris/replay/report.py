@@ -95,7 +95,7 @@ def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_t
     from solaris.eval import metrics as M
     from solaris.replay.evaluate import (TIER_STEPS, base_calibrated_tr, calibrated_tr_ci,
                                          fine_tune, gain_per_row, halves, score, tier_worth,
-                                         transfer)
+                                         transfer, within_bar_share)
 
     m = mapped(art_dir, task, rows, row, read_ttl_s)
     rows, vm, p_fm, z_real = m.rows, m.vm, m.p_fm, m.z_real
@@ -138,11 +138,9 @@ def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_t
     out["tr_online_ci"] = None if noise is None else noise["ci"]
     out["tr_online_sd"] = None if noise is None else noise["sd"]
     # how often a replay of this system on a window like this one lands within the
-    # prediction bar (max(0.03, 0.3 |TR|)) of this one's figure: the share of those draws
-    tol = max(0.03, 0.3 * abs(online["tr_cal"])) if np.isfinite(online["tr_cal"]) else None
+    # prediction bar of this one's figure: the share of those draws
     out["tr_online_within_bar_share"] = (
-        None if noise is None or tol is None
-        else float(np.mean(np.abs(noise["values"] - online["tr_cal"]) <= tol)))
+        None if noise is None else within_bar_share(noise["values"], online["tr_cal"]))
     out["tr_online_raw"] = online["tr_raw"]
     # calibrated as the system would be: one Platt fit of the VM alone (first half) applied to
     # the VM alone and to the served scores alike, so rows without SOLARIS input stay equal to

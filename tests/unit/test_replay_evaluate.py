@@ -148,3 +148,16 @@ def test_gain_per_row_splits_each_sides_gain_by_presence() -> None:
     assert g["served"]["missing"] == 0.0  # the VM alone's own scores there
     none = gain_per_row(y, p_vm, p_x, p_fm, np.zeros(len(y), bool))
     assert none["fm"]["present"] is None and none["served"]["present"] is None
+
+
+def test_within_bar_share_counts_draws_inside_the_prediction_bar() -> None:
+    from solaris.replay.evaluate import tr_tolerance, within_bar_share
+
+    assert tr_tolerance(0.05) == 0.03 and tr_tolerance(-0.5) == pytest.approx(0.15)
+    # around 0.05 the bar is 0.03: 0.021 and 0.079 inside, 0.081 and 0.0 outside
+    draws = np.array([0.05, 0.021, 0.079, 0.081, 0.0])
+    assert within_bar_share(draws, 0.05) == pytest.approx(3 / 5)
+    # around 0.5 it is 0.15 wide
+    assert within_bar_share(np.array([0.36, 0.64, 0.7]), 0.5) == pytest.approx(2 / 3)
+    assert within_bar_share(draws, float("nan")) is None
+    assert within_bar_share(np.zeros(0), 0.05) is None
