@@ -6,8 +6,9 @@ benchmark at 2 and 4 cache shards, in one run.
 Runs ``bench/actor_call.py`` (what one actor call costs each side, the threaded kind a cache
 shard is), then ``bench/serve.py`` at 500 candidates, the VM alone and SOLARIS only, a
 quarter of the VM-alone saturation rate, KNN tables published and every tier forced on
-(``--all-tiers``: every VM's scales set to 1, so no tier is skipped), once per shard count. For each it reports SOLARIS's extra CPU per request over the VM alone (medians
-over interleaved trials, every process of the run summed) against its floor:
+(``--all-tiers``: every VM's scales set to 1, so no tier is skipped), once per shard count.
+For each it reports SOLARIS's extra CPU per request over the VM alone (medians over
+interleaved trials, every process of the run summed) against its floor:
 
     actor calls per SOLARIS request x one call's CPU (caller + actor) + 1.5 ms
 
@@ -89,6 +90,10 @@ def main() -> int:
     p.add_argument("--shards", default="2,4")
     p.add_argument("--load", type=float, default=0.25)
     p.add_argument("--num-cpus", type=int, default=2)
+    p.add_argument("--no-overlap", action="store_true",
+                   help="serve.overlap false: the slots travel to the VM replica, which runs "
+                        "one forward after the lookup round (the request path before the "
+                        "overlap), for an A/B")
     args = p.parse_args()
     t0 = time.perf_counter()
     py = sys.executable
@@ -100,7 +105,8 @@ def main() -> int:
         out = {"actor_call": call, "by_shards": {}}
         for n in [int(x) for x in args.shards.split(",")]:
             cfg = tmp_p / f"shards{n}.yaml"
-            cfg.write_text(f"cache:\n  num_shards: {n}\n")
+            cfg.write_text(f"cache:\n  num_shards: {n}\n"
+                           + ("serve:\n  overlap: false\n" if args.no_overlap else ""))
             js = tmp_p / f"serve{n}.json"
             _run([py, "bench/serve.py", "--json", str(js), "--sizes", "500", "--modes",
                   "vm,solaris", "--load", str(args.load), "--trials", str(args.trials),

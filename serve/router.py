@@ -27,10 +27,11 @@ from serve.http import (MAX_ID, RETRY_AFTER_S, FeedbackRequest, RankRequest, Ran
 from solaris.online import verifier
 from solaris.cache.query import Slots
 from solaris.config import SolarisConfig, config_to_dict, load_config
+from solaris.errors import RequestError
 from solaris.online.rollout import RolloutPolicy
 from solaris.online.scales import ScaleError, ScaleTable
-from solaris.online.scoring import (Artifacts, InlineFM, PackedSlots, ScoreRequest, decode_scores,
-                             encode_score_request)
+from solaris.online.scoring import (Artifacts, InlineFM, PackedSlots, ResidualHead,
+                                    ScoreRequest, decode_scores, encode_score_request)
 from solaris.knn.neighbours import NeighbourTable
 from solaris.online.serving import AfterAnswer, ColdStartMemo, is_cold
 from solaris.tiers import LABELS as TIER_LABELS
@@ -60,6 +61,19 @@ class LookupRouter:
         self.policy = RolloutPolicy({t: [a.version for a in arts if t in a.tasks]
                                      for t in self.tasks}, cfg.serve.rollout_threshold,
                                     cfg.serve.rollout_min_lookups)
+        # a residual VM's corrections, run here while the VM replica runs the VM alone beside
+        # the lookup round (serve.overlap); None for a jointly trained VM (one forward there)
+        self.heads: dict[tuple[str, str], ResidualHead | None] = {}
+        if cfg.serve.overlap:
+            import torch
+
+            torch.set_num_threads(1)  # as the VM replicas: the corrections round as theirs do
+            for a in arts:
+                for t in a.tasks:
+                    try:
+                        self.heads[(a.version, t)] = ResidualHead(a, t, cfg.cache.read_ttl_s)
+                    except RequestError:  # a jointly trained VM
+                        self.heads[(a.version, t)] = None
         self.backend = Backend(cfg, settings)
         self.knn = knn_tables(cfg, settings["app_id"])
         self._knn_poll: Any = None  # the pointer poll running on a thread, if any
@@ -181,12 +195,15 @@ class LookupRouter:
             log.exception("cold-start neighbours for user %s failed; next tier", user)
             return None
 
-    async def _score(self, task: str, version: str, req: ScoreRequest) -> np.ndarray:
-        handle = self.vms[task]
+    async def _score(self, task: str, version: str, req: ScoreRequest,
+                     method: str = "score") -> np.ndarray:
+        """The VM replica's answer to ``req``: ``score`` ((2, C) probabilities) or ``base``
+        (the VM alone's (C,) logits); one retry, then ``Unavailable``."""
+        handle = getattr(self.vms[task], method)
         payload = encode_score_request(version, req)
         for attempt in (0, 1):
             try:
-                return decode_scores(await handle.score.remote(payload))
+                return decode_scores(await handle.remote(payload))
             except Exception as e:  # replica died mid-call, or none is running: retry once
                 if attempt:
                     raise Unavailable(f"no VM replica for task {task!r} answered: "
@@ -226,17 +243,38 @@ class LookupRouter:
         loop = asyncio.get_running_loop()
         slots: Slots | None = None
         steps: dict[str, float] = {}
-        if mode == "solaris":
-            slots = await self._lookup(body.user_id, items, now, version, body.surface, steps)
-        elif mode == "inline":
-            slots = await loop.run_in_executor(self._io, self._inline_slots, body.user_id,
-                                               items, body.surface, now)
-        t1 = time.perf_counter()
-        req = ScoreRequest(body.user_id, items, body.surface,
-                           PackedSlots.pack(slots) if slots is not None else None,
-                           self.scales.array(version, body.task))
+        extra: dict[str, float] = {}
+        head = self.heads.get((version, body.task)) if mode == "solaris" else None
+        alone = None
+        if head is not None:  # the VM alone's forward runs while the lookup round does
+            alone = asyncio.ensure_future(self._score(
+                body.task, version, ScoreRequest(body.user_id, items, body.surface, None),
+                "base"))
         try:
-            probs, base = await self._score(body.task, version, req)
+            if mode == "solaris":
+                slots = await self._lookup(body.user_id, items, now, version, body.surface,
+                                           steps)
+            elif mode == "inline":
+                slots = await loop.run_in_executor(self._io, self._inline_slots, body.user_id,
+                                                   items, body.surface, now)
+        except BaseException:
+            if alone is not None:  # the answer is an error: the VM alone's is not needed
+                alone.cancel()
+                alone.add_done_callback(lambda f: f.cancelled() or f.exception())
+            raise
+        t1 = time.perf_counter()
+        try:
+            if alone is not None:
+                base_logit = await alone
+                t_head = time.perf_counter()
+                probs, base = head.served(base_logit, slots,
+                                          self.scales.array(version, body.task))
+                extra["head"] = time.perf_counter() - t_head
+            else:
+                req = ScoreRequest(body.user_id, items, body.surface,
+                                   PackedSlots.pack(slots) if slots is not None else None,
+                                   self.scales.array(version, body.task))
+                probs, base = await self._score(body.task, version, req)
         except Unavailable as e:
             return self._error(503, "task", str(e),
                                headers={"Retry-After": str(RETRY_AFTER_S)})
@@ -263,7 +301,9 @@ class LookupRouter:
                          "knn": (self.knn.version or "") if self.knn else ""},
             "features": features})
         t3 = time.perf_counter()
-        self._phases[mode].append({"enrich": t1 - t0, "vm": t2 - t1, "answer": t3 - t2,
+        # with serve.overlap, "vm" is the wait for the VM alone after the lookup round plus
+        # the corrections ("head", also on its own)
+        self._phases[mode].append({"enrich": t1 - t0, "vm": t2 - t1, "answer": t3 - t2, **extra,
                                    **{f"lookup_{k}": v for k, v in steps.items()}})
         self._m_latency.observe((t3 - t0) * 1000.0,
                                 tags={"mode": mode, "task": body.task})

@@ -1,6 +1,8 @@
 """The VM deployment: one task's vertical models (one per live version) behind
-``@serve.batch``. Named ``VMReplicas``, not after the ``nn.Module`` it serves
-(``solaris.models.vm.VerticalModel``); its deployments are named ``VM_<task>``."""
+``@serve.batch``: ``score`` (the served probabilities and the VM alone's) and, for a residual
+VM, ``base`` (the VM alone's logits, which the router completes with the corrections). Named
+``VMReplicas``, not after the ``nn.Module`` it serves (``solaris.models.vm.VerticalModel``);
+its deployments are named ``VM_<task>``."""
 
 from __future__ import annotations
 
@@ -33,8 +35,9 @@ class VMReplicas:
             if task in art.tasks:
                 self.scorers[art.version] = VMScorer(art, task, art.side_tables(),
                                                      cfg.cache.read_ttl_s)
-        self.score.set_max_batch_size(cfg.serve.vm_batch_size)
-        self.score.set_batch_wait_timeout_s(cfg.serve.vm_batch_wait_s)
+        for method in (self.score, self.base):
+            method.set_max_batch_size(cfg.serve.vm_batch_size)
+            method.set_batch_wait_timeout_s(cfg.serve.vm_batch_wait_s)
         log.info("VM %s: versions %s", task, list(self.scorers))
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.002)
@@ -50,6 +53,19 @@ class VMReplicas:
             for i, p in zip(idx, self.scorers[version].score([reqs[i][1] for i in idx],
                                                              with_base=True)):
                 out[i] = encode_scores(p)
+        return out  # type: ignore[return-value]
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.002)
+    async def base(self, payloads: list[bytes]) -> list[bytes]:
+        """A ``scores`` frame per request of the VM alone's (C,) logits inside a residual VM
+        (``VMScorer.base_logits``): the router sends it while its lookup round runs and adds
+        the corrections itself (``solaris.online.scoring.ResidualHead``)."""
+        reqs = [decode_score_request(p) for p in payloads]
+        out: list[bytes | None] = [None] * len(reqs)
+        for version in {v for v, _ in reqs}:
+            idx = [i for i, (v, _) in enumerate(reqs) if v == version]
+            for i, b in zip(idx, self.scorers[version].base_logits([reqs[i][1] for i in idx])):
+                out[i] = encode_scores(b)
         return out  # type: ignore[return-value]
 
     def versions(self) -> list[str]:

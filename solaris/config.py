@@ -596,6 +596,11 @@ class ServeConfig:
     # cold-start neighbour queries kept (an LRU map keyed by the query's exact inputs: a hit
     # is the answer a fresh query would give); 0: none kept
     cold_start_memo: int = 4096
+    # a residual VM's VM alone runs beside the lookup round (the VM replica's ``base``) and the
+    # router adds the corrections to its logits (``solaris.online.scoring.ResidualHead``): the
+    # same scores, bit for bit, with the lookup no longer in front of the VM call; false: the
+    # slots travel to the VM replica, which runs one forward after the lookup
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         _check(self.mode in ("solaris", "vm", "inline"), "serve.mode", self.mode,

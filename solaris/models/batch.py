@@ -33,6 +33,9 @@ KEYS: dict[str, type] = {
     "agg_emb": np.float32,  # (B, d) the user slot (anything where absent)
     "agg_present": np.float32,  # (B,) 1.0 where the user slot is present
 }
+# the keys of the two SOLARIS slots (``slot_batch``)
+SLOT_KEYS: dict[str, type] = {k: KEYS[k] for k in ("pair_emb", "pair_present", "pair_tier",
+                                                   "pair_age", "agg_emb", "agg_present")}
 
 
 def vm_batch(user: np.ndarray, item: np.ndarray, surface: np.ndarray, user_cat: np.ndarray,
@@ -50,28 +53,38 @@ def vm_batch(user: np.ndarray, item: np.ndarray, surface: np.ndarray, user_cat: 
     """
     cols = {"user": user, "item": item, "surface": surface, "user_cat": user_cat,
             "item_cat": item_cat, "item_cont": item_cont}
-    n = len(user)
+    cols.update(_slot_cols(len(user), slots, dim, read_ttl_s))
+    return _tensors(cols, KEYS, len(user))
+
+
+def slot_batch(n: int, slots: Slots | None = None, *, dim: int | None = None,
+               read_ttl_s: float | None = None) -> dict[str, Tensor]:
+    """The slot keys of ``vm_batch`` alone (``SLOT_KEYS``), built the same way: what the
+    residual VM's corrections read (``ResidualVM.forward`` given the base's logits)."""
+    return _tensors(_slot_cols(n, slots, dim, read_ttl_s), SLOT_KEYS, n)
+
+
+def _slot_cols(n: int, slots: Slots | None, dim: int | None, read_ttl_s: float | None
+               ) -> dict[str, np.ndarray]:
     if slots is None:
         if dim is None:
             raise ValueError("dim=None: the width of the absent slots is needed without slots")
-        cols.update(pair_emb=np.zeros((n, dim), np.float32),
-                    pair_present=np.zeros(n, np.float32),
-                    pair_tier=np.full(n, Tier.NONE, np.int64),
-                    pair_age=np.zeros(n, np.float32),
-                    agg_emb=np.zeros((n, dim), np.float32),
-                    agg_present=np.zeros(n, np.float32))
+        return dict(pair_emb=np.zeros((n, dim), np.float32), pair_present=np.zeros(n, np.float32),
+                    pair_tier=np.full(n, Tier.NONE, np.int64), pair_age=np.zeros(n, np.float32),
+                    agg_emb=np.zeros((n, dim), np.float32), agg_present=np.zeros(n, np.float32))
+    if read_ttl_s is None:
+        tier = np.where(slots.pair_present, Tier.PAIR, Tier.NONE)
+        age = np.zeros(len(tier), np.float32)
     else:
-        if read_ttl_s is None:
-            tier = np.where(slots.pair_present, Tier.PAIR, Tier.NONE)
-            age = np.zeros(len(tier), np.float32)
-        else:
-            tier = slots.pair_tier
-            age = np.asarray(slots.pair_age_s) / float(read_ttl_s)
-        cols.update(pair_emb=slots.pair_emb, pair_present=slots.pair_present,
-                    pair_tier=tier, pair_age=age, agg_emb=slots.agg_emb,
-                    agg_present=slots.agg_present)
+        tier = slots.pair_tier
+        age = np.asarray(slots.pair_age_s) / float(read_ttl_s)
+    return dict(pair_emb=slots.pair_emb, pair_present=slots.pair_present, pair_tier=tier,
+                pair_age=age, agg_emb=slots.agg_emb, agg_present=slots.agg_present)
+
+
+def _tensors(cols: dict[str, np.ndarray], keys: dict[str, type], n: int) -> dict[str, Tensor]:
     out = {}
-    for key, dtype in KEYS.items():
+    for key, dtype in keys.items():
         a = np.ascontiguousarray(cols[key], dtype=dtype)
         if len(a) != n:
             raise ValueError(f"{key}: {len(a)} rows, expected {n} (as user)")

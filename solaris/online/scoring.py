@@ -13,10 +13,12 @@ the inline FM an unknown item's pair slot is absent.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -26,7 +28,7 @@ from solaris import wire
 from solaris.cache.query import Slots
 from solaris.data.schema import FeatureSpec
 from solaris.errors import CheckpointError, RequestError
-from solaris.models.batch import vm_batch
+from solaris.models.batch import slot_batch, vm_batch
 from solaris.models.blocks import blockwise
 from solaris.models.residual import ResidualVM
 from solaris.precompute.pqueue import Group
@@ -73,6 +75,48 @@ def _with_oov_row(emb: nn.Embedding) -> nn.Embedding:
     """The table plus one row (index n) holding the mean of the trained rows."""
     w = emb.weight.detach()
     return nn.Embedding.from_pretrained(torch.cat([w, w.mean(0, keepdim=True)]), freeze=True)
+
+
+@contextmanager
+def scales_set(model: nn.Module, scales: np.ndarray | None) -> Iterator[None]:
+    """A residual VM with ``scales`` (2, 4) in place of its own for the block, its own
+    restored after; None: as it is."""
+    if scales is None:
+        yield
+        return
+    own = model.scale.clone()
+    model.scale.copy_(torch.from_numpy(np.array(scales, np.float32).reshape(own.shape)))
+    try:
+        yield
+    finally:
+        model.scale.copy_(own)
+
+
+def _load_vm(artifacts: Artifacts, task: str) -> tuple[nn.Module, nn.Module, dict]:
+    """(served model, its VM alone, checkpoint meta) of ``task``'s VM: a residual VM
+    (``solaris/models/residual.py``) wraps its VM alone; older checkpoints are the jointly
+    trained VM itself (then both are that model)."""
+    if task not in artifacts.vm_files:
+        raise RequestError(f"task={task!r}: no VM for it (tasks: {', '.join(artifacts.tasks)})")
+    ck = load_checkpoint(artifacts.root / artifacts.vm_files[task], "vm")
+    meta = ck["meta"]
+    vm = vm_alone_from_checkpoint(ck)
+    model: torch.nn.Module = vm
+    residual = bool(meta.get("residual", False))
+    if residual:
+        model = ResidualVM(vm, int(meta["slot_dim"]), int(meta["hidden"]),
+                           use_pair=bool(meta["use_pair"]), use_agg=bool(meta["use_agg"]),
+                           use_z=bool(meta.get("use_z", True)),
+                           imputed=bool(meta.get("imputed", False)))
+    state = ck["state_dict"]
+    if residual and "present_affine" not in state:  # saved before the map existed
+        state = {**state, "present_affine": model.present_affine.clone()}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise CheckpointError(f"{artifacts.root / artifacts.vm_files[task]}: weights do not "
+                              f"fit the model its config describes ({e})") from e
+    return model, vm, meta
 
 
 @dataclass
@@ -176,28 +220,8 @@ class VMScorer:
                  read_ttl_s: float = 4 * 3600.0, block_rows: int = VM_BLOCK_ROWS):
         """``block_rows``: the fixed block size of the forward (0: one call per batch)."""
         self.block_rows = int(block_rows)
-        if task not in artifacts.vm_files:
-            raise RequestError(f"task={task!r}: no VM for it (tasks: {', '.join(artifacts.tasks)})")
-        ck = load_checkpoint(artifacts.root / artifacts.vm_files[task], "vm")
-        meta = ck["meta"]
-        vm = vm_alone_from_checkpoint(ck)
-        # a residual VM (solaris/models/residual.py) wraps its VM alone; older checkpoints are
-        # the jointly trained VM itself
-        self.residual = bool(meta.get("residual", False))
-        model: torch.nn.Module = vm
-        if self.residual:
-            model = ResidualVM(vm, int(meta["slot_dim"]), int(meta["hidden"]),
-                               use_pair=bool(meta["use_pair"]), use_agg=bool(meta["use_agg"]),
-                               use_z=bool(meta.get("use_z", True)),
-                               imputed=bool(meta.get("imputed", False)))
-        state = ck["state_dict"]
-        if self.residual and "present_affine" not in state:  # saved before the map existed
-            state = {**state, "present_affine": model.present_affine.clone()}
-        try:
-            model.load_state_dict(state)
-        except RuntimeError as e:
-            raise CheckpointError(f"{artifacts.root / artifacts.vm_files[task]}: weights do not "
-                                  f"fit the model its config describes ({e})") from e
+        model, vm, meta = _load_vm(artifacts, task)
+        self.residual = isinstance(model, ResidualVM)
         vm.user_emb = _with_oov_row(vm.user_emb)
         vm.item_emb = _with_oov_row(vm.item_emb)
         self.model = model.eval()
@@ -270,17 +294,10 @@ class VMScorer:
             groups.setdefault(key, []).append(i)
         out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(requests)
         for key, idx in groups.items():
-            own = None
-            if key is not None:
-                own = self.model.scale.clone()
-                self.model.scale.copy_(torch.from_numpy(
-                    np.frombuffer(key, np.float32).reshape(own.shape).copy()))
-            try:
+            scales = None if key is None else np.frombuffer(key, np.float32)
+            with scales_set(self.model, scales):
                 for i, p in zip(idx, self._forward([requests[i] for i in idx], with_base)):
                     out[i] = p
-            finally:
-                if own is not None:
-                    self.model.scale.copy_(own)
         return out
 
     def _forward(self, requests: Sequence[ScoreRequest], with_base: bool = False
@@ -300,6 +317,62 @@ class VMScorer:
                                 self.block_rows)
         both = np.stack([logit.numpy(), base.numpy()])
         return np.split(both, cuts, axis=1)  # (2, C) each
+
+    @torch.inference_mode()
+    def base_logits(self, requests: Sequence[ScoreRequest]) -> list[np.ndarray]:
+        """The VM alone's logits (C_r,) float32 of each request's candidates (slots and
+        scales ignored): what ``ResidualHead.served`` completes into the served scores, in the
+        same fixed-size blocks as ``score``, so the two give ``score(with_base=True)``'s
+        bits. A jointly trained VM has no VM alone inside: ``RequestError``."""
+        if not self.residual:
+            raise RequestError(f"task={self.task!r}, version={self.version!r}: not a residual "
+                               "VM; it scores with its slots in one forward (score)")
+        if not requests:
+            return []
+        batch = self.batch([dataclasses.replace(r, slots=None) for r in requests])
+        cuts = np.cumsum([len(r.items) for r in requests])[:-1]
+        return np.split(blockwise(self.model.base, batch, self.block_rows).numpy(), cuts)
+
+
+class ResidualHead:
+    """A residual VM's corrections without its VM alone: ``served(base logits, slots,
+    scales)`` gives the (2, C) probabilities ``VMScorer.score(with_base=True)`` gives, bit
+    for bit (the same modules on the same fixed-size blocks, ``tests/unit/test_scoring.py``).
+
+    The router holds one per residual VM, so that its lookup round and the VM alone's forward
+    run side by side (``VMScorer.base_logits`` in the VM replica): the corrections read only
+    the slots, their tier and age and the base's logit, a few small products per candidate.
+    """
+
+    def __init__(self, artifacts: Artifacts, task: str, read_ttl_s: float = 4 * 3600.0,
+                 block_rows: int = VM_BLOCK_ROWS):
+        model, _, meta = _load_vm(artifacts, task)
+        if not isinstance(model, ResidualVM):
+            raise RequestError(f"task={task!r}: {artifacts.root} holds a jointly trained VM, "
+                               "not a residual one; it has no corrections of its own")
+        self.model = model.eval()
+        self.model.base = None  # the VM replica runs it; forward is always given its logits
+        self.task = task
+        self.dim = int(meta["slot_dim"])
+        self.read_ttl_s = float(read_ttl_s)
+        self.block_rows = int(block_rows)
+
+    @torch.inference_mode()
+    def served(self, base_logit: np.ndarray, slots: Slots | None,
+               scales: np.ndarray | None = None) -> np.ndarray:
+        """(2, C) float32: the served probabilities and the VM alone's, from the VM alone's
+        logits (C,) and the request's slots as looked up (None: none, the VM alone);
+        ``scales`` (2, 4): the router's live scales for this VM (None: the VM's own)."""
+        b = np.array(base_logit, np.float32)  # a copy: a decoded frame is read-only
+        if b.ndim != 1:
+            raise RequestError(f"base_logit: expected shape (C,), got {b.shape}")
+        batch = slot_batch(len(b), slots, dim=self.dim, read_ttl_s=self.read_ttl_s)
+        batch["base"] = torch.from_numpy(b)
+        with scales_set(self.model, scales):
+            logit, base = blockwise(
+                lambda x: (torch.sigmoid(self.model(x, base_logit=x["base"])),
+                           torch.sigmoid(x["base"])), batch, self.block_rows)
+        return np.stack([logit.numpy(), base.numpy()])
 
 
 class InlineFM:

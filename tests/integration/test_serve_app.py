@@ -171,6 +171,9 @@ def test_stats_split_the_router_time_and_count_the_lookup_rounds(app):
     assert all(sol[k] > 0 for k in ("enrich_ms", "vm_ms", "answer_ms", *steps))
     assert sum(sol[k] for k in steps) <= sol["enrich_ms"] * 1.5  # the round's steps, medians
     assert not any(k in vm for k in steps)
+    # serve.overlap (the default): the VM alone ran beside the lookup round, the residual VM's
+    # corrections in the router; a VM-alone request has none to run
+    assert sol["head_ms"] > 0 and "head_ms" not in vm
 
 
 def test_unknown_ids_are_served_through_fallbacks(app):

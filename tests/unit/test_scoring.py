@@ -185,3 +185,63 @@ def test_training_leaves_the_callers_thread_count_as_it_was(tmp_path):
         assert torch.get_num_threads() == mine
     finally:
         torch.set_num_threads(before)
+
+
+def _random_slots(rng: np.random.Generator, c: int, d: int) -> Slots:
+    """Slots of every tier (own pair, user and item neighbour, none), ages across the TTL, an
+    aggregate on most candidates; NaN where a slot is absent (it must never leak)."""
+    tier = rng.choice([Tier.NONE, Tier.PAIR, Tier.USER_NEIGHBOUR, Tier.ITEM_NEIGHBOUR], c)
+    present = tier != Tier.NONE
+    agg_present = rng.random(c) < 0.8
+    return Slots(pair_emb=np.where(present[:, None], rng.normal(size=(c, d)),
+                                   np.nan).astype(np.float32),
+                 pair_present=present, pair_tier=tier.astype(np.int64),
+                 pair_age_s=np.where(present, rng.uniform(0, 14400, c), 0.0),
+                 agg_emb=np.where(agg_present[:, None], rng.normal(size=(c, d)),
+                                  np.nan).astype(np.float32),
+                 agg_present=agg_present, missing=~present)
+
+
+def test_the_router_side_head_gives_the_served_scores_bit_for_bit(art):
+    """``VMScorer.base_logits`` (the VM replica) and ``ResidualHead.served`` (the router) give
+    exactly ``score(with_base=True)``'s bits, request by request, whatever the requests that
+    shared the replica's batch, their sizes across block boundaries, the slots' tiers, NaNs in
+    absent slots, and per-request scales; with no slots both rows are the VM alone's."""
+    import dataclasses
+
+    from solaris.online.scoring import ResidualHead
+
+    vm = VMScorer(art, "click", art.side_tables())
+    head = ResidualHead(art, "click", vm.read_ttl_s)
+    assert vm.residual and head.model.base is None
+    # every tier on (a trained VM may ship a neighbour tier at 0), then one request with its own
+    on = vm.scales()
+    on[0, 1:] = 1.0
+    on[1, 1] = 1.0
+    half = on * 0.5
+    rng = np.random.default_rng(7)
+    reqs = []
+    for u, n, sc in ((3, 40, on), (8, 600, on), (1, 512, half), (4, 1, on), (2, 77, on)):
+        items = rng.choice(art.num_items + 5, n)  # a few unknown items too
+        reqs.append(ScoreRequest(u, items, 0, _random_slots(rng, n, vm.dim), sc))
+    reqs.append(ScoreRequest(6, rng.choice(art.num_items, 90), 0, None, on))
+    want = vm.score(reqs, with_base=True)
+    logits = vm.base_logits(reqs[::-1])[::-1]  # another batch order on the replica side
+    for r, w, b in zip(reqs, want, logits):
+        got = head.served(b, r.slots, r.scales)
+        assert got.dtype == np.float32 and got.shape == w.shape
+        np.testing.assert_array_equal(got, w)
+        if r.slots is not None:
+            assert (got[0] != got[1]).any()  # the corrections did something here
+            miss = ~r.slots.pair_present & ~r.slots.agg_present
+            np.testing.assert_array_equal(got[0][miss], got[1][miss])
+    np.testing.assert_array_equal(head.served(logits[-1], None)[0], want[-1][1])
+    assert np.array_equal(head.model.scale.numpy(), vm.model.scale.numpy())  # restored
+    alone = VMScorer(dataclasses.replace(art, vm_files={"click": "vm_click_alone.pt"}),
+                     "click", art.side_tables())
+    with pytest.raises(RequestError, match="not a residual"):
+        alone.base_logits(reqs[:1])
+    with pytest.raises(RequestError, match="jointly trained"):
+        ResidualHead(dataclasses.replace(art, vm_files={"click": "vm_click_alone.pt"}), "click")
+    with pytest.raises(RequestError, match="shape"):
+        head.served(np.zeros((2, 3), np.float32), None)
