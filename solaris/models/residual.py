@@ -131,20 +131,27 @@ class ResidualVM(nn.Module):
         ``pair_on``: ``self.pair_on(batch)`` where the caller has it."""
         zero = torch.zeros_like(b)
         pair_t, agg_t = zero, zero
+        # without gradients (serving, evaluation) a correction no row reads is not computed:
+        # its where() would give exact zeros; with them every term runs, so that training
+        # (an optimizer's step on a zero gradient included) is as it was
+        lazy = not torch.is_grad_enabled()
         if self.pair is not None:
             tier, on = self.pair_on(batch) if pair_on is None else pair_on  # (B,), (B,)
-            s = self.scale[0][tier]  # (B,)
-            e = torch.where(on[:, None], batch["pair_emb"], 0.0)  # (B, D)
-            age = torch.where(on, batch["pair_age"], 0.0)  # (B,)
-            d = self.pair(e, b, tier, age)  # (B,)
-            if self.imputed is not None:
-                d = torch.where(tier >= Tier.USER_NEIGHBOUR, self.imputed(e, b, tier, age), d)
-            pair_t = torch.where(on, s * d, zero)
+            if not lazy or bool(on.any()):
+                s = self.scale[0][tier]  # (B,)
+                e = torch.where(on[:, None], batch["pair_emb"], 0.0)  # (B, D)
+                age = torch.where(on, batch["pair_age"], 0.0)  # (B,)
+                d = self.pair(e, b, tier, age)  # (B,)
+                imputed = tier >= Tier.USER_NEIGHBOUR  # (B,)
+                if self.imputed is not None and (not lazy or bool((on & imputed).any())):
+                    d = torch.where(imputed, self.imputed(e, b, tier, age), d)
+                pair_t = torch.where(on, s * d, zero)
         if self.agg is not None:
             s = self.scale[1, AGG_TIER]
             on = (batch["agg_present"] > 0) & (s > 0)  # (B,)
-            e = torch.where(on[:, None], batch["agg_emb"], 0.0)  # (B, D)
-            agg_t = torch.where(on, s * self.agg(e, b, zero.long(), zero), zero)
+            if not lazy or bool(on.any()):
+                e = torch.where(on[:, None], batch["agg_emb"], 0.0)  # (B, D)
+                agg_t = torch.where(on, s * self.agg(e, b, zero.long(), zero), zero)
         return pair_t, agg_t
 
     def forward_both(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
@@ -164,5 +171,7 @@ class ResidualVM(nn.Module):
         if on_pair is None:
             return logit
         tier, on = on_pair
+        if not torch.is_grad_enabled() and not bool(on.any()):
+            return logit  # no row mapped (the where() below would return it as it is)
         ab = self.present_affine[tier]  # (B, 2)
         return torch.where(on, ab[:, 0] + ab[:, 1] * logit, logit)

@@ -45,6 +45,41 @@ def test_rows_with_every_slot_missing_score_as_the_vm_alone_bit_for_bit():
     assert (got[~none] != base[~none]).all()  # a present slot moves the score
 
 
+
+@pytest.mark.parametrize("case", ["none", "own_pair", "imputed", "aggregate", "mixed"])
+def test_without_gradients_an_unread_correction_is_skipped_and_changes_no_bit(case):
+    """Serving and evaluation (no gradients) skip a correction no row of the batch reads; the
+    scores equal, bit for bit, those with gradients on, where every correction runs."""
+    rvm = ResidualVM(make_vm(False, False), slot_dim=4, hidden=8, imputed=True).eval()
+    torch.manual_seed(1)
+    _perturb(rvm)
+    with torch.no_grad():
+        for p in rvm.imputed.parameters():
+            p.add_(torch.randn_like(p))
+        rvm.present_affine[1] = torch.tensor([0.3, 1.2])
+        rvm.present_affine[3] = torch.tensor([-0.2, 0.9])
+    for t in (2, 3):
+        rvm.set_scale("pair", t, 1.0)
+    batch = make_batch(TINY_SPEC, B=64, seed=5)
+    rows = torch.arange(64)
+    pair = {"none": rows < 0, "own_pair": rows % 2 == 0, "imputed": rows % 3 == 0,
+            "aggregate": rows < 0, "mixed": rows % 2 == 0}[case]
+    agg = {"aggregate": rows % 4 == 0, "mixed": rows % 5 == 0}.get(case, rows < 0)
+    batch["pair_present"] = pair.float()
+    tier = torch.where(pair, 2 + rows % 2 if case == "imputed" else 1 + rows % 3, 0)
+    batch["pair_tier"] = tier if case != "own_pair" else torch.where(pair, 1, 0)
+    batch["agg_present"] = agg.float()
+    batch["pair_emb"][~pair] = float("nan")
+    batch["agg_emb"][~agg] = float("nan")
+    with torch.enable_grad():
+        full = rvm(batch).detach()
+    with torch.inference_mode():
+        lazy = rvm(batch)
+        base = rvm.base(batch)
+    assert torch.equal(full, lazy)
+    moved = pair | agg
+    assert torch.equal(lazy[~moved], base[~moved]) and (lazy[moved] != base[moved]).all()
+
 def test_a_tier_at_scale_zero_is_switched_off():
     rvm = _residual(use_agg=False)
     _perturb(rvm)
