@@ -7,13 +7,15 @@ its deployments are named ``VM_<task>``."""
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
+import numpy as np
 from ray import serve
 
 from serve.backend import QUIET
 from solaris.config import load_config
-from solaris.online.scoring import Artifacts, VMScorer, decode_score_request, encode_scores
+from solaris.online.scoring import (Artifacts, ScoreRequest, VMScorer, decode_score_request,
+                                    encode_scores)
 
 log = logging.getLogger("solaris.serve")
 
@@ -46,26 +48,26 @@ class VMReplicas:
         alone's inside the residual VM (the verifier's ranking). Each payload is one
         ``score_request`` frame (``solaris.online.scoring.encode_score_request``): one buffer per
         call instead of a dozen arrays Ray would serialise."""
-        reqs = [decode_score_request(p) for p in payloads]
-        out: list[bytes | None] = [None] * len(reqs)
-        for version in {v for v, _ in reqs}:
-            idx = [i for i, (v, _) in enumerate(reqs) if v == version]
-            for i, p in zip(idx, self.scorers[version].score([reqs[i][1] for i in idx],
-                                                             with_base=True)):
-                out[i] = encode_scores(p)
-        return out  # type: ignore[return-value]
+        return self._by_version(payloads, lambda vm, reqs: vm.score(reqs, with_base=True))
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.002)
     async def base(self, payloads: list[bytes]) -> list[bytes]:
         """A ``scores`` frame per request of the VM alone's (C,) logits inside a residual VM
         (``VMScorer.base_logits``): the router sends it while its lookup round runs and adds
         the corrections itself (``solaris.online.scoring.ResidualHead``)."""
+        return self._by_version(payloads, VMScorer.base_logits)
+
+    def _by_version(self, payloads: list[bytes],
+                    run: Callable[[VMScorer, list[ScoreRequest]], list[np.ndarray]]
+                    ) -> list[bytes]:
+        """Decode the ``score_request`` frames, ``run`` each version's scorer on its
+        requests, and answer each with a ``scores`` frame, in the order given."""
         reqs = [decode_score_request(p) for p in payloads]
         out: list[bytes | None] = [None] * len(reqs)
         for version in {v for v, _ in reqs}:
             idx = [i for i, (v, _) in enumerate(reqs) if v == version]
-            for i, b in zip(idx, self.scorers[version].base_logits([reqs[i][1] for i in idx])):
-                out[i] = encode_scores(b)
+            for i, a in zip(idx, run(self.scorers[version], [reqs[i][1] for i in idx])):
+                out[i] = encode_scores(a)
         return out  # type: ignore[return-value]
 
     def versions(self) -> list[str]:
