@@ -88,6 +88,7 @@ def per_run(run: Path, rep: dict) -> dict:
            "fm_evals_per_1k": at["fm_evals_per_1k"], "policy_pair_at_verifier_cost": at["pair"],
            "oracle_policy": at["oracle"], "verifier_over_random": pol["verifier_over_random"],
            "gap_closed": pol["gap_closed"], "cost_to_match_verifier": pol["cost_to_match_verifier"],
+           "returns_bound": pol.get("returns_bound"),
            "candidate_recurrence": rep["candidate_recurrence_closed_loop"],
            "excess_bce": {a: m["excess_bce"] for a, m in rep["arms"].items()},
            "fm_excess_over_vm_excess": rep.get("fm_excess_over_vm_excess")}
@@ -157,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(to_json(res))
 
+    def _cost(b: dict | None) -> str:  # the returns bound's cost to match the verifier
+        x = (b or {}).get("cost_to_match_verifier")
+        return "n/a" if x is None else f"{x:.2f}"
+
     def ci(d: dict | None) -> str:
         if not d or d.get("point") is None or not d.get("ci"):
             return "n/a"
@@ -164,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"{'seed':<6}{'vm':>7}{'solaris':>9}{'fm':>7}{'oracle':>8}{'click_lift':>25}"
           f"{'lift_oracle':>25}{'pair/ceil':>10}{'eff/bound':>10}{'ver/rand':>9}"
-          f"{'best gap':>9}{'best cost':>10}")
+          f"{'best gap':>9}{'best cost':>10}{'returns':>8}")
     for r in rows:
         c = r["clicks_per_request"]
         print(f"{r['seed']:<6}{c['vm']:>7.3f}{c.get('solaris', float('nan')):>9.3f}"
@@ -173,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['shadow_pair_over_ceiling']:>10.3f}{r['effective_over_bound']:>10.3f}"
               f"{r['verifier_over_random']:>9.2f}"
               f"{max(v for v in r['gap_closed'].values() if v is not None):>9.2f}"
-              f"{min(v for v in r['cost_to_match_verifier'].values() if v is not None):>10.2f}")
+              f"{min(v for v in r['cost_to_match_verifier'].values() if v is not None):>10.2f}"
+              f"{_cost(r.get('returns_bound')):>8}")
     print("pooled: gain over vm " + ", ".join(f"{k} {ci(v)}" for k, v in
                                                pooled["gain_over_vm"].items()))
     print(f"pooled: click_lift {ci(pooled.get('click_lift'))}, lift_oracle "

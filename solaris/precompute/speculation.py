@@ -28,6 +28,9 @@ for every policy, so they differ only in the bet.
 * ``allocated``: the learned model's bets allocated across requests -- every candidate whose
   predicted probability reaches the threshold that admitted the top ``fraction`` of all
   candidates over the last day -- so the FM cost goes to the users likely to come back.
+* ``returns``: a bound -- the verifier's bet, made only at requests whose user comes back
+  after the lag and within the TTL (it knows future arrivals, not future rankings): what
+  predicting returns perfectly would save. Built from a whole request log.
 * ``oracle``: knows the future -- every candidate whose pair is labelled (shown) at a later
   request of the user, after the lag and within the TTL; the bound of any policy that only
   computes pairs it has seen as candidates. Built from a whole request log.
@@ -210,6 +213,35 @@ class OraclePolicy:
         pass
 
 
+class ReturnsOraclePolicy(VerifierPolicy):
+    """The verifier's bet, made only at requests whose user comes back: a later request at
+    least ``lag_s`` and at most ``read_ttl_s`` after this one (any request, labelled or not);
+    nothing elsewhere. It knows the future of arrivals but not of rankings, so its cost
+    curve against the verifier's says how much of the verifier's FM cost goes to users who
+    do not return while an entry could be read -- the most any policy that predicts returns
+    could save. A bound, not a policy to run; ``from_log`` builds it from a
+    ``RequestLog``."""
+
+    name = "returns"
+
+    def __init__(self, request_times: dict[int, list[float]], read_ttl_s: float,
+                 lag_s: float) -> None:
+        self.times = {u: sorted(v) for u, v in request_times.items()}
+        self.ttl, self.lag = float(read_ttl_s), float(lag_s)
+
+    @classmethod
+    def from_log(cls, request_log, read_ttl_s: float, lag_s: float) -> "ReturnsOraclePolicy":
+        times: dict[int, list[float]] = {}
+        for u, t in zip(request_log.user.tolist(), request_log.ts.tolist()):
+            times.setdefault(int(u), []).append(float(t))
+        return cls(times, read_ttl_s, lag_s)
+
+    def rank(self, req: Candidates, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+        if not labelled_later(self.times.get(int(req.user)), float(req.ts), self.lag, self.ttl):
+            return np.zeros(0, np.int64), np.zeros(0)
+        return super().rank(req, fraction)
+
+
 FEATURES = ("vm_logit", "vm_rank", "position", "recurrence", "since_candidate",
             "user_requests", "since_user_request", "item_labels_day", "pair_labelled")
 
@@ -388,12 +420,15 @@ class AllocatedPolicy(LearnedPolicy):
         return order, p[order]
 
 
-POLICIES = ("verifier", "random", "recurrence", "learned", "allocated", "oracle")
+POLICIES = ("verifier", "random", "recurrence", "learned", "allocated", "returns", "oracle")
+# the bounds that foresee the log: reported beside the policies, never as one of them
+BOUNDS = ("returns", "oracle")
 
 
 def make_policy(name: str, *, seed: int = 0, read_ttl_s: float = 4 * 3600.0, lag_s: float = 0.0,
                 request_log=None) -> Policy:
-    """A policy by name (``POLICIES``); the oracle needs the ``request_log`` it foresees."""
+    """A policy by name (``POLICIES``); the bounds (``BOUNDS``) need the ``request_log`` they
+    foresee."""
     if name == "verifier":
         return VerifierPolicy()
     if name == "random":
@@ -404,8 +439,9 @@ def make_policy(name: str, *, seed: int = 0, read_ttl_s: float = 4 * 3600.0, lag
         return LearnedPolicy(read_ttl_s, lag_s)
     if name == "allocated":
         return AllocatedPolicy(read_ttl_s, lag_s)
-    if name == "oracle":
+    if name in BOUNDS:
         if request_log is None:
-            raise ConfigError("policy 'oracle': needs the request log it foresees")
-        return OraclePolicy.from_log(request_log, read_ttl_s, lag_s)
+            raise ConfigError(f"policy {name!r}: needs the request log it foresees")
+        cls = OraclePolicy if name == "oracle" else ReturnsOraclePolicy
+        return cls.from_log(request_log, read_ttl_s, lag_s)
     raise ConfigError(f"policy={name!r}: one of {', '.join(POLICIES)}")

@@ -414,9 +414,11 @@ def compare_policies(request_log: RequestLog, scores: np.ndarray, *, fraction: f
     cost curves over ``fractions`` (and ``fraction``, the verifier's own), each policy's
     coverage interpolated at the verifier's cost, the FM evaluations each needs to match
     the verifier (as a share of the verifier's), ``verifier_over_random`` and the share of
-    the verifier-to-oracle gap each closes; plus the log's candidate recurrence. ``kw``: the
+    the verifier-to-oracle gap each closes; the bounds that foresee the log (``BOUNDS``) are
+    reported apart (``returns_bound``: the verifier's bet at returning users only); plus the
+    log's candidate recurrence. ``kw``: the
     other schedule arguments of ``simulate_pair_coverage``."""
-    from solaris.precompute.speculation import POLICIES, make_policy
+    from solaris.precompute.speculation import BOUNDS, POLICIES, make_policy
 
     fr = tuple(sorted(set(fractions) | {fraction}))
     makers = {name: (lambda name=name: make_policy(name, seed=seed, read_ttl_s=read_ttl_s,
@@ -437,7 +439,14 @@ def compare_policies(request_log: RequestLog, scores: np.ndarray, *, fraction: f
         "cost_to_match_verifier": {
             name: (None if (x := cost_at_coverage(c, ver["pair"])) is None
                    else x / ver["fm_evals"])
-            for name, c in curves.items() if name not in ("verifier", "oracle")},
+            for name, c in curves.items() if name != "verifier" and name not in BOUNDS},
+        # what knowing which users come back would give: the verifier's bet at those
+        # requests only (``ReturnsOraclePolicy``), at the verifier's cost and to match it
+        "returns_bound": {
+            "pair_at_verifier_cost": at.get("returns"),
+            "cost_to_match_verifier": (None if (x := cost_at_coverage(curves["returns"],
+                                                                      ver["pair"])) is None
+                                       else x / ver["fm_evals"])},
         "verifier_over_random": ver["pair"] / at["random"] if at.get("random") else None,
         "gap_closed": {name: ((at[name] - ver["pair"]) / gap
                               if at.get(name) is not None and gap > 0 else None)

@@ -11,7 +11,8 @@ from solaris.config import VerifierConfig
 from solaris.errors import ConfigError
 from solaris.replay.coverage import coverage_ceiling, simulate_pair_coverage
 from solaris.precompute.speculation import (FEATURES, Candidates, LearnedPolicy, OraclePolicy, RandomPolicy,
-                                 RecurrencePolicy, VerifierPolicy, admit, make_policy)
+                                 RecurrencePolicy, ReturnsOraclePolicy, VerifierPolicy, admit,
+                                 make_policy)
 from solaris.online.verifier import choose
 from tests.tiny import request_log
 from tests.unit.test_replay_coverage import logs
@@ -79,6 +80,45 @@ def test_the_oracle_bets_exactly_on_pairs_labelled_later_after_the_lag_within_th
     assert o.rank(_req(1, 40, [3, 5]), 0.0)[0].tolist() == []  # its own request: not later
 
 
+def test_the_returns_bound_bets_as_the_verifier_only_where_the_user_comes_back():
+    # user 0 asks at 0, 30 and 200; user 1 at 40 only; labels play no part
+    lg = request_log([(0, 0, [1, 2, 3], [False, False, False]),
+                      (0, 30, [1, 2, 3], [False, False, False]),
+                      (1, 40, [3, 5, 6], [True, True, False]),
+                      (0, 200, [2, 3, 4], [True, False, False])])
+    b = make_policy("returns", read_ttl_s=100.0, lag_s=10.0, request_log=lg)
+    assert isinstance(b, ReturnsOraclePolicy)
+    s = [0.2, 0.9, 0.5]
+    want = VerifierPolicy().rank(_req(0, 0, [1, 2, 3], s), 0.5)
+    got = b.rank(_req(0, 0, [1, 2, 3], s), 0.5)  # 30 is 30 s later: after the lag, in the TTL
+    assert got[0].tolist() == want[0].tolist() == [1, 2]
+    assert got[1].tolist() == want[1].tolist()
+    assert b.rank(_req(0, 25, [1, 2, 3], s), 0.5)[0].tolist() == []  # 30 is within the lag
+    assert b.rank(_req(0, 30, [1, 2, 3], s), 1.0)[0].tolist() == []  # 200 is past the TTL
+    assert b.rank(_req(1, 40, [3, 5, 6], s), 1.0)[0].tolist() == []  # never comes back
+    assert b.rank(_req(7, 0, [3], s[:1]), 1.0)[0].tolist() == []  # a user not in the log
+    with pytest.raises(ConfigError, match="'returns'.*request log"):
+        make_policy("returns")
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=logs(), ttl=st.integers(1, 120), lag=st.integers(0, 60), tick=st.integers(1, 30),
+       fraction=st.sampled_from([0.3, 1.0]), horizon=st.sampled_from([0.0, 30.0]))
+def test_the_returns_bound_loses_no_coverage_of_the_verifier_at_no_more_cost(
+        data, ttl, lag, tick, fraction, horizon):
+    """With an unbounded budget, an entry written where its user does not come back within
+    (lag, TTL] is never read: skipping those requests costs the verifier's bet nothing."""
+    lg, scores = data
+    kw = dict(fraction=fraction, horizon_s=min(horizon, ttl), read_ttl_s=ttl, lag_s=lag,
+              tick_s=tick, budget_per_hour=0, seed=1)
+    v = simulate_pair_coverage(lg, scores, policy=make_policy("verifier"), **kw)
+    r = simulate_pair_coverage(lg, scores, policy=make_policy(
+        "returns", read_ttl_s=ttl, lag_s=lag, request_log=lg), **kw)
+    assert r["fm_evals"] <= v["fm_evals"]
+    if np.isfinite(v["pair"]):
+        assert r["pair"] >= v["pair"] - 1e-12
+
+
 @settings(max_examples=120, deadline=None)
 @given(data=logs(), ttl=st.integers(1, 120))
 def test_the_oracle_reaches_the_coverage_ceiling_when_nothing_delays_a_write(data, ttl):
@@ -93,7 +133,8 @@ def test_the_oracle_reaches_the_coverage_ceiling_when_nothing_delays_a_write(dat
 @settings(max_examples=120, deadline=None)
 @given(data=logs(), ttl=st.integers(1, 120), lag=st.integers(0, 60), tick=st.integers(1, 30),
        budget=st.sampled_from([0, 360, 5000]), fraction=st.sampled_from([0.3, 1.0]),
-       name=st.sampled_from(["verifier", "random", "recurrence", "learned", "oracle"]))
+       name=st.sampled_from(["verifier", "random", "recurrence", "learned", "returns",
+                             "oracle"]))
 def test_every_policy_stays_under_the_ceiling_and_the_default_is_the_verifier(
         data, ttl, lag, tick, budget, fraction, name):
     lg, scores = data
