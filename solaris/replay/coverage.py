@@ -407,6 +407,30 @@ def cost_at_coverage(curve: list[dict], pair: float) -> float | None:
     return None
 
 
+def _share_of_cost(fm_evals: float | None, ver: dict) -> float | None:
+    """``fm_evals`` as a share of the verifier point ``ver``'s (None where either is
+    missing or the verifier computed nothing)."""
+    if fm_evals is None or not ver["fm_evals"]:
+        return None
+    return fm_evals / ver["fm_evals"]
+
+
+def _returns_bound(curve: list[dict], ver: dict, oracle_pair: float) -> dict:
+    """The returns bound against the verifier point ``ver``: the FM evaluations it needs to
+    match the verifier's coverage (share of the verifier's), and the best coverage of its
+    curve points at no more than the verifier's cost (a lower bound of its coverage at equal
+    cost) with the share of the verifier-to-oracle gap that closes."""
+    within = [p["pair"] for p in curve if p["fm_evals"] <= ver["fm_evals"]
+              and math.isfinite(p["pair"])]
+    best = max(within) if within else None
+    gap = oracle_pair - ver["pair"]
+    return {"cost_to_match_verifier": _share_of_cost(cost_at_coverage(curve, ver["pair"]),
+                                                     ver),
+            "pair_within_verifier_cost": best,
+            "gap_closed_within_verifier_cost": (None if best is None or gap <= 0
+                                                else (best - ver["pair"]) / gap)}
+
+
 def compare_policies(request_log: RequestLog, scores: np.ndarray, *, fraction: float,
                      fractions: tuple[float, ...], seed: int, read_ttl_s: float, lag_s: float,
                      **kw) -> dict:
@@ -437,16 +461,11 @@ def compare_policies(request_log: RequestLog, scores: np.ndarray, *, fraction: f
                              "fm_evals_per_1k": ver["fm_evals_per_1k"], "pair": at,
                              "oracle": {"pair": orc["pair"], "fm_evals": orc["fm_evals"]}},
         "cost_to_match_verifier": {
-            name: (None if (x := cost_at_coverage(c, ver["pair"])) is None
-                   else x / ver["fm_evals"])
+            name: _share_of_cost(cost_at_coverage(c, ver["pair"]), ver)
             for name, c in curves.items() if name != "verifier" and name not in BOUNDS},
         # what knowing which users come back would give: the verifier's bet at those
-        # requests only (``ReturnsOraclePolicy``), at the verifier's cost and to match it
-        "returns_bound": {
-            "pair_at_verifier_cost": at.get("returns"),
-            "cost_to_match_verifier": (None if (x := cost_at_coverage(curves["returns"],
-                                                                      ver["pair"])) is None
-                                       else x / ver["fm_evals"])},
+        # requests only (``ReturnsOraclePolicy``), within the verifier's cost and to match it
+        "returns_bound": _returns_bound(curves["returns"], ver, orc["pair"]),
         "verifier_over_random": ver["pair"] / at["random"] if at.get("random") else None,
         "gap_closed": {name: ((at[name] - ver["pair"]) / gap
                               if at.get(name) is not None and gap > 0 else None)

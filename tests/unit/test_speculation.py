@@ -119,6 +119,30 @@ def test_the_returns_bound_loses_no_coverage_of_the_verifier_at_no_more_cost(
         assert r["pair"] >= v["pair"] - 1e-12
 
 
+@settings(max_examples=40, deadline=None)
+@given(data=logs(), ttl=st.integers(20, 120), lag=st.integers(0, 10))
+def test_compare_policies_reports_the_returns_bound_apart_from_the_policies(data, ttl, lag):
+    from solaris.replay.coverage import compare_policies
+
+    lg, scores = data
+    got = compare_policies(lg, scores, fraction=0.3, fractions=(0.3, 0.7, 1.0), seed=1,
+                           read_ttl_s=ttl, lag_s=lag, horizon_s=0.0, tick_s=5.0,
+                           budget_per_hour=0)
+    assert "returns" in got["curves"]
+    assert "returns" not in got["gap_closed"] and "returns" not in got["cost_to_match_verifier"]
+    rb, ver = got["returns_bound"], got["curves"]["verifier"][0]
+    assert ver["fraction"] == 0.3
+    if not np.isfinite(ver["pair"]):
+        return
+    # unbounded budget: at the verifier's fraction it covers as much for no more evaluations
+    assert rb["pair_within_verifier_cost"] >= ver["pair"] - 1e-12
+    assert rb["cost_to_match_verifier"] is None or rb["cost_to_match_verifier"] <= 1 + 1e-12
+    gap = got["at_verifier_cost"]["oracle"]["pair"] - ver["pair"]
+    if gap > 0:
+        assert rb["gap_closed_within_verifier_cost"] == pytest.approx(
+            (rb["pair_within_verifier_cost"] - ver["pair"]) / gap)
+
+
 @settings(max_examples=120, deadline=None)
 @given(data=logs(), ttl=st.integers(1, 120))
 def test_the_oracle_reaches_the_coverage_ceiling_when_nothing_delays_a_write(data, ttl):
