@@ -10,7 +10,9 @@ runs replaying the same window, by every seed): each arm's gain over the VM alon
 ``click_lift`` (SOLARIS's share of the FM inline's gain), ``lift_oracle`` (the share the FM
 inline on the covered candidates would get) and their ratio. Per run: the same figures, the
 shadow arm's coverage against its ceiling and oracle bound, the speculation policies at the
-verifier's cost, the FM's excess BCE over the VM alone's, for live runs the live arm against
+verifier's cost (and the returns bound: the share of requests whose user comes back within
+the TTL, the verifier-to-oracle gap the verifier's bet closes when made only there, and the
+FM evaluations it then needs to match the verifier), the FM's excess BCE over the VM alone's, for live runs the live arm against
 the in-process one, and, where the run has them, the off-policy (SNIPS) estimates of the
 click lift from the shadow arm's log beside the exact counterfactual and the on-policy lift.
 ``--against`` takes the same seeds' runs of another configuration, one per RUN_DIR in the same
@@ -169,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"{'seed':<6}{'vm':>7}{'solaris':>9}{'fm':>7}{'oracle':>8}{'click_lift':>25}"
           f"{'lift_oracle':>25}{'pair/ceil':>10}{'eff/bound':>10}{'ver/rand':>9}"
-          f"{'best gap':>9}{'best cost':>10}{'ret gap':>8}{'ret cost':>9}")
+          f"{'best gap':>9}{'best cost':>10}{'returning':>10}{'ret gap':>8}{'ret cost':>9}")
     for r in rows:
         c = r["clicks_per_request"]
         print(f"{r['seed']:<6}{c['vm']:>7.3f}{c.get('solaris', float('nan')):>9.3f}"
@@ -179,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['verifier_over_random']:>9.2f}"
               f"{max(v for v in r['gap_closed'].values() if v is not None):>9.2f}"
               f"{min(v for v in r['cost_to_match_verifier'].values() if v is not None):>10.2f}"
+              f"{_rb(r['returns_bound'], 'requests_returning'):>10}"
               f"{_rb(r['returns_bound'], 'gap_closed_within_verifier_cost'):>8}"
               f"{_rb(r['returns_bound'], 'cost_to_match_verifier'):>9}")
     print("pooled: gain over vm " + ", ".join(f"{k} {ci(v)}" for k, v in

@@ -407,6 +407,23 @@ def cost_at_coverage(curve: list[dict], pair: float) -> float | None:
     return None
 
 
+def returning_share(request_log: RequestLog, read_ttl_s: float, lag_s: float) -> float:
+    """The share of requests whose user comes back: a later request at least ``lag_s`` and at
+    most ``read_ttl_s`` after (``labelled_later`` over the user's request times); only there
+    can an entry written for the request be read."""
+    from solaris.precompute.speculation import labelled_later
+
+    times: dict[int, list[float]] = {}
+    for u, t in zip(request_log.user.tolist(), request_log.ts.tolist()):
+        times.setdefault(int(u), []).append(float(t))
+    for v in times.values():
+        v.sort()
+    n = request_log.num_requests
+    hits = sum(labelled_later(times[int(u)], float(t), lag_s, read_ttl_s)
+               for u, t in zip(request_log.user.tolist(), request_log.ts.tolist()))
+    return hits / n if n else float("nan")
+
+
 def _share_of_cost(fm_evals: float | None, ver: dict) -> float | None:
     """``fm_evals`` as a share of the verifier point ``ver``'s (None where either is
     missing or the verifier computed nothing)."""
@@ -465,7 +482,9 @@ def compare_policies(request_log: RequestLog, scores: np.ndarray, *, fraction: f
             for name, c in curves.items() if name != "verifier" and name not in BOUNDS},
         # what knowing which users come back would give: the verifier's bet at those
         # requests only (``ReturnsOraclePolicy``), within the verifier's cost and to match it
-        "returns_bound": _returns_bound(curves["returns"], ver, orc["pair"]),
+        "returns_bound": {**_returns_bound(curves["returns"], ver, orc["pair"]),
+                          "requests_returning": returning_share(request_log, read_ttl_s,
+                                                                lag_s)},
         "verifier_over_random": ver["pair"] / at["random"] if at.get("random") else None,
         "gap_closed": {name: ((at[name] - ver["pair"]) / gap
                               if at.get(name) is not None and gap > 0 else None)

@@ -99,6 +99,13 @@ def test_the_returns_bound_bets_as_the_verifier_only_where_the_user_comes_back()
     assert b.rank(_req(7, 0, [3], s[:1]), 1.0)[0].tolist() == []  # a user not in the log
     with pytest.raises(ConfigError, match="'returns'.*request log"):
         make_policy("returns")
+    from solaris.replay.coverage import returning_share
+
+    # user 0 at 0 comes back at 30 (after the lag of 10, within the TTL of 100); at 30 and
+    # 200 and user 1 at 40 do not
+    assert returning_share(lg, 100.0, 10.0) == pytest.approx(1 / 4)
+    assert returning_share(lg, 200.0, 10.0) == pytest.approx(2 / 4)  # 30 -> 200 now counts
+    assert returning_share(lg, 150.0, 40.0) == 0.0  # 0 -> 30 is in the lag, 200 past the TTL
 
 
 @settings(max_examples=200, deadline=None)
