@@ -714,6 +714,10 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.data_dir:
         ov["data.data_dir"] = str(args.data_dir)
     cfg = load_config(args.config, ov)
+    if cfg.schedule.history_at != "request":
+        raise SolarisError(f"schedule.history_at={cfg.schedule.history_at!r}: the live FM "
+                           "workers read the history as of the request that bet on a pair; "
+                           "the other setting runs in process only (solaris simulate)")
     if args.evaluate_only:
         return evaluate_only(Path(args.out))
     if args.closed_loop and args.dataset == "generic":

@@ -27,6 +27,7 @@ from solaris.cache.query import Slots
 from solaris.cache.store import PairStore
 from solaris.config import SolarisConfig
 from solaris.data.schema import ITEM, SEQ, SURFACE, TS, USER, Dataset
+from solaris.errors import ConfigError
 from solaris.knn.neighbours import NeighbourTable
 from solaris.online.enrich import enrich_local
 from solaris.features import FeatureTables
@@ -179,28 +180,38 @@ def select_slots(tier: np.ndarray, pair_emb: np.ndarray, age_s: np.ndarray,
 
 
 def write_vectors(fm: FoundationModel, encoder: PairEncoder, tables: FeatureTables,
-                  version: str, writes: dict[str, np.ndarray], chunk: int = 512) -> np.ndarray:
+                  version: str, writes: dict[str, np.ndarray], chunk: int = 512,
+                  history_at: str = "request") -> np.ndarray:
     """z (W, d) float32 of each simulated write, computed as an FM worker computes it: one
-    ``Group`` per (user, written_at, surface), the history as of ``written_at``."""
+    ``Group`` per (user, history time, surface), the history as of ``written_at`` (or of
+    ``visible_at``: ``worker_vectors``)."""
     if len(writes["user"]) == 0:
         return np.zeros((0, encoder.width), np.float32)
     worker = PrecomputeWorker(fm, encoder, TableHistory(tables),
                               SideTables.from_features(tables), version)
-    return worker_vectors(worker, writes, encoder.width, version, chunk=chunk)
+    return worker_vectors(worker, writes, encoder.width, version, chunk=chunk,
+                          history_at=history_at)
+
+
+HISTORY_AT = {"request": "written_at", "visible": "visible_at"}  # schedule.history_at
 
 
 def worker_vectors(worker: PrecomputeWorker, writes: dict[str, np.ndarray], dim: int,
-                   version: str, lo: int = 0, hi: int | None = None, chunk: int = 512
-                   ) -> np.ndarray:
-    """z (hi - lo, dim) float32 of writes lo..hi-1 by ``worker`` (whose history provider
-    answers as of each write's ``written_at``): one ``Group`` per (user, written_at,
-    surface), as the FM workers group a queue lease."""
+                   version: str, lo: int = 0, hi: int | None = None, chunk: int = 512,
+                   history_at: str = "request") -> np.ndarray:
+    """z (hi - lo, dim) float32 of writes lo..hi-1 by ``worker``, whose history provider
+    answers as of each write's ``written_at`` (``history_at="request"``, the betting
+    request's ts) or ``visible_at`` (``"visible"``, the tick end that released it;
+    ``ScheduleConfig.history_at``): one ``Group`` per (user, that time, surface), as the FM
+    workers group a queue lease."""
+    if history_at not in HISTORY_AT:
+        raise ConfigError(f"history_at={history_at!r}: one of {', '.join(HISTORY_AT)}")
     hi = len(writes["user"]) if hi is None else hi
     w = hi - lo
     out = np.zeros((max(w, 0), dim), np.float32)
     if w <= 0:
         return out
-    user, at = writes["user"][lo:hi], writes["written_at"][lo:hi]
+    user, at = writes["user"][lo:hi], writes[HISTORY_AT[history_at]][lo:hi]
     surface, item = writes["surface"][lo:hi], writes["item"][lo:hi]
     key = np.stack([user.astype(np.float64), at, surface.astype(np.float64)], 1)
     _, gid = np.unique(key, axis=0, return_inverse=True)
@@ -235,7 +246,7 @@ def simulate_serving(cfg: SolarisConfig, ds: Dataset, tables: FeatureTables, lg:
                                  tick_s=s.tick_s, budget_per_hour=s.budget_per_hour,
                                  seed=seed, record_writes=True, merge=cfg.queue.merge)
     wr = sim["writes"]
-    z = write_vectors(fm, encoder, tables, version, wr)
+    z = write_vectors(fm, encoder, tables, version, wr, history_at=s.history_at)
     store = PairStore(dataclasses.replace(cfg.cache, dim=encoder.width))
     user_knn, item_knn = knn
     enrich = cfg.enrich

@@ -249,7 +249,8 @@ def run_arm(ctx: LoopContext, arm: str, opts: LoopOptions,
             stop = int(np.searchsorted(vis, t, side="right"))
             if stop > nxt:
                 put_writes(store, wr, worker_vectors(worker, wr, ctx.dim, ctx.version, nxt,
-                                                     stop), nxt, stop, ctx.version)
+                                                     stop, history_at=cfg.schedule.history_at),
+                           nxt, stop, ctx.version)
                 out.fm_evals += stop - nxt
                 nxt = stop
         look = None

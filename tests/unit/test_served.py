@@ -76,6 +76,36 @@ def test_worker_vectors_over_the_event_log_equal_the_teachers(world):
     np.testing.assert_allclose(got, teacher_outputs(teacher, t, rows)[1], atol=1e-5)
 
 
+def test_the_worker_can_read_the_history_as_of_the_write_s_release(world):
+    """``history_at="visible"``: each write's z is the teacher's at ``visible_at`` (the
+    worker then reads the feedback that arrived after the betting request); the default
+    keeps ``written_at``; any other value names itself."""
+    from solaris.config import ScheduleConfig
+    from solaris.errors import ConfigError
+
+    _, exp, teacher, *_ = world
+    t = exp.tables
+    rows = exp.periods.val[:300]
+    # released 900 s after the request: the time the teacher's z is taken at moves with it
+    later = t.req_ts[rows].astype(np.float64) + 900.0
+    wr = {"user": t.user[rows], "item": t.item[rows], "surface": t.surface[rows],
+          "written_at": t.req_ts[rows].astype(np.float64), "visible_at": later}
+    from solaris.train.teacher import pair_embeddings_as_of
+
+    got = write_vectors(teacher.fm, teacher.encoder, t, teacher.version, wr, chunk=7,
+                        history_at="visible")
+    want = pair_embeddings_as_of(teacher, t, exp.cfg.features, rows, later)
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    default = write_vectors(teacher.fm, teacher.encoder, t, teacher.version, wr, chunk=7)
+    np.testing.assert_allclose(default, teacher_outputs(teacher, t, rows)[1], atol=1e-5)
+    assert not np.allclose(got, default, atol=1e-5)  # some user's history moved in 900 s
+    with pytest.raises(ConfigError, match="'written'"):
+        write_vectors(teacher.fm, teacher.encoder, t, teacher.version, wr,
+                      history_at="written")
+    with pytest.raises(ConfigError, match="schedule.history_at"):
+        ScheduleConfig(history_at="lease")
+
+
 def test_own_pair_tier_is_the_key_simulations_presence(world):
     """Every labelled row the key-level simulation finds is served as its own pair, and no
     other; imputed tiers fill only rows without one; ages lie inside the read TTL."""
