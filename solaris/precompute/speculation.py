@@ -236,8 +236,13 @@ class ReturnsOraclePolicy(VerifierPolicy):
             times.setdefault(int(u), []).append(float(t))
         return cls(times, read_ttl_s, lag_s)
 
+    def returns(self, user: int, ts: float) -> bool:
+        """Whether ``user`` sends a request at least the lag and at most the TTL after
+        ``ts``."""
+        return labelled_later(self.times.get(int(user)), float(ts), self.lag, self.ttl)
+
     def rank(self, req: Candidates, fraction: float) -> tuple[np.ndarray, np.ndarray]:
-        if not labelled_later(self.times.get(int(req.user)), float(req.ts), self.lag, self.ttl):
+        if not self.returns(req.user, req.ts):
             return np.zeros(0, np.int64), np.zeros(0)
         return super().rank(req, fraction)
 

@@ -409,17 +409,13 @@ def cost_at_coverage(curve: list[dict], pair: float) -> float | None:
 
 def returning_share(request_log: RequestLog, read_ttl_s: float, lag_s: float) -> float:
     """The share of requests whose user comes back: a later request at least ``lag_s`` and at
-    most ``read_ttl_s`` after (``labelled_later`` over the user's request times); only there
-    can an entry written for the request be read."""
-    from solaris.precompute.speculation import labelled_later
+    most ``read_ttl_s`` after (``ReturnsOraclePolicy.returns``); only there can an entry
+    written for the request be read."""
+    from solaris.precompute.speculation import ReturnsOraclePolicy
 
-    times: dict[int, list[float]] = {}
-    for u, t in zip(request_log.user.tolist(), request_log.ts.tolist()):
-        times.setdefault(int(u), []).append(float(t))
-    for v in times.values():
-        v.sort()
+    bound = ReturnsOraclePolicy.from_log(request_log, read_ttl_s, lag_s)
     n = request_log.num_requests
-    hits = sum(labelled_later(times[int(u)], float(t), lag_s, read_ttl_s)
+    hits = sum(bound.returns(u, t)
                for u, t in zip(request_log.user.tolist(), request_log.ts.tolist()))
     return hits / n if n else float("nan")
 
@@ -488,4 +484,4 @@ def compare_policies(request_log: RequestLog, scores: np.ndarray, *, fraction: f
         "verifier_over_random": ver["pair"] / at["random"] if at.get("random") else None,
         "gap_closed": {name: ((at[name] - ver["pair"]) / gap
                               if at.get(name) is not None and gap > 0 else None)
-                       for name in ("random", "recurrence", "learned", "allocated")}}
+                       for name in POLICIES if name != "verifier" and name not in BOUNDS}}
