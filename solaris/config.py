@@ -281,6 +281,10 @@ class ResidualConfig:
                self.present_affine, "must be 'off' or 'served'")
 
 
+# ScheduleConfig.history_at: the betting request's time, or the write's release
+HISTORY_TIMES = ("request", "visible")
+
+
 @dataclass(frozen=True)
 class ScheduleConfig:
     """The speculation schedule as the replay runs it (event time) and the transfer report
@@ -298,8 +302,8 @@ class ScheduleConfig:
     history_at: str = "request"
 
     def __post_init__(self) -> None:
-        _check(self.history_at in ("request", "visible"), "schedule.history_at",
-               self.history_at, "must be 'request' or 'visible'")
+        _check(self.history_at in HISTORY_TIMES, "schedule.history_at", self.history_at,
+               f"must be one of {', '.join(map(repr, HISTORY_TIMES))}")
         _check(self.tick_s > 0, "schedule.tick_s", self.tick_s, "must be > 0")
         _check(self.lag_s >= 0, "schedule.lag_s", self.lag_s, "must be >= 0")
         _check(self.budget_per_hour >= 0, "schedule.budget_per_hour", self.budget_per_hour,

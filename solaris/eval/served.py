@@ -25,7 +25,7 @@ import torch
 
 from solaris.cache.query import Slots
 from solaris.cache.store import PairStore
-from solaris.config import SolarisConfig
+from solaris.config import HISTORY_TIMES, SolarisConfig
 from solaris.data.schema import ITEM, SEQ, SURFACE, TS, USER, Dataset
 from solaris.errors import ConfigError
 from solaris.knn.neighbours import NeighbourTable
@@ -193,7 +193,8 @@ def write_vectors(fm: FoundationModel, encoder: PairEncoder, tables: FeatureTabl
                           history_at=history_at)
 
 
-HISTORY_AT = {"request": "written_at", "visible": "visible_at"}  # schedule.history_at
+# the write field each ``ScheduleConfig.history_at`` reads the history as of
+HISTORY_AT = dict(zip(HISTORY_TIMES, ("written_at", "visible_at")))
 
 
 def worker_vectors(worker: PrecomputeWorker, writes: dict[str, np.ndarray], dim: int,
