@@ -81,9 +81,7 @@ def run_one(run: Path, truth: str, data_dir: str, resamples: int) -> dict:
     model.eval()
     with torch.no_grad():
         s = model(inputs.batch(val, on, ~on), base_logit=torch.from_numpy(b).float())
-    p_fm = np.clip(probs[val, 0].astype(np.float64), 1e-7, 1 - 1e-7)
-    rankers = {"vm_alone": b, "served_pair": s.double().numpy(),
-               "fm": np.log(p_fm / (1 - p_fm))}
+    rankers = {"vm_alone": b, "served_pair": s.double().numpy(), "fm": M.logit(probs[val, 0])}
     parts = {k: user_auc_parts(y, x, user) for k, x in rankers.items()}
     rng = np.random.default_rng(0)
     n = len(parts["vm_alone"][0])
@@ -95,12 +93,11 @@ def run_one(run: Path, truth: str, data_dir: str, resamples: int) -> dict:
     for k, x in rankers.items():
         a, _ = parts[k]
         diff = [float(((a[d] - va[d]) * w[d]).sum() / w[d].sum()) for d in draws]
+        gain = M.point_ci(float(((a - va) * w).sum() / w.sum()), np.asarray(diff))
         out["rankers"][k] = {
-            "bce": M.bce(y, 1 / (1 + np.exp(-x))), "auc": M.auc(y, x),
+            "bce": M.bce(y, M.sigmoid(x)), "auc": M.auc(y, x),
             "user_auc": float((a * w).sum() / w.sum()),
-            "user_auc_minus_vm": float(((a - va) * w).sum() / w.sum()),
-            "user_auc_minus_vm_ci": [float(np.quantile(diff, 0.025)),
-                                     float(np.quantile(diff, 0.975))]}
+            "user_auc_minus_vm": gain["point"], "user_auc_minus_vm_ci": gain["ci"]}
     gains = loop["lift"]["gain_over_vm"]
     out["loop_gain_over_vm"] = {k: gains[k]["point"] for k in ("solaris", "fm") if k in gains}
     return out

@@ -74,6 +74,33 @@ def test_with_every_correction_off_solaris_is_the_vm_alone(world) -> None:
     assert (vm.tier >= 0).all() and (vm.tier == 1).any()
 
 
+def test_the_workers_history_time_moves_the_cached_embeddings_and_nothing_else(world) -> None:
+    """``schedule.history_at=visible``: the same writes at the same cost, the same shadow
+    ranking and lookups, other embeddings in the cache (the SOLARIS scores it would give)."""
+    import dataclasses
+
+    from solaris.config import with_overrides
+
+    from solaris.tiers import Tier
+
+    _, _, _, opts, ctx = world
+    # the tiny served VM gives the own pair scale 0: serve it at 1, looked up as the shadow
+    # arm looks up, so that its counterfactual scores read the cached embeddings
+    ctx = dataclasses.replace(ctx, enrich=None)
+    visible = dataclasses.replace(
+        ctx, cfg=with_overrides(ctx.cfg, {"schedule.history_at": "visible"}))
+    scale = ctx.scorer.model.scale
+    own = scale.clone()
+    try:
+        scale[0, Tier.PAIR] = 1.0
+        a, b = run_arm(ctx, "vm", opts), run_arm(visible, "vm", opts)
+    finally:
+        scale.copy_(own)
+    assert _same(a, b) and a.fm_evals == b.fm_evals > 0
+    assert np.array_equal(a.cf["fm"], b.cf["fm"])
+    assert not np.array_equal(a.cf["solaris"], b.cf["solaris"])
+
+
 def test_arms_meet_the_same_random_numbers(world) -> None:
     _, _, _, opts, ctx = world
     vm = run_arm(ctx, "vm", opts)

@@ -106,6 +106,22 @@ def test_the_worker_can_read_the_history_as_of_the_write_s_release(world):
         ScheduleConfig(history_at="lease")
 
 
+def test_simulated_serving_reads_the_history_time_of_the_config(world):
+    """``simulate_serving`` under ``schedule.history_at=visible``: the same tiers, ages and
+    rows reached, other z in some of them (the training's served inputs follow the config)."""
+    from solaris.config import with_overrides
+
+    cfg, exp, teacher, _, _, lg, scores, served = world
+    knn = knn_tables_as_of(teacher.fm, exp.tables, float(exp.periods.cuts[2]), cfg)
+    vis = simulate_serving(with_overrides(cfg, {"schedule.history_at": "visible"}), exp.ds,
+                           exp.tables, lg, scores, exp.periods.test, teacher.fm,
+                           teacher.encoder, teacher.version, knn, seed=0)
+    assert np.array_equal(vis.pair_tier, served.pair_tier)
+    assert np.array_equal(vis.pair_age_s, served.pair_age_s)
+    own = served.pair_tier == Tier.PAIR
+    assert own.any() and not np.array_equal(vis.pair_emb[own], served.pair_emb[own])
+
+
 def test_own_pair_tier_is_the_key_simulations_presence(world):
     """Every labelled row the key-level simulation finds is served as its own pair, and no
     other; imputed tiers fill only rows without one; ages lie inside the read TTL."""
