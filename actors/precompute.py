@@ -69,7 +69,7 @@ from ray.exceptions import RayActorError, RayError
 from actors.cache import HistoryUnavailable
 from actors.ledger import LedgerClient
 from actors.queue import QueueClient
-from solaris.config import PrecomputeConfig
+from solaris.config import HISTORY_TIMES, PrecomputeConfig
 from solaris.errors import ConfigError
 from solaris.precompute.pqueue import Lease
 from solaris.precompute.worker import (HistoryProvider, PrecomputeWorker, SideTables, WindowHistory,
@@ -103,9 +103,17 @@ class FMWorker:
 
     def __init__(self, cfg: PrecomputeConfig, artifacts_dir: str, tables: SideTables,
                  history: HistoryProvider | None, queue: Any, cache: Any, ledger: Any = None,
-                 lease_pairs: int | None = None, worker_id: int = 0) -> None:
-        """``history`` None: the live history of ``cache`` (an ``actors.cache.CacheGroup``)."""
+                 lease_pairs: int | None = None, worker_id: int = 0,
+                 history_at: str = "request", clock: Any = time.time) -> None:
+        """``history`` None: the live history of ``cache`` (an ``actors.cache.CacheGroup``).
+        ``history_at`` (``ScheduleConfig.history_at``): a lease's histories are read as of
+        its ``read_at`` when the replay's gate set one; otherwise "request" reads each group
+        as of its request, "visible" as of the lease (``clock``, event time = wall time as
+        the router stamps requests; never before a group's own request)."""
+        if history_at not in HISTORY_TIMES:
+            raise ConfigError(f"history_at={history_at!r}: one of {', '.join(HISTORY_TIMES)}")
         torch.set_num_threads(cfg.threads)
+        self._history_at, self._clock = history_at, clock
         self._cfg = cfg
         self._queue = QueueClient.of(queue)
         self._cache = cache  # actors.cache.CacheGroup
@@ -173,6 +181,8 @@ class FMWorker:
         t0 = time.perf_counter()
         packed = ray.get(ref)
         lease = QueueClient.lease_of(packed)
+        if lease is not None and lease.read_at is None and self._history_at == "visible":
+            lease.read_at = max(float(self._clock()), max(g.now for g in lease.groups))
         with self._count_lock:
             self._counts["steps"] += 1
             self._phase["lease"] += time.perf_counter() - t0
@@ -186,7 +196,8 @@ class FMWorker:
         """FM + encoder over the lease (``naive``: the per-pair forward); nack on failure."""
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
-            out = (self._worker.run_naive if naive else self._worker.run)(lease.groups)
+            out = (self._worker.run_naive if naive else self._worker.run)(lease.groups,
+                                                                          lease.read_at)
         except Exception:
             self._fail(lease)
             raise
@@ -203,7 +214,7 @@ class FMWorker:
         rows = [g for g in lease.groups if len(g.items)]
         try:
             self._worker.history.prefetch(np.array([g.user for g in rows], np.int64),
-                                          np.array([g.now for g in rows], np.float64),
+                                          self._worker.history_times(rows, lease.read_at),
                                           self._worker.fm.history_len)
         except Exception as exc:  # e.g. a bad id: the compute reads afresh and reports it
             log.debug("FM worker %d: history prefetch failed: %s", self._id, exc)
@@ -419,9 +430,14 @@ class WorkerPool:
     def __init__(self, cfg: PrecomputeConfig, artifacts_dir: str | Path, tables: SideTables,
                  history: HistoryProvider | None, queue: Any, cache: Any, ledger: Any = None,
                  lease_pairs: int | None = None, num_cpus: float = WORKER_NUM_CPUS, *,
-                 actor_options: dict[str, Any] | None = None) -> None:
+                 actor_options: dict[str, Any] | None = None,
+                 history_at: str = "request", clock: Any = time.time) -> None:
         """``actor_options`` (placement: e.g. ``{"resources": {"fm_host": 1}}``) go to each
-        worker's ``.options``, over ``num_cpus`` and the GPUs ``cfg.device`` asks for."""
+        worker's ``.options``, over ``num_cpus`` and the GPUs ``cfg.device`` asks for;
+        ``history_at`` and ``clock``: each ``FMWorker``'s (``ScheduleConfig.history_at``)."""
+        if history_at not in HISTORY_TIMES:
+            raise ConfigError(f"history_at={history_at!r}: one of {', '.join(HISTORY_TIMES)}")
+        self.history_at, self.clock = history_at, clock
         self.cfg = cfg
         self.queue = QueueClient.of(queue)
         self.cache = cache
@@ -442,7 +458,7 @@ class WorkerPool:
         opts = {"num_cpus": self._num_cpus, "num_gpus": self.num_gpus, **self._actor_options}
         w = FMWorker.options(**opts).remote(
             self.cfg, art, tables, history, self.queue, self.cache, self.ledger,
-            self._lease_pairs, len(self.workers))
+            self._lease_pairs, len(self.workers), self.history_at, self.clock)
         self.workers.append(w)
         return w
 

@@ -143,10 +143,11 @@ class PrecomputeQueueActor:
             self._durable.touch(int(ok))
             return ok
 
-    def set_gate(self, until: float | None, allowance: int | None) -> dict[str, Any]:
+    def set_gate(self, until: float | None, allowance: int | None,
+                 read_at: float | None = None) -> dict[str, Any]:
         """The replay's event-time gate (``PrecomputeQueue.set_gate``); returns the metrics."""
         with self._lock:
-            self._queue.set_gate(until, allowance)
+            self._queue.set_gate(until, allowance, read_at)
             return self._queue.metrics()
 
     def nack(self, lease_id: str) -> bool:
@@ -252,6 +253,9 @@ class QueueClient:
         """``PrecomputeQueueActor.metrics``, waited on (``timeout_s``, default the client's)."""
         return ray.get(self.handle.metrics.remote(), timeout=timeout_s or self.timeout_s)
 
-    def set_gate(self, until: float | None, allowance: int | None) -> dict[str, Any]:
-        """The replay's event-time gate; returns the queue's metrics."""
-        return ray.get(self.handle.set_gate.remote(until, allowance), timeout=self.timeout_s)
+    def set_gate(self, until: float | None, allowance: int | None,
+                 read_at: float | None = None) -> dict[str, Any]:
+        """The replay's event-time gate (its leases read the history as of ``read_at``, None:
+        of each request); returns the queue's metrics."""
+        return ray.get(self.handle.set_gate.remote(until, allowance, read_at),
+                       timeout=self.timeout_s)

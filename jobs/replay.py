@@ -20,7 +20,9 @@ Ray. The protocol (README, "Replay"):
    (``--lag-s``, 300), best verifier score first, within an allowance of
    floor(B (k+1) tick / 3600) - floor(B k tick / 3600) pair-evaluations for tick number k
    (``--budget``, B per event-hour; 0: no limit); the FM workers run until nothing is
-   leasable (``Precompute.step_until``). Written pairs carry their request's event time.
+   leasable (``Precompute.step_until``). Written pairs carry their request's event time;
+   the workers read each request's history as of that time, or as of T + tick, the write's
+   release (``schedule.history_at``: request / visible).
    What is computed depends on the queue's order only, so coverage does not depend on
    machine speed or on how many workers share the queue.
 4. The KNN job rebuilds the user and item tables every ``--knn-every-h`` event hours as of
@@ -400,6 +402,7 @@ class LiveReplay:
         probe = EnrichConfig(user_knn_probe=0, item_knn_probe=0, item_tier=False,
                              aggregate=False)
         steps, evaluated, curve = 0, 0, []
+        visible = cfg.schedule.history_at == "visible"  # the FM reads as of the release
         bar = _bar(R, "replay", o.progress)
         pool = ThreadPoolExecutor(o.concurrency, thread_name_prefix="replay-client")
         k: int | None = plan.first
@@ -433,7 +436,8 @@ class LiveReplay:
                                                        probe).pair_tier == Tier.PAIR))
                             for v in versions]) for r in range(a, b)]
                 allowance = tick_allowance(o.budget_per_hour, o.tick_s, k)
-                got = pre.step_until.remote(T_end - o.lag_s, allowance).result()
+                got = pre.step_until.remote(T_end - o.lag_s, allowance,
+                                            read_at=T_end if visible else None).result()
                 steps += 1
                 evaluated += got["pairs"]
                 q = got["queue"]
@@ -714,10 +718,6 @@ def run_from_args(args: argparse.Namespace) -> int:
     if args.data_dir:
         ov["data.data_dir"] = str(args.data_dir)
     cfg = load_config(args.config, ov)
-    if cfg.schedule.history_at != "request":
-        raise SolarisError(f"schedule.history_at={cfg.schedule.history_at!r}: the live FM "
-                           "workers read the history as of the request that bet on a pair; "
-                           "the other setting runs in process only (solaris simulate)")
     if args.evaluate_only:
         return evaluate_only(Path(args.out))
     if args.closed_loop and args.dataset == "generic":
@@ -772,6 +772,9 @@ def closed_loop_report(lr: LiveReplay, live: dict, prep: dict) -> dict[str, Any]
         "clicks_live": float(lv.p_true.sum(1).mean()),
         "clicks_sim": float(sim.p_true.sum(1).mean()),
         "same_shown": float((np.sort(lv.item, 1) == np.sort(sim.item, 1)).all(1).mean()),
+        # the served scores of the shown items, bit for bit (float32, as the router answers)
+        "same_scores": float((lv.p_arm.astype(np.float32)
+                              == sim.p_arm.astype(np.float32)).all(1).mean()),
         "knn_rebuilds": [{k: r.get(k) for k in ("version", "as_of", "seconds")}
                          for r in live["knn_runs"]],
         # the user table's rebuilds after the window start's build, as of these event times

@@ -32,7 +32,8 @@ class Precompute:
             art = Artifacts.open(d)
             pool = WorkerPool(cfg.precompute, art.root, art.side_tables(),
                               None, self.backend.queue,  # None: live history on the shards
-                              self.backend.group, self.backend.ledger)
+                              self.backend.group, self.backend.ledger,
+                              history_at=cfg.schedule.history_at)
             pool.start()
             self.pools[art.version] = pool
         self._gauges = {k: ray_metrics.Gauge(f"solaris_{k}", description=d) for k, d in (
@@ -91,17 +92,18 @@ class Precompute:
         return sum(len(p.workers) for p in self.pools.values())
 
     def step_until(self, until: float | None, allowance: int | None,
-                   timeout_s: float = 600.0) -> dict[str, Any]:
+                   timeout_s: float = 600.0, read_at: float | None = None) -> dict[str, Any]:
         """The replay's precompute step: stop the background loops, let the queue lease only
         work of request event time <= ``until`` and at most ``allowance`` pairs, and step
-        every FM worker (all versions) until nothing is leasable or leased. What gets
-        computed depends on the queue's order alone, not on how many workers share it."""
+        every FM worker (all versions) until nothing is leasable or leased; the workers read
+        the histories as of ``read_at`` (None: of each request). What gets computed depends
+        on the queue's order alone, not on how many workers share it."""
 
         from actors.precompute import drain_workers
 
         if not self._paused:
             self.pause()
-        self.backend.queue.set_gate(until, allowance)
+        self.backend.queue.set_gate(until, allowance, read_at)
         reports = drain_workers([w for p in self.pools.values() for w in p.workers],
                                 self.backend.queue, timeout_s)
         return {"pairs": sum(r["pairs"] for r in reports if r),

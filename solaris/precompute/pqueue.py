@@ -30,6 +30,7 @@ from __future__ import annotations
 import heapq
 import json
 import logging
+import math
 import time
 import uuid
 from dataclasses import dataclass
@@ -72,6 +73,10 @@ class Lease:
     lease_id: str
     groups: list[Group]
     deadline: float
+    # the event time every group's history is read as of (the replay's gate: the tick end
+    # that releases the lease, ``ScheduleConfig.history_at="visible"``); None: each group's
+    # own request time. The cache entries keep their request's time either way.
+    read_at: float | None = None
 
     @property
     def num_pairs(self) -> int:
@@ -94,20 +99,21 @@ class Lease:
              else np.zeros(0, np.int64)),
             (np.concatenate([np.asarray(x.priorities, np.float64) for x in g]) if n
              else np.zeros(0)),
-            np.fromiter((x.queued_at for x in g), np.float64, n)))
+            np.fromiter((x.queued_at for x in g), np.float64, n),
+            float("nan") if self.read_at is None else float(self.read_at)))
 
     @classmethod
     def from_frame(cls, buf: Any) -> "Lease":
         """The lease ``to_frame`` framed (writable arrays, as leased)."""
-        lease_id, deadline, users, nows, surfs, versions, counts, items, prios, queued = (
-            wire.decode(buf, "lease", 10))
+        lease_id, deadline, users, nows, surfs, versions, counts, items, prios, queued, at = (
+            wire.decode(buf, "lease", 11))
         ends = np.cumsum(counts).tolist()
         starts = [0, *ends[:-1]]
         vs = versions.split(_SEP) if len(users) else []
         groups = [Group(u, t, s, v, items[a:b].copy(), prios[a:b].copy(), q)
                   for u, t, s, v, a, b, q in zip(users.tolist(), nows.tolist(), surfs.tolist(),
                                                  vs, starts, ends, queued.tolist())]
-        return cls(lease_id, groups, deadline)
+        return cls(lease_id, groups, deadline, None if math.isnan(at) else at)
 
 
 _SEP = "\x1f"  # between the groups' version strings in a lease frame
@@ -158,6 +164,7 @@ class PrecomputeQueue:
         # leased, and at most ``_allowance`` pairs in all (None: no gate / no limit)
         self._until: float | None = None
         self._allowance: int | None = None
+        self._read_at: float | None = None  # the history time of the gate's leases
 
     # ------------------------------------------------------------------ internals
     def _token(self) -> int:
@@ -342,7 +349,7 @@ class PrecomputeQueue:
             self._allowance -= total
         lid = f"{self._epoch}-{self._next_lease}"
         self._next_lease += 1
-        lease = Lease(lid, taken, now + self.cfg.lease_timeout_s)
+        lease = Lease(lid, taken, now + self.cfg.lease_timeout_s, self._read_at)
         self._leases[lid] = lease
         for g in taken:
             for item in g.items.tolist():
@@ -376,17 +383,25 @@ class PrecomputeQueue:
             del self._pending[(user, item, version)]
         return Group(user, now, surface, version, items[o], prios[o], g.born)
 
-    def set_gate(self, until: float | None, allowance: int | None) -> None:
+    def set_gate(self, until: float | None, allowance: int | None,
+                 read_at: float | None = None) -> None:
         """The replay's event-time gate: from now on lease only request groups of event time
         <= ``until``, and at most ``allowance`` pairs in all until the next call (None: no
         gate / no limit). A group the allowance ends inside is split: its best pairs go,
-        the rest stays pending. Production runs with no gate."""
-        if until is not None and not np.isfinite(until):
-            raise RequestError(f"until={until!r}: must be a finite event time or None")
+        the rest stays pending. Leases issued under it carry ``read_at`` (``Lease.read_at``:
+        the event time the workers read every group's history as of; None: each group's
+        request time). Production runs with no gate."""
+        for name, v in (("until", until), ("read_at", read_at)):
+            if v is not None and not np.isfinite(v):
+                raise RequestError(f"{name}={v!r}: must be a finite event time or None")
         if allowance is not None and int(allowance) < 0:
             raise RequestError(f"allowance={allowance!r}: must be >= 0 or None")
+        if read_at is not None and until is not None and read_at < until:
+            raise RequestError(f"read_at={read_at!r}: before the gate's until={until!r} (a "
+                               "group's history would miss events before its own request)")
         self._until = None if until is None else float(until)
         self._allowance = None if allowance is None else int(allowance)
+        self._read_at = None if read_at is None else float(read_at)
 
     def eligible(self) -> int:
         """Pending pairs a lease could take now (under the gate and its allowance)."""
@@ -440,6 +455,7 @@ class PrecomputeQueue:
         self._reclaim(self._now(now_wall))
         return {"depth": len(self._pending), "groups": len(self._groups),
                 "eligible": self.eligible(), "gate_until": self._until,
+                "gate_read_at": self._read_at,
                 "oldest_pending": min((g.key[1] for g in self._groups.values()), default=None),
                 "allowance": self._allowance,
                 "leased": len(self._leased), "open_leases": len(self._leases),

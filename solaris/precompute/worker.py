@@ -168,12 +168,19 @@ class PrecomputeWorker:
                 out.append(g)
         return out
 
-    def _batches(self, groups: list[Group]) -> tuple[dict[str, Tensor], dict[str, Tensor],
-                                                      Tensor, np.ndarray, np.ndarray]:
+    @staticmethod
+    def history_times(groups: Sequence[Group], read_at: float | None = None) -> np.ndarray:
+        """(groups,) float64: the event time each group's history is read as of: ``read_at``
+        for all (``Lease.read_at``), or None: each group's own request time."""
+        return np.array([g.now if read_at is None else read_at for g in groups], np.float64)
+
+    def _batches(self, groups: list[Group], read_at: float | None = None
+                 ) -> tuple[dict[str, Tensor], dict[str, Tensor], Tensor, np.ndarray,
+                            np.ndarray]:
         """(request batch (R rows), candidate batch (B rows), req_index (B,), users, items)."""
         t = self.tables
         r_users = np.array([g.user for g in groups], np.int64)  # (R,)
-        r_now = np.array([g.now for g in groups], np.float64)  # (R,)
+        r_now = self.history_times(groups, read_at)  # (R,)
         r_surf = np.array([g.surface for g in groups], np.int64)  # (R,)
         req_np = self.history.batch(r_users, r_now, r_surf, self.fm.history_len, t.item_cat,
                                     t.user_cat, t.user_cont)
@@ -193,21 +200,23 @@ class PrecomputeWorker:
                 np.zeros((0, self.encoder.width), np.float32), 0.0)
 
     # ------------------------------------------------------------------ forward passes
-    def run(self, groups: Sequence[Group]) -> Result:
+    def run(self, groups: Sequence[Group], read_at: float | None = None) -> Result:
         """(users (n,), items (n,), vectors (n, d) float32, FM-seconds) for every pair of
-        ``groups``, in group order; the request part runs once per group."""
-        return self._forward(groups, naive=False)
+        ``groups``, in group order; the request part runs once per group. The history is
+        read as of ``read_at`` (``Lease.read_at``), None: as of each group's request."""
+        return self._forward(groups, naive=False, read_at=read_at)
 
-    def run_naive(self, groups: Sequence[Group]) -> Result:
+    def run_naive(self, groups: Sequence[Group], read_at: float | None = None) -> Result:
         """Same result through the plain per-pair forward: each pair carries its own copy of
         its group's request side, so the request part runs once per pair."""
-        return self._forward(groups, naive=True)
+        return self._forward(groups, naive=True, read_at=read_at)
 
-    def _forward(self, groups: Sequence[Group], naive: bool) -> Result:
+    def _forward(self, groups: Sequence[Group], naive: bool,
+                 read_at: float | None = None) -> Result:
         groups = self._check(groups)
         if not groups:
             return self._empty()
-        req, cand, req_index, users, items = self._batches(groups)
+        req, cand, req_index, users, items = self._batches(groups, read_at)
         with torch.inference_mode():
             t0 = self.timer()
             if naive:

@@ -243,24 +243,40 @@ def test_simulate_writes_report_arrays_and_plot(world, tmp_path) -> None:
 
 
 @pytest.mark.slow
-def test_live_closed_loop_matches_the_in_process_arm(world, tmp_path) -> None:
+@pytest.mark.parametrize("history_at", ["request", "visible"])
+def test_live_closed_loop_matches_the_in_process_arm(world, tmp_path, history_at) -> None:
     """``solaris replay --closed-loop`` through Serve, shards, queue and two FM workers: the
     live arm shows and earns exactly what the in-process arm of the same seed (no workers, no
-    Ray) does -- so neither the worker count nor machine speed moves the figures."""
+    Ray) does, served score for served score -- so neither the worker count nor machine
+    speed moves the figures. Under ``schedule.history_at=visible`` the FM workers read each
+    history as of the tick end that releases it, as the in-process arm computes it."""
     pytest.importorskip("ray")
     import shutil
 
     from jobs.replay import ReplayOptions, replay
     from solaris.config import with_overrides
+    from solaris.online.scoring import Artifacts
+    from solaris.tiers import Tier
+    from solaris.train.checkpoint import load_checkpoint
     from tests.tiny import free_port
 
     cfg, ds, art, _, _ = world
-    cfg = with_overrides(cfg, {"cache.dim": 16})
+    cfg = with_overrides(cfg, {"cache.dim": 16, "schedule.history_at": history_at})
     out = tmp_path / "live"
     out.mkdir()
     shutil.copytree(art, out / "artifacts")
     # the replay's preparation wants the evaluation outputs too; the closed loop reads none
     (out / "artifacts" / "teacher.npz").write_bytes(b"")
+    # the tiny served VM gives the own pair scale 0: serve it at 1, in the checkpoint (in
+    # process) and in the manifest (the router's live scales), so the scores read the cache
+    root = out / "artifacts"
+    manifest = json.loads((root / "manifest.json").read_text())
+    manifest["vms"]["click"]["scales"]["pair"]["pair"] = 1.0
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    f = root / Artifacts.open(root).vm_files["click"]
+    ck = load_checkpoint(f, "vm")
+    ck["state_dict"]["scale"][0, Tier.PAIR] = 1.0
+    torch.save(ck, f)
     # a KNN rebuild every 6 event hours: the live job reads the arm's own log (written as
     # Parquet) where the in-process arm reads the same rows in memory
     opts = ReplayOptions(workers=2, max_requests=60, knn_every_h=6.0, port=free_port(),
@@ -274,7 +290,7 @@ def test_live_closed_loop_matches_the_in_process_arm(world, tmp_path) -> None:
     # lease or a batch was cut, and every request shows the same items
     assert live["fm_evals_sim"] > 0
     assert live["fm_evals_live"] >= 0.95 * live["fm_evals_sim"]
-    assert live["same_shown"] == 1.0
+    assert live["same_shown"] == 1.0 and live["same_scores"] == 1.0
     assert live["clicks_live"] == live["clicks_sim"]
     assert len(live["knn_as_of_sim"]) >= 1
     assert live["knn_as_of_live"] == live["knn_as_of_sim"]

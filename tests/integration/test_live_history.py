@@ -168,6 +168,66 @@ def test_recorded_history_gives_the_in_process_embeddings(group, world: World):
             ray.kill(h, no_restart=True)
 
 
+def _cached(group: CacheGroup, groups: list[Group], version: str, dim: int) -> np.ndarray:
+    """The own-pair vectors the cache holds for ``groups``' pairs, in group order."""
+    ecfg = EnrichConfig(user_knn_probe=0, item_tier=False, aggregate=False)
+    read_at = max(g.now for g in groups) + 1.0
+    out = []
+    for g in groups:
+        slots = group.lookup(g.user, g.items, read_at, version, None, None, ecfg)
+        assert (slots.pair_tier == Tier.PAIR).all()
+        out.append(slots.pair_emb)
+    return np.concatenate(out).reshape(-1, dim)
+
+
+@pytest.mark.parametrize("how", ["gate", "clock"])
+def test_the_workers_read_the_history_as_of_the_release(group, world: World, how: str):
+    """``schedule.history_at=visible`` live: requests made midway through the recorded history are
+    computed with the history as of the replay gate's ``read_at`` (``gate``), or, with no
+    gate, as of the lease on the worker's clock (``clock``, production); the cache entries
+    keep their request's time. The request-time vectors differ, so the setting is read."""
+    local = HistoryStore(HCFG)
+    record(group, local, world.events)
+    rng = np.random.default_rng(2)
+    mid = float(np.median([e[4] for e in world.events]))  # half the events come later
+    groups = [Group(int(u), mid + 10.0 * j, 0, world.version,
+                    rng.choice(world.num_items, PER_REQUEST, replace=False),
+                    rng.random(PER_REQUEST)) for j, u in enumerate(world.users)]
+    queue = create_queue(QueueConfig(capacity=1000, lease_pairs=2 * PER_REQUEST))
+    read_at = world.t_end + (0.0 if how == "gate" else 50.0)  # the gate's, or the clock's
+    pool = WorkerPool(PrecomputeConfig(workers=1, device="cpu"), world.artifacts,
+                      world.tables, None, queue, group, None,
+                      history_at="request" if how == "gate" else "visible",
+                      clock=lambda: read_at)
+    try:
+        for g in groups:
+            ray.get(queue.put.remote(np.full(PER_REQUEST, g.user), g.items, g.priorities,
+                                     g.now, g.surface, world.version))
+        if how == "gate":
+            ray.get(queue.set_gate.remote(max(g.now for g in groups), None, read_at))
+        got = ray.get(pool.workers[0].drain.remote())
+        assert got["pairs"] == len(groups) * PER_REQUEST
+        fm, enc, version = load_models(world.artifacts)
+        worker = PrecomputeWorker(fm, enc, local, world.tables, version)
+        _, _, want, _ = worker.run(groups, read_at=read_at)
+        _, _, at_request, _ = worker.run(groups)
+        cached = _cached(group, groups, version, world.dim)
+        np.testing.assert_allclose(cached, want, atol=1e-5, rtol=0)
+        assert not np.allclose(at_request, want, atol=1e-3)
+        # the entries are as old as their requests (each lease's latest), not as the read:
+        # the read TTL counts from the request
+        last, first = max(g.now for g in groups), min(g.now for g in groups)
+        assert last + 5.0 < world.t_end
+        ages = np.concatenate([group.lookup(
+            g.user, g.items, last + 5.0, version, None, None,
+            EnrichConfig(user_knn_probe=0, item_tier=False, aggregate=False)).pair_age_s
+            for g in groups])
+        assert ages.min() >= 5.0 and ages.max() <= 5.0 + last - first
+    finally:
+        pool.shutdown()
+        ray.kill(queue, no_restart=True)
+
+
 def test_restarted_shard_restores_its_history(group, world: World):
     local = HistoryStore(HCFG)
     record(group, local, world.events)

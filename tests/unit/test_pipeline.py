@@ -219,13 +219,3 @@ def test_cli_bad_input_is_a_clear_error(tmp_path, capsys):
     assert main(["report", "transfer", "--dataset", "movielens", "--data-dir",
                  str(tmp_path / "nowhere"), "--out", str(tmp_path)]) == 2
     assert "nowhere" in capsys.readouterr().err
-
-
-def test_the_live_replay_refuses_a_history_time_its_workers_do_not_implement(tmp_path, capsys):
-    """``schedule.history_at=visible`` runs in process only: the live replay names the
-    setting and stops before loading data or starting Ray."""
-    assert main(["replay", "--dataset", "synthetic", "--out", str(tmp_path / "r"),
-                 "--set", "schedule.history_at=visible"]) == 2
-    err = capsys.readouterr().err
-    assert "schedule.history_at='visible'" in err and "solaris simulate" in err
-    assert not (tmp_path / "r").exists()

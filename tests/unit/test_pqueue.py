@@ -258,3 +258,26 @@ def test_gate_leases_only_old_enough_groups_within_the_allowance() -> None:
     assert [(g.user, g.items.tolist()) for g in lease.groups] == [(3, [30]), (2, [21])]
     with pytest.raises(RequestError, match="allowance"):
         q.set_gate(0.0, -1)
+
+
+def test_gate_leases_carry_its_history_time_and_only_its_own() -> None:
+    """``read_at``: every lease issued under the gate reads its groups' histories as of it
+    (``schedule.history_at=visible``); a gate without it, or no gate, leaves each group at
+    its own request time (None); a history time before the gate's cut-off is refused."""
+    q, _ = make_queue(lease_pairs=1)
+    put(q, 1, [10], [0.9], now=100.0)
+    put(q, 2, [20], [0.8], now=150.0)
+    put(q, 3, [30], [0.7], now=400.0)
+    q.set_gate(until=200.0, allowance=None, read_at=260.0)
+    assert q.metrics()["gate_read_at"] == 260.0
+    leases = [q.lease(), q.lease()]
+    assert [(le.groups[0].user, le.groups[0].now, le.read_at) for le in leases] == [
+        (1, 100.0, 260.0), (2, 150.0, 260.0)]
+    assert q.lease() is None  # user 3 is after the cut-off
+    q.set_gate(until=500.0, allowance=None)
+    assert q.lease().read_at is None
+    for bad in (np.nan, np.inf):
+        with pytest.raises(RequestError, match="read_at"):
+            q.set_gate(500.0, None, read_at=bad)
+    with pytest.raises(RequestError, match="read_at=499.0: before"):
+        q.set_gate(500.0, None, read_at=499.0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -90,6 +92,21 @@ def test_a_pair_embedding_does_not_depend_on_what_else_its_lease_holds(world, se
     whole = PrecomputeWorker(worker.fm, worker.encoder, worker.history, ft, version=V,
                              block_requests=0, block_pairs=0)  # one call on the whole lease
     np.testing.assert_allclose(whole.run(groups)[2], z, atol=1e-6, rtol=0)
+
+
+def test_a_lease_history_time_reads_every_group_as_of_it(world):
+    """``read_at`` (``Lease.read_at``): the same bits as each group made at that time, in
+    the shared and in the per-pair forward; the request times still give other vectors."""
+    ft, worker = world
+    groups = _leased_groups(ft, n_groups=10, seed=2)
+    at = float(ft.ts.max()) + 60.0
+    moved = [dataclasses.replace(g, now=at) for g in groups]
+    np.testing.assert_array_equal(worker.run(groups, read_at=at)[2], worker.run(moved)[2])
+    np.testing.assert_array_equal(worker.run_naive(groups, read_at=at)[2],
+                                  worker.run_naive(moved)[2])
+    assert not np.allclose(worker.run(groups)[2], worker.run(moved)[2], atol=1e-3)
+    np.testing.assert_array_equal(PrecomputeWorker.history_times(groups, None),
+                                  [g.now for g in groups])
 
 
 def test_the_gpu_block_sizes_keep_a_pair_embedding_independent_of_its_lease(world):

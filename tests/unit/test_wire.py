@@ -139,7 +139,9 @@ def test_lease_frame_round_trips_its_groups():
         assert np.array_equal(a.items, b.items) and np.array_equal(a.priorities, b.priorities)
         assert np.float64(a.queued_at).tobytes() == np.float64(b.queued_at).tobytes()  # NaN too
         assert b.items.flags.writeable  # as the queue leases them
+    assert back.read_at is None
     assert Lease.from_frame(Lease("L0", [], 1.0).to_frame()).groups == []
+    assert Lease.from_frame(Lease("L1", lease.groups, 1.0, 460.0).to_frame()).read_at == 460.0
 
 
 def test_score_request_frame_carries_the_slots_exactly():
