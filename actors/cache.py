@@ -235,8 +235,10 @@ class CacheGroup:
         return out
 
     def put(self, users: np.ndarray, items: np.ndarray, vectors: np.ndarray, version: str,
-            now: float, scores: np.ndarray | None = None, timeout_s: float = 30.0) -> int:
-        """Write pairs, one call per shard involved; returns the entries written.
+            now: float | np.ndarray, scores: np.ndarray | None = None,
+            timeout_s: float = 30.0) -> int:
+        """Write pairs at event time ``now`` (one, or one per pair: ``PairStore.put``), one
+        call per shard involved; returns the entries written.
 
         A shard that fails or does not finish within ``timeout_s`` loses its part (logged):
         its pairs keep reading as missing, so the verifier enqueues them again.
@@ -248,8 +250,12 @@ class CacheGroup:
             raise RequestError(f"put: users ({len(users)}), items ({len(items)}) and vectors "
                              f"({len(vectors)}) differ in length")
         sc = None if scores is None else np.asarray(scores)
+        at = float(now) if np.ndim(now) == 0 else np.asarray(now, np.float64)
+        if np.ndim(at) and at.shape != users.shape:
+            raise RequestError(f"put: now has {at.shape[0]} times for {len(users)} pairs")
         refs = self._fan_out(self.rows_by_shard(users), lambda h, m: h.put_frame.remote(
-            frames.encode("pairs", (users[m], items[m], vectors[m], str(version), float(now),
+            frames.encode("pairs", (users[m], items[m], vectors[m], str(version),
+                                    at if np.ndim(at) == 0 else at[m],
                                     None if sc is None else sc[m]))))
         return sum(self._gather(refs, timeout_s, "put", 0).values())
 

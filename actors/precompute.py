@@ -8,8 +8,11 @@ cache shards (``WindowHistory`` over ``CacheGroup.history_window``); a static pr
 ``step()``:
 
 1. ``lease`` whole request groups from the queue actor (one call);
-2. the leased requests' histories as of their event times (live: one parallel round to the
-   owning cache shards; a shard that does not answer gives the lease back, ``nack``);
+2. the leased requests' histories as of their event times, or as of the lease's
+   ``read_at`` (``schedule.history_at: visible``: the replay gate's tick end, or in
+   production the worker's clock when it leased; never before a request's own time)
+   (live: one parallel round to the owning cache shards; a shard that does not answer
+   gives the lease back, ``nack``);
    ``PrecomputeWorker.run``: the FM's request part once per group, the candidate part over
    every leased item in one batch, the encoder (``run_naive``: the plain per-pair forward);
 3. report the evaluations to the ``LedgerActor`` (``actors/ledger.py``; the FM's cost) and,
@@ -30,9 +33,9 @@ In the pipeline an ack is sent but its answer (late or not) is read when the nex
 finishes: the round trip would otherwise hold the writer thread, and on 2 cores a shared
 forward of a 1,024-pair lease is only a few times longer than these round trips.
 
-A lease's entries are stamped with its latest request event time: the time the worker writes
-them in event time (in production the cache's ``now`` is the wall clock of the write), and
-one ``put`` per lease instead of one per request.
+A lease's entries are stamped each with its own request's event time (the read TTL and the
+age the VM reads count from there, as the schedule simulation counts them), in one ``put``
+per lease.
 
 Placement: ``num_gpus=1`` where GPUs exist (``PrecomputeConfig.device``: ``auto`` looks at
 the cluster's resources when the worker is created), CPU otherwise, with
@@ -237,7 +240,8 @@ class FMWorker:
             scores = np.concatenate([g.priorities for g in lease.groups]).astype(np.float32)
             ledger_ref = (self._ledger.evaluated(users, items, secs)
                           if self._ledger is not None else None)
-            now = max(g.now for g in lease.groups)
+            # each pair at its own request's time (what its read TTL and age count from)
+            now = np.repeat([g.now for g in lease.groups], [len(g.items) for g in lease.groups])
             written = self._cache.put(users, items, z, self.version, now, scores)
         except Exception:
             self._fail(lease)

@@ -122,7 +122,7 @@ class CacheShard:
 
     @ray.method(max_task_retries=2)
     def put(self, users: np.ndarray, items: np.ndarray, vectors: np.ndarray, version: str,
-            now: float, scores: np.ndarray | None = None) -> int:
+            now: float | np.ndarray, scores: np.ndarray | None = None) -> int:
         """Write pair embeddings of users this shard owns; returns the entries written."""
         with self._lock:
             n = self._store.put(users, items, vectors, version, now, scores)

@@ -153,7 +153,7 @@ class LiveReplay:
     def prepare(self) -> dict[str, Any]:
         from solaris.replay.log import build_request_log
         from solaris.replay.prepare import check_trained_before, window, write_data_dir
-        from solaris.train.artifacts import train_artifacts
+        from solaris.train.artifacts import served_unlike_trained, train_artifacts
 
         cfg, ds, o = self.cfg, self.ds, self.opts
         self.periods, self.start = window(ds, cfg)
@@ -173,6 +173,8 @@ class LiveReplay:
         self.manifests = [json.loads((d / "manifest.json").read_text()) for d in self.art_dirs]
         for m in self.manifests:
             check_trained_before(m, self.start)
+            if (why := served_unlike_trained(m, cfg)):
+                self.say(f"note: {why}")
         self.log = build_request_log(ds, self.start, num_candidates=o.num_candidates,
                                      granularity_s=cfg.features.request_granularity_s,
                                      seed=o.seed)

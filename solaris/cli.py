@@ -161,7 +161,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     from solaris.replay.closed_loop import (SHOWN, LoopOptions, prepare, report_table,
                                             run_world, write_outputs)
-    from solaris.train.artifacts import train_artifacts
+    from solaris.train.artifacts import served_unlike_trained, train_artifacts
 
     cfg = _config(args)
     if cfg.data.dataset == "generic":
@@ -187,6 +187,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     opts = LoopOptions(shown=shown, explore=args.explore, seed=args.seed,
                        arms=tuple(args.arms), candidates=args.candidates,
                        **({} if args.knn_every_h is None else {"knn_every_h": args.knn_every_h}))
+    if (why := served_unlike_trained(json.loads((art / "manifest.json").read_text()), cfg)):
+        print(f"note: {why}")
     ctx = prepare(cfg, ds, art, opts, truth=truth)
     bar = tqdm(total=ctx.lg.num_requests * len(opts.arms), desc="closed loop", unit="req",
                dynamic_ncols=True)

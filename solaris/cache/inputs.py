@@ -43,6 +43,17 @@ def check_time(now: float) -> float:
     return float(now)
 
 
+def check_times(now: float | np.ndarray, n: int) -> np.ndarray:
+    """(n,) float64 finite event times: one ``now`` for every row, or one per row."""
+    if np.ndim(now) == 0:
+        return np.full(n, check_time(now))
+    t = np.asarray(now, np.float64)
+    if t.shape != (n,) or not np.isfinite(t).all():
+        raise RequestError(f"now: expected one finite event time or {n}, got shape "
+                           f"{t.shape}")
+    return t
+
+
 def check_version(version: str) -> str:
     """A non-empty FM+encoder version string."""
     if not isinstance(version, str) or not version:

@@ -37,7 +37,8 @@ from solaris.cache import answer as _answer
 from solaris.cache import snapshot as _snap
 from solaris.cache.codec import Codec
 from solaris.cache.index import key_hash
-from solaris.cache.inputs import check_ids, check_query, check_time, check_version
+from solaris.cache.inputs import (check_ids, check_query, check_time, check_times,
+                                  check_version)
 from solaris.cache.query import ShardAnswer, ShardQuery
 from solaris.cache.slab import SlotTable
 from solaris.cache.sums import UserSums
@@ -160,16 +161,17 @@ class PairStore:
 
     # ---------------------------------------------------------------- writes
     def put(self, users: np.ndarray, items: np.ndarray, vectors: np.ndarray, version: str,
-            now: float, scores: np.ndarray | None = None) -> int:
-        """Write a batch of pair embeddings at event time ``now``; returns entries stored.
+            now: float | np.ndarray, scores: np.ndarray | None = None) -> int:
+        """Write a batch of pair embeddings at event time ``now`` (one for all, or (n,): each
+        pair's own, e.g. the request that bet on it); returns entries stored.
 
         A key written again is replaced (last write in a batch wins). ``scores`` (the
         verifier's) rank entries for eviction when the store is full: the lowest (score, then
         oldest) go first, incoming entries included. Missing scores count as 0.
         """
-        now = check_time(now)
         users, items = check_ids(users, "users"), check_ids(items, "items")
         n = len(users)
+        written = check_times(now, n)
         if len(items) != n:
             raise RequestError(f"items: length {len(items)} != users length {n}")
         rows = self.codec.encode(vectors)
@@ -179,18 +181,25 @@ class PairStore:
         if sc.shape != (n,) or not np.isfinite(sc).all():
             raise RequestError(f"scores: expected {n} finite values, got shape {sc.shape}")
         vid = self._version_id(version, create=True)
-        self._advance(now)
         if n == 0:
+            if np.ndim(now) == 0:
+                self._advance(check_time(now))
             return 0
-        if math.floor(now / self.cfg.bucket_s) < self._cutoff():
-            self.counters["dropped_on_put"] += n  # written already past retention
-            return 0
+        self._advance(float(written.max()))
+        late = np.floor(written / self.cfg.bucket_s) < self._cutoff()
+        if late.any():  # written already past retention
+            self.counters["dropped_on_put"] += int(np.count_nonzero(late))
+            if late.all():
+                return 0
+            on = ~late
+            users, items, rows, sc, written = users[on], items[on], rows[on], sc[on], written[on]
         h = key_hash(users, items, vid)
         keep = _last_of_each_key(h, users, items)
         if keep is not None:
             users, items, rows, sc, h = users[keep], items[keep], rows[keep], sc[keep], h[keep]
-        return self._write(users, items, vid, np.full(len(users), now), sc,
-                           np.zeros(len(users), np.uint8), rows, h)
+            written = written[keep]
+        return self._write(users, items, vid, written, sc, np.zeros(len(users), np.uint8),
+                           rows, h)
 
     def _write(self, users, items, vid: int, written, sc, read, rows, h) -> int:
         """Overwrite existing keys in place, evict if full, insert the rest (distinct keys)."""

@@ -36,6 +36,8 @@ KEYS: dict[str, type] = {
 # the keys of the two SOLARIS slots (``slot_batch``)
 SLOT_KEYS: dict[str, type] = {k: KEYS[k] for k in ("pair_emb", "pair_present", "pair_tier",
                                                    "pair_age", "agg_emb", "agg_present")}
+# the keys a VM alone reads: every key but the slots' (``base_batch``)
+BASE_KEYS: dict[str, type] = {k: t for k, t in KEYS.items() if k not in SLOT_KEYS}
 
 
 def vm_batch(user: np.ndarray, item: np.ndarray, surface: np.ndarray, user_cat: np.ndarray,
@@ -55,6 +57,15 @@ def vm_batch(user: np.ndarray, item: np.ndarray, surface: np.ndarray, user_cat: 
             "item_cat": item_cat, "item_cont": item_cont}
     cols.update(_slot_cols(len(user), slots, dim, read_ttl_s))
     return _tensors(cols, KEYS, len(user))
+
+
+def base_batch(user: np.ndarray, item: np.ndarray, surface: np.ndarray, user_cat: np.ndarray,
+               item_cat: np.ndarray, item_cont: np.ndarray) -> dict[str, Tensor]:
+    """The keys of ``vm_batch`` a VM alone reads (``BASE_KEYS``), built the same way, without
+    the slots' columns: what a residual VM's base runs on (``VMScorer.base_logits``)."""
+    cols = {"user": user, "item": item, "surface": surface, "user_cat": user_cat,
+            "item_cat": item_cat, "item_cont": item_cont}
+    return _tensors(cols, BASE_KEYS, len(user))
 
 
 def slot_batch(n: int, slots: Slots | None = None, *, dim: int | None = None,

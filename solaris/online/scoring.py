@@ -13,7 +13,6 @@ the inline FM an unknown item's pair slot is absent.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from solaris import wire
 from solaris.cache.query import Slots
 from solaris.data.schema import FeatureSpec
 from solaris.errors import CheckpointError, RequestError
-from solaris.models.batch import slot_batch, vm_batch
+from solaris.models.batch import base_batch, slot_batch, vm_batch
 from solaris.models.blocks import blockwise
 from solaris.models.residual import ResidualVM
 from solaris.precompute.pqueue import Group
@@ -92,7 +91,7 @@ def scales_set(model: nn.Module, scales: np.ndarray | None) -> Iterator[None]:
         model.scale.copy_(own)
 
 
-def _load_vm(artifacts: Artifacts, task: str) -> tuple[nn.Module, nn.Module, dict]:
+def load_vm(artifacts: Artifacts, task: str) -> tuple[nn.Module, nn.Module, dict]:
     """(served model, its VM alone, checkpoint meta) of ``task``'s VM: a residual VM
     (``solaris/models/residual.py``) wraps its VM alone; older checkpoints are the jointly
     trained VM itself (then both are that model)."""
@@ -220,7 +219,7 @@ class VMScorer:
                  read_ttl_s: float = 4 * 3600.0, block_rows: int = VM_BLOCK_ROWS):
         """``block_rows``: the fixed block size of the forward (0: one call per batch)."""
         self.block_rows = int(block_rows)
-        model, vm, meta = _load_vm(artifacts, task)
+        model, vm, meta = load_vm(artifacts, task)
         self.residual = isinstance(model, ResidualVM)
         vm.user_emb = _with_oov_row(vm.user_emb)
         vm.item_emb = _with_oov_row(vm.item_emb)
@@ -240,11 +239,13 @@ class VMScorer:
         self.tier_aware = self.residual or bool(meta.get("tier_aware", False))
 
     def batch_rows(self, user: np.ndarray, item: np.ndarray, surface: np.ndarray,
-                   slots: Slots | PackedSlots | None = None) -> dict[str, Tensor]:
+                   slots: Slots | PackedSlots | None = None, base_only: bool = False
+                   ) -> dict[str, Tensor]:
         """The VM's input batch for rows (user, item, surface), each (B,), as served: an id
         the VM never saw reads the out-of-vocabulary row and zero side features, a surface
         outside the vocabulary the nearest one; ``slots`` (B rows) as the router looked
-        them up, read as this VM reads them (``tier_aware``); None: no SOLARIS inputs."""
+        them up, read as this VM reads them (``tier_aware``); None: no SOLARIS inputs.
+        ``base_only``: only the keys a VM alone reads (``base_batch``; slots ignored)."""
         user, item = np.asarray(user, np.int64), np.asarray(item, np.int64)
         known_u = (0 <= user) & (user < self.num_users)
         known_i = item < self.num_items
@@ -255,19 +256,22 @@ class VMScorer:
         item_cat[known_i] = s.item_cat[item[known_i]]
         item_cont = np.zeros((len(item), s.item_cont.shape[1]), np.float32)
         item_cont[known_i] = s.item_cont[item[known_i]]
+        ids = (np.where(known_u, user, self.num_users), np.where(known_i, item, self.num_items),
+               np.clip(np.asarray(surface, np.int64), 0, self.num_surfaces - 1))
+        if base_only:
+            return base_batch(*ids, user_cat, item_cat, item_cont)
         z = slots.unpack() if isinstance(slots, PackedSlots) else slots
         # a VM trained offline reads tier "pair" and age 0 wherever the slot is present
-        return vm_batch(np.where(known_u, user, self.num_users),
-                        np.where(known_i, item, self.num_items),
-                        np.clip(np.asarray(surface, np.int64), 0, self.num_surfaces - 1),
-                        user_cat, item_cat, item_cont, z, dim=self.dim,
+        return vm_batch(*ids, user_cat, item_cat, item_cont, z, dim=self.dim,
                         read_ttl_s=self.read_ttl_s if self.tier_aware else None)
 
-    def batch(self, requests: Sequence[ScoreRequest]) -> dict[str, Tensor]:
+    def batch(self, requests: Sequence[ScoreRequest], base_only: bool = False
+              ) -> dict[str, Tensor]:
         """The VM's input batch for whole requests, their candidates one after another (what
-        ``score`` runs the VM on)."""
+        ``score`` runs the VM on; ``base_only``: what its VM alone runs on)."""
         parts = [self.batch_rows(np.full(len(r.items), r.user, np.int64), r.items,
-                                 np.full(len(r.items), r.surface, np.int64), r.slots)
+                                 np.full(len(r.items), r.surface, np.int64), r.slots,
+                                 base_only)
                  for r in requests]
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
@@ -329,7 +333,7 @@ class VMScorer:
                                "VM; it scores with its slots in one forward (score)")
         if not requests:
             return []
-        batch = self.batch([dataclasses.replace(r, slots=None) for r in requests])
+        batch = self.batch(requests, base_only=True)
         cuts = np.cumsum([len(r.items) for r in requests])[:-1]
         return np.split(blockwise(self.model.base, batch, self.block_rows).numpy(), cuts)
 
@@ -346,7 +350,7 @@ class ResidualHead:
 
     def __init__(self, artifacts: Artifacts, task: str, read_ttl_s: float = 4 * 3600.0,
                  block_rows: int = VM_BLOCK_ROWS):
-        model, _, meta = _load_vm(artifacts, task)
+        model, _, meta = load_vm(artifacts, task)
         if not isinstance(model, ResidualVM):
             raise RequestError(f"task={task!r}: {artifacts.root} holds a jointly trained VM, "
                                "not a residual one; it has no corrections of its own")

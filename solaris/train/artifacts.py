@@ -158,6 +158,19 @@ def _train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed:
     return manifest
 
 
+def served_unlike_trained(manifest: dict, cfg: SolarisConfig) -> str | None:
+    """Why ``cfg`` would serve these artifacts' VMs inputs unlike those they were trained
+    on, or None: the corrections were trained on simulated serving under the manifest's
+    ``schedule.history_at``, and the FM workers' history time sets how fresh a cached z is."""
+    trained = manifest.get("config", {}).get("schedule", {}).get("history_at", "request")
+    if trained == cfg.schedule.history_at:
+        return None
+    return (f"artifacts {manifest.get('version', '?')} were trained with schedule.history_at="
+            f"{trained!r} and are served with {cfg.schedule.history_at!r}: the cached "
+            "embeddings are not as fresh as those the corrections trained on (retrain with "
+            f"--set schedule.history_at={cfg.schedule.history_at})")
+
+
 def load_base(base_dir: Path, task: str) -> tuple[VerticalModel, float, float]:
     """(VM alone, its lr, its validation BCE) of ``task`` from an artifact directory."""
     m = json.loads((base_dir / "manifest.json").read_text())

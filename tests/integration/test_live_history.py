@@ -214,15 +214,16 @@ def test_the_workers_read_the_history_as_of_the_release(group, world: World, how
         cached = _cached(group, groups, version, world.dim)
         np.testing.assert_allclose(cached, want, atol=1e-5, rtol=0)
         assert not np.allclose(at_request, want, atol=1e-3)
-        # the entries are as old as their requests (each lease's latest), not as the read:
-        # the read TTL counts from the request
-        last, first = max(g.now for g in groups), min(g.now for g in groups)
+        # each entry is as old as its own request, not as the read nor as the lease's other
+        # requests: the read TTL and the age the VM reads count from the request
+        last = max(g.now for g in groups)
         assert last + 5.0 < world.t_end
         ages = np.concatenate([group.lookup(
             g.user, g.items, last + 5.0, version, None, None,
             EnrichConfig(user_knn_probe=0, item_tier=False, aggregate=False)).pair_age_s
             for g in groups])
-        assert ages.min() >= 5.0 and ages.max() <= 5.0 + last - first
+        np.testing.assert_array_equal(ages, np.repeat([last + 5.0 - g.now for g in groups],
+                                                      PER_REQUEST))
     finally:
         pool.shutdown()
         ray.kill(queue, no_restart=True)

@@ -508,3 +508,19 @@ def test_the_training_period_can_be_ranked_by_the_cross_fitted_models(world):
     np.testing.assert_array_equal(got.pair_tier, want.pair_tier)
     own = got.pair_tier == int(Tier.PAIR)
     assert own.any() and not np.array_equal(own, in_sample.pair_tier == int(Tier.PAIR))
+
+
+def test_serving_another_history_time_than_trained_is_named():
+    """Artifacts trained under one ``schedule.history_at`` and served under the other: the
+    note names both settings and the retraining override; the same setting (or a manifest
+    from before the setting, trained as ``request``) gives None."""
+    from solaris.config import config_to_dict, load_config
+    from solaris.train.artifacts import served_unlike_trained
+
+    cfg = load_config(None, {})
+    manifest = {"version": "fm-7", "config": config_to_dict(cfg)}
+    assert served_unlike_trained(manifest, cfg) is None
+    assert served_unlike_trained({"version": "old", "config": {}}, cfg) is None
+    why = served_unlike_trained(manifest, load_config(None, {"schedule.history_at": "visible"}))
+    assert "fm-7" in why and "'request'" in why and "'visible'" in why
+    assert "--set schedule.history_at=visible" in why

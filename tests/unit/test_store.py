@@ -183,6 +183,46 @@ def test_put_rejects_bad_input_by_name():
         store.put(np.array([1]), np.array([1]), one, "", T0)
 
 
+@settings(max_examples=40, deadline=None, database=None)
+@given(times=st.lists(st.sampled_from([0.0, 10.0, 899.0, 900.0, 3599.0, 5 * 3600.0]),
+                      min_size=1, max_size=12))
+def test_a_put_with_a_time_per_pair_is_one_put_per_time(times):
+    """``now`` per pair (an FM worker's lease: each pair at its own request's time) stores
+    what one put per distinct time, oldest first, stores: the same entries, ages and TTLs
+    (a pair past retention is dropped on the put instead of expiring after it; within
+    retention the counters agree too). Keys are distinct, so no write replaces another."""
+    n = len(times)
+    at = T0 + np.asarray(times)
+    users, items = np.arange(n, dtype=np.int64), np.arange(n, dtype=np.int64) + 100
+    vecs = np.random.default_rng(n).normal(size=(n, D)).astype(np.float32)
+    cfg = make_cfg()
+    one, many = PairStore(cfg), PairStore(cfg)
+    stored = one.put(users, items, vecs, "v1", at)
+    each = sum(many.put(users[at == t], items[at == t], vecs[at == t], "v1", float(t))
+               for t in np.unique(at))
+    later = float(at.max()) + 60.0
+    for a, b in zip(one.get(users, items, "v1", later), many.get(users, items, "v1", later)):
+        np.testing.assert_array_equal(a, b)
+    assert one.metrics()["entries"] == many.metrics()["entries"]
+    if at.max() - at.min() < cfg.retention_s:
+        assert stored == each and one.metrics() == many.metrics()
+
+
+def test_a_put_past_retention_drops_only_its_late_pairs():
+    cfg = make_cfg()
+    store = PairStore(cfg)
+    at = np.array([T0, T0 + cfg.retention_s + 2 * cfg.bucket_s])  # the first is too old
+    assert store.put(np.array([1, 2]), np.array([5, 6]), np.ones((2, D)), "v1", at) == 1
+    assert store.metrics()["dropped_on_put"] == 1
+    found, _, age = store.get(np.array([1, 2]), np.array([5, 6]), "v1", float(at[1]))
+    assert found.tolist() == [False, True] and age[1] == 0.0
+    with pytest.raises(RequestError, match=r"now: expected one finite event time or 2"):
+        store.put(np.array([1, 2]), np.array([5, 6]), np.ones((2, D)), "v1", at[:1])
+    with pytest.raises(RequestError, match="now: expected"):
+        store.put(np.array([1, 2]), np.array([5, 6]), np.ones((2, D)), "v1",
+                  np.array([T0, np.nan]))
+
+
 # ------------------------------------------------------------------ capacity and eviction
 
 @settings(max_examples=30, deadline=None, database=None)
