@@ -72,7 +72,7 @@ from ray.exceptions import RayActorError, RayError
 from actors.cache import HistoryUnavailable
 from actors.ledger import LedgerClient
 from actors.queue import QueueClient
-from solaris.config import HISTORY_TIMES, PrecomputeConfig
+from solaris.config import PrecomputeConfig, check_history_at
 from solaris.errors import ConfigError
 from solaris.precompute.pqueue import Lease
 from solaris.precompute.worker import (HistoryProvider, PrecomputeWorker, SideTables, WindowHistory,
@@ -113,10 +113,8 @@ class FMWorker:
         its ``read_at`` when the replay's gate set one; otherwise "request" reads each group
         as of its request, "visible" as of the lease (``clock``, event time = wall time as
         the router stamps requests; never before a group's own request)."""
-        if history_at not in HISTORY_TIMES:
-            raise ConfigError(f"history_at={history_at!r}: one of {', '.join(HISTORY_TIMES)}")
         torch.set_num_threads(cfg.threads)
-        self._history_at, self._clock = history_at, clock
+        self._history_at, self._clock = check_history_at(history_at, "history_at"), clock
         self._cfg = cfg
         self._queue = QueueClient.of(queue)
         self._cache = cache  # actors.cache.CacheGroup
@@ -439,9 +437,7 @@ class WorkerPool:
         """``actor_options`` (placement: e.g. ``{"resources": {"fm_host": 1}}``) go to each
         worker's ``.options``, over ``num_cpus`` and the GPUs ``cfg.device`` asks for;
         ``history_at`` and ``clock``: each ``FMWorker``'s (``ScheduleConfig.history_at``)."""
-        if history_at not in HISTORY_TIMES:
-            raise ConfigError(f"history_at={history_at!r}: one of {', '.join(HISTORY_TIMES)}")
-        self.history_at, self.clock = history_at, clock
+        self.history_at, self.clock = check_history_at(history_at, "history_at"), clock
         self.cfg = cfg
         self.queue = QueueClient.of(queue)
         self.cache = cache

@@ -285,6 +285,13 @@ class ResidualConfig:
 HISTORY_TIMES = ("request", "visible")
 
 
+def check_history_at(value: Any, name: str = "schedule.history_at") -> str:
+    """``value`` if it is one of ``HISTORY_TIMES``; else ``ConfigError`` naming it."""
+    _check(value in HISTORY_TIMES, name, value,
+           f"must be one of {', '.join(map(repr, HISTORY_TIMES))}")
+    return value
+
+
 @dataclass(frozen=True)
 class ScheduleConfig:
     """The speculation schedule as the replay runs it (event time) and the transfer report
@@ -293,17 +300,17 @@ class ScheduleConfig:
     tick_s: float = 60.0  # event seconds per tick
     lag_s: float = 300.0  # work enqueued at t is written no earlier than t + lag
     budget_per_hour: float = 3000.0  # FM pair-evaluations per event hour (0: no limit)
-    # the history an FM worker reads for a pair: "request", as of the request that bet on it
-    # (what the live FM workers do); "visible", as of the tick end that released it (the
-    # entry then holds what the worker could read when it computed: the betting request's
-    # own feedback and any later request's before it). The entry's written_at, its TTL and
-    # the age the VM reads stay the request's. In-process simulations only (``solaris
-    # simulate``, training's simulated serving); the live replay refuses it.
+    # the history an FM worker reads for a pair: "request", as of the request that bet on it;
+    # "visible", as of the tick end that released it (the entry then holds what the worker
+    # could read when it computed: the betting request's own feedback and any later
+    # request's before it; in production, without the replay's gate, as of the worker's
+    # clock when it leases). The entry's written_at, its TTL and the age the VM reads stay
+    # the request's. The live FM workers (``Lease.read_at``), ``solaris simulate`` and
+    # training's simulated serving all read it.
     history_at: str = "request"
 
     def __post_init__(self) -> None:
-        _check(self.history_at in HISTORY_TIMES, "schedule.history_at", self.history_at,
-               f"must be one of {', '.join(map(repr, HISTORY_TIMES))}")
+        check_history_at(self.history_at)
         _check(self.tick_s > 0, "schedule.tick_s", self.tick_s, "must be > 0")
         _check(self.lag_s >= 0, "schedule.lag_s", self.lag_s, "must be >= 0")
         _check(self.budget_per_hour >= 0, "schedule.budget_per_hour", self.budget_per_hour,

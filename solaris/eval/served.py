@@ -25,9 +25,8 @@ import torch
 
 from solaris.cache.query import Slots
 from solaris.cache.store import PairStore
-from solaris.config import HISTORY_TIMES, SolarisConfig
+from solaris.config import HISTORY_TIMES, SolarisConfig, check_history_at
 from solaris.data.schema import ITEM, SEQ, SURFACE, TS, USER, Dataset
-from solaris.errors import ConfigError
 from solaris.knn.neighbours import NeighbourTable
 from solaris.online.enrich import enrich_local
 from solaris.features import FeatureTables
@@ -205,8 +204,7 @@ def worker_vectors(worker: PrecomputeWorker, writes: dict[str, np.ndarray], dim:
     request's ts) or ``visible_at`` (``"visible"``, the tick end that released it;
     ``ScheduleConfig.history_at``): one ``Group`` per (user, that time, surface), as the FM
     workers group a queue lease."""
-    if history_at not in HISTORY_AT:
-        raise ConfigError(f"history_at={history_at!r}: one of {', '.join(HISTORY_AT)}")
+    check_history_at(history_at, "history_at")
     hi = len(writes["user"]) if hi is None else hi
     w = hi - lo
     out = np.zeros((max(w, 0), dim), np.float32)
