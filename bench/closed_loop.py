@@ -47,12 +47,13 @@ def load(run: Path) -> tuple[dict, dict[str, np.ndarray], np.ndarray]:
     return rep, clicks, rid
 
 
-def recompute_policies(run: Path, rep: dict) -> dict:
-    """Every policy of ``solaris.precompute.speculation`` again on the run's shadow-arm log (runs made
-    before a policy existed), with the run's schedule."""
+def shadow_inputs(run: Path, rep: dict) -> tuple:
+    """(closed-loop log, VM-alone scores, schedule arguments): the run's shadow-arm log as the
+    policies read it (which items were shown) and the schedule it ran with, for
+    ``solaris.replay.coverage``'s simulation; plus the (R, shown) positions it showed and
+    whether each was the exploration slot (propensity below 1)."""
     from solaris.config import QueueConfig, VerifierConfig
-    from solaris.replay.closed_loop import POLICY_FRACTIONS, empty_log, shown_log
-    from solaris.replay.coverage import compare_policies
+    from solaris.replay.closed_loop import empty_log, shown_log
     from solaris.replay.log import RequestLog
 
     with np.load(run / "arms.npz") as f:
@@ -62,15 +63,28 @@ def recompute_policies(run: Path, rep: dict) -> dict:
                         labels=np.full((r, c, 1), np.nan, np.float32), tasks=("click",))
         shadow = empty_log(r, f["vm/pos"].shape[1])
         shadow.pos = f["vm/pos"]
+        explore = f["vm/propensity"] < 1.0
         base = f["base"]
     closed = shown_log(lg, shadow)  # the policies read only which items were shown
+    kw = dict(horizon_s=float(rep.get("horizon_s", VerifierConfig.horizon_s)),
+              read_ttl_s=float(rep["read_ttl_s"]), lag_s=float(rep["lag_s"]),
+              tick_s=float(rep["tick_s"]), budget_per_hour=float(rep["budget_per_hour"]),
+              merge=str(rep.get("queue_merge", QueueConfig.merge)),
+              seed=int(rep["options"]["seed"]))
+    return closed, base, kw, shadow.pos, explore
+
+
+def recompute_policies(run: Path, rep: dict) -> dict:
+    """Every policy of ``solaris.precompute.speculation`` again on the run's shadow-arm log (runs made
+    before a policy existed), with the run's schedule."""
+    from solaris.config import VerifierConfig
+    from solaris.replay.closed_loop import POLICY_FRACTIONS
+    from solaris.replay.coverage import compare_policies
+
+    closed, base, kw, _, _ = shadow_inputs(run, rep)
     return compare_policies(
         closed, base, fraction=float(rep.get("fraction", VerifierConfig.fraction)),
-        fractions=POLICY_FRACTIONS, seed=int(rep["options"]["seed"]),
-        horizon_s=float(rep.get("horizon_s", VerifierConfig.horizon_s)),
-        read_ttl_s=float(rep["read_ttl_s"]), lag_s=float(rep["lag_s"]),
-        tick_s=float(rep["tick_s"]), budget_per_hour=float(rep["budget_per_hour"]),
-        merge=str(rep.get("queue_merge", QueueConfig.merge)))
+        fractions=POLICY_FRACTIONS, **kw)
 
 
 def per_run(run: Path, rep: dict) -> dict:

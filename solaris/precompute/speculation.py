@@ -31,6 +31,9 @@ for every policy, so they differ only in the bet.
 * ``returns``: a bound -- the verifier's bet, made only at requests whose user comes back
   after the lag and within the TTL (it knows future arrivals, not future rankings): what
   predicting returns perfectly would save. Built from a whole request log.
+* ``hindsight``: a bound -- the learned policy's features and model fitted on the whole
+  log's own outcomes (in sample), its bets allocated over the log: how well those features
+  could rank the candidates at all. Built from a whole request log and its scores.
 * ``oracle``: knows the future -- every candidate whose pair is labelled (shown) at a later
   request of the user, after the lag and within the TTL; the bound of any policy that only
   computes pairs it has seen as candidates. Built from a whole request log.
@@ -247,6 +250,35 @@ class ReturnsOraclePolicy(VerifierPolicy):
         return super().rank(req, fraction)
 
 
+def fit_logistic(X: np.ndarray, y: np.ndarray, iters: int = 25
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(w, mu, sd): a logistic model of ``y`` (N,) in {0, 1} on ``X`` (N, F) standardised
+    by ``mu``, ``sd``, by Newton's method on the loss with an L2 penalty of 1 on every weight
+    but the intercept (``w[-1]``); a constant feature gets sd 1 and stays 0."""
+    mu, sd = X.mean(0), X.std(0)
+    sd = np.where(sd > 1e-6, sd, 1.0)  # a constant feature stays 0, never blows up
+    Z = np.column_stack([(X - mu) / sd, np.ones(len(X))])
+    w = np.zeros(Z.shape[1])
+    ridge = np.eye(len(w))
+    ridge[-1, -1] = 0.0  # the intercept is not shrunk
+    for _ in range(iters):
+        p = 1.0 / (1.0 + np.exp(-np.clip(Z @ w, -30, 30)))
+        g = Z.T @ (p - y) + ridge @ w
+        h = (Z * (p * (1 - p))[:, None]).T @ Z + ridge
+        step = np.linalg.solve(h, g)
+        w -= step
+        if np.abs(step).max() < 1e-8:
+            break
+    return w, mu, sd
+
+
+def predict_logistic(X: np.ndarray, w: np.ndarray, mu: np.ndarray, sd: np.ndarray
+                     ) -> np.ndarray:
+    """``fit_logistic``'s probabilities for ``X`` (standardised features clipped to ±10)."""
+    z = np.column_stack([np.clip((X - mu) / sd, -10, 10), np.ones(len(X))]) @ w
+    return 1.0 / (1.0 + np.exp(-np.clip(z, -30, 30)))
+
+
 FEATURES = ("vm_logit", "vm_rank", "position", "recurrence", "since_candidate",
             "user_requests", "since_user_request", "item_labels_day", "pair_labelled")
 
@@ -315,28 +347,13 @@ class LearnedPolicy:
         y = np.concatenate([self._outcome(r[0], r[1], r[2]) for r in ripe])[-self.max_rows:]
         if y.sum() < self.min_positives or y.sum() == len(y):
             return
-        mu, sd = X.mean(0), X.std(0)
-        sd = np.where(sd > 1e-6, sd, 1.0)  # a constant feature stays 0, never blows up
-        Z = np.column_stack([(X - mu) / sd, np.ones(len(X))])
-        w = np.zeros(Z.shape[1])
-        ridge = np.eye(len(w))
-        ridge[-1, -1] = 0.0  # the intercept is not shrunk
-        for _ in range(25):  # Newton's method on the L2-regularised logistic loss
-            p = 1.0 / (1.0 + np.exp(-np.clip(Z @ w, -30, 30)))
-            g = Z.T @ (p - y) + ridge @ w
-            h = (Z * (p * (1 - p))[:, None]).T @ Z + ridge
-            step = np.linalg.solve(h, g)
-            w -= step
-            if np.abs(step).max() < 1e-8:
-                break
-        self.w, self.mu, self.sd = w, mu, sd
+        self.w, self.mu, self.sd = fit_logistic(X, y)
         self.fits += 1
 
     def predict(self, X: np.ndarray) -> np.ndarray | None:
         if self.w is None:
             return None
-        z = np.column_stack([np.clip((X - self.mu) / self.sd, -10, 10), np.ones(len(X))]) @ self.w
-        return 1.0 / (1.0 + np.exp(-np.clip(z, -30, 30)))
+        return predict_logistic(X, self.w, self.mu, self.sd)
 
     def rank(self, req: Candidates, fraction: float) -> tuple[np.ndarray, np.ndarray]:
         if self.next_fit is None:
@@ -425,9 +442,79 @@ class AllocatedPolicy(LearnedPolicy):
         return order, p[order]
 
 
+class HindsightPolicy:
+    """A bound: the learned policy's features (``LearnedPolicy.features``, every request of
+    the log seen in order) and model, fitted once on the whole log's own outcomes -- in
+    sample, so it foresees them -- and its bets allocated over the whole log: every
+    candidate whose predicted probability is among the top ``fraction`` of all the log's
+    candidates, best first. No policy that reads only those features through a model of
+    that form ranks the log's candidates better, so its cost curve against the learned and
+    allocated policies splits their shortfall from the oracle into what the features cannot
+    tell and what learning them from the past loses. ``from_log`` builds it from a
+    ``RequestLog`` and the scores served; it must then see the log's requests in order."""
+
+    name = "hindsight"
+
+    def __init__(self, prob: np.ndarray, users: np.ndarray, ts: np.ndarray) -> None:
+        self.prob = np.asarray(prob, np.float64)
+        self.users, self.ts = np.asarray(users), np.asarray(ts, np.float64)
+        self._sorted = np.sort(self.prob, axis=None)
+        self._next = 0
+
+    @classmethod
+    def from_log(cls, request_log, scores: np.ndarray, read_ttl_s: float,
+                 lag_s: float) -> "HindsightPolicy":
+        r, c = request_log.candidates.shape
+        s = np.asarray(scores, np.float64)
+        if s.shape != (r, c):
+            raise RequestError(f"scores: shape {s.shape}, expected {(r, c)}")
+        learner = LearnedPolicy(read_ttl_s, lag_s)
+        labelled = OraclePolicy.from_log(request_log, read_ttl_s, lag_s).labelled
+        X = np.zeros((r, c, len(FEATURES)))
+        y = np.zeros((r, c))
+        for i in range(r):
+            req = Candidates(int(request_log.user[i]), float(request_log.ts[i]),
+                             request_log.candidates[i].astype(np.int64), s[i],
+                             request_log.labelled[i])
+            X[i] = learner.features(req)
+            learner._pending = X[i]
+            learner.observe(req)
+            for j, it in enumerate(req.items.tolist()):
+                y[i, j] = labelled_later(labelled.get((req.user, it)), req.ts, lag_s,
+                                         read_ttl_s)
+        flat = X.reshape(r * c, -1)
+        if 0 < y.sum() < y.size:
+            prob = predict_logistic(flat, *fit_logistic(flat, y.reshape(-1))).reshape(r, c)
+        else:  # nothing (or everything) is read later: every candidate is as good a bet
+            prob = np.full((r, c), y.mean() if y.size else 0.0)
+        return cls(prob, request_log.user, request_log.ts)
+
+    def rank(self, req: Candidates, fraction: float) -> tuple[np.ndarray, np.ndarray]:
+        i = self._next
+        if i >= len(self.prob) or int(self.users[i]) != req.user or self.ts[i] != req.ts \
+                or len(req.items) != self.prob.shape[1]:
+            raise RequestError(f"hindsight bound: request {i} (user {req.user}, ts {req.ts})"
+                               " is not the next request of the log it was fitted on")
+        self._next += 1
+        n = self._sorted.size
+        k = top_count(n, fraction)
+        thr = self._sorted[n - k] if k > 0 else np.inf
+        p = self.prob[i]
+        keep = np.flatnonzero(p >= thr)
+        order = keep[np.lexsort((req.items[keep], -p[keep]))]
+        return order, p[order]
+
+    def observe(self, req: Candidates) -> None:
+        pass
+
+
 POLICIES = ("verifier", "random", "recurrence", "learned", "allocated", "returns", "oracle")
 # the bounds that foresee the log: reported beside the policies, never as one of them
 BOUNDS = ("returns", "oracle")
+# a bound built from the log and the scores served (``HindsightPolicy.from_log``), run by
+# ``bench/policy_bounds.py``: fitting it costs a pass over the log, so the closed loop's
+# own comparison leaves it out
+HINDSIGHT = "hindsight"
 
 
 def make_policy(name: str, *, seed: int = 0, read_ttl_s: float = 4 * 3600.0, lag_s: float = 0.0,

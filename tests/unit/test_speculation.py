@@ -12,7 +12,7 @@ from solaris.errors import ConfigError
 from solaris.replay.coverage import coverage_ceiling, simulate_pair_coverage
 from solaris.precompute.speculation import (FEATURES, Candidates, LearnedPolicy, OraclePolicy, RandomPolicy,
                                  RecurrencePolicy, ReturnsOraclePolicy, VerifierPolicy, admit,
-                                 make_policy)
+                                 make_policy, top_count)
 from solaris.online.verifier import choose
 from tests.tiny import request_log
 from tests.unit.test_replay_coverage import logs
@@ -326,3 +326,79 @@ def test_the_learned_policy_keeps_bounded_state_with_the_same_features() -> None
             seen_lab.setdefault(int(it), []).append(ts)
     assert max(len(v) for v in pol.user_ts.values()) < max(len(v) for v in seen_req.values())
     assert all(v[-1] - v[0] <= 86400 for v in pol.item_labels.values())
+
+
+def test_fit_logistic_recovers_a_planted_model_and_leaves_a_constant_feature_at_zero():
+    from solaris.precompute.speculation import fit_logistic, predict_logistic
+
+    rng = np.random.default_rng(3)
+    X = np.column_stack([rng.normal(2.0, 3.0, 20000), rng.normal(size=20000),
+                         np.full(20000, 7.0)])
+    z = 0.5 * (X[:, 0] - 2.0) / 3.0 - 1.0 * X[:, 1] - 0.3  # in standardised units
+    y = (rng.random(20000) < 1.0 / (1.0 + np.exp(-z))).astype(float)
+    w, mu, sd = fit_logistic(X, y)
+    assert w[:2] == pytest.approx([0.5, -1.0], abs=0.06)
+    assert w[2] == 0.0 and sd[2] == 1.0  # the constant feature: no weight, no blow-up
+    assert w[3] == pytest.approx(-0.3, abs=0.06)
+    p = predict_logistic(X, w, mu, sd)
+    assert p.shape == (20000,) and np.all((p > 0) & (p < 1))
+    assert np.corrcoef(p, 1.0 / (1.0 + np.exp(-z)))[0, 1] > 0.99
+
+
+def _hot_items_log(seed: int = 0):
+    # 30 users, a request every 10 minutes for a day, 20 of 60 items as candidates; only the
+    # 6 "hot" items are ever labelled; the VM's scores are noise
+    rng = np.random.default_rng(seed)
+    rows = []
+    for t in range(0, 86400, 600):
+        for u in range(30):
+            items = rng.permutation(60)[:20]
+            rows.append((u, t, items.tolist(), (items < 6).tolist()))
+    lg = request_log(rows)
+    return lg, rng.random(lg.candidates.shape)
+
+
+def test_the_hindsight_bound_ranks_with_the_learned_features_fitted_in_sample():
+    from solaris.precompute.speculation import HindsightPolicy
+
+    lg, scores = _hot_items_log()
+    ttl, lag = 3600.0, 300.0
+    hind = HindsightPolicy.from_log(lg, scores, ttl, lag)
+    assert hind.prob.shape == lg.candidates.shape
+    # in sample it learns what a pair labelled before says: hot pairs rank above the rest
+    hot = lg.candidates < 6
+    assert hind.prob[hot].min() > np.median(hind.prob[~hot])
+    kw = dict(horizon_s=0.0, read_ttl_s=ttl, lag_s=lag, tick_s=60.0, budget_per_hour=0.0)
+    # allocated over the whole log: the top fraction of all its candidates
+    bets = {}
+
+    class Spy(HindsightPolicy):
+        def rank(self, req, fraction):
+            top, prio = super().rank(req, fraction)
+            bets[len(bets)] = top
+            assert np.all(np.diff(prio) <= 0)  # best bet first
+            return top, prio
+
+    spy = Spy(hind.prob, hind.users, hind.ts)
+    got = simulate_pair_coverage(lg, scores, fraction=0.1, policy=spy, **kw)
+    n = lg.candidates.size
+    thr = np.sort(hind.prob, axis=None)[n - top_count(n, 0.1)]
+    assert sum(len(b) for b in bets.values()) == int((hind.prob >= thr).sum())
+    learned = simulate_pair_coverage(lg, scores, fraction=0.1, policy=LearnedPolicy(
+        read_ttl_s=ttl, lag_s=lag, refit_s=3600.0), **kw)
+    assert got["pair"] >= learned["pair"]  # foresight of its own outcomes does no worse
+    assert got["fm_evals"] <= 1.05 * learned["fm_evals"]
+
+
+def test_the_hindsight_bound_refuses_a_request_of_another_log():
+    from solaris.errors import RequestError
+    from solaris.precompute.speculation import HindsightPolicy
+
+    lg, scores = _hot_items_log()
+    hind = HindsightPolicy.from_log(lg, scores, 3600.0, 300.0)
+    first = _req(int(lg.user[0]), float(lg.ts[0]), lg.candidates[0], scores[0])
+    hind.rank(first, 0.2)
+    with pytest.raises(RequestError, match="not the next request"):
+        hind.rank(first, 0.2)  # the same request again: not the log's next
+    with pytest.raises(RequestError, match=r"scores: shape"):
+        HindsightPolicy.from_log(lg, scores[:, :3], 3600.0, 300.0)
