@@ -61,8 +61,10 @@ def simulated_presence(cfg: SolarisConfig, ds: Dataset, tables: FeatureTables,
                        seed: int = 0, rows: np.ndarray | None = None) -> dict:
     """Which of ``rows`` (default: the test period's) the schedule covers, the verifier
     ranking ``lg``'s candidates by ``base``: ``mask`` (len(rows),) bool, its share ``c_sim``,
-    ``age_s`` (len(rows),) the age each covered row's entry is read at (NaN elsewhere: the
-    entry holds z as of ``req_ts - age_s``), and the simulation's pair coverage of labelled
+    ``age_s`` (len(rows),) the age each covered row's entry is read at (NaN elsewhere),
+    ``history_age_s`` the same rows' age of the history its z was read as of (the entry holds
+    z as of ``req_ts - history_age_s``: ``age_s`` under ``schedule.history_at: request``, the
+    time since its release under ``visible``), and the simulation's pair coverage of labelled
     pairs, FM evaluations and precision."""
     target = periods.test if rows is None else np.asarray(rows, np.int64)
     r, c = lg.candidates.shape
@@ -87,7 +89,13 @@ def simulated_presence(cfg: SolarisConfig, ds: Dataset, tables: FeatureTables,
     mask[at[at >= 0]] = sim["found"][ri[ok], ci[ok]][at >= 0]
     age[at[at >= 0]] = sim["age_s"][ri[ok], ci[ok]][at >= 0]
     age[~mask] = np.nan
-    return {"mask": mask, "age_s": age, "c_sim": float(mask.mean()),
+    # how old the history the entry's z reads is: as of its write (``request``) or of its
+    # release (``visible``: the FM worker reads the history as of the tick end)
+    hist = age.copy()
+    if cfg.schedule.history_at == "visible":
+        hist[at[at >= 0]] = sim["visible_age_s"][ri[ok], ci[ok]][at >= 0]
+        hist[~mask] = np.nan
+    return {"mask": mask, "age_s": age, "history_age_s": hist, "c_sim": float(mask.mean()),
             "pair_simulated": sim["pair"],
             "fm_evals": int(sim["fm_evals"]), "precision": sim["precision"],
             "labelled_mapped": float(np.mean(at >= 0)) if len(at) else float("nan")}

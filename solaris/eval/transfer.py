@@ -200,7 +200,8 @@ class TransferExperiment:
         served_fit = fit_pair_as_served(base, inputs, cfg.residual, cfg.train, task=task,
                                         rows=p.vm, base_logits=b_oos, val_rows=p.val,
                                         seed=seed, z_as_of=z_as_of,
-                                        found_age_s=sim_val["age_s"], read_ttl_s=ttl)
+                                        found_age_s=sim_val["age_s"], read_ttl_s=ttl,
+                                        found_history_age_s=sim_val["history_age_s"])
         run.chosen["residual_pair_as_served"] = served_fit.info
         fits = {"pair": served_fit.fresh}
         run.chosen["residual_pair"] = {"val_bce": served_fit.fresh.val_bce,
@@ -223,7 +224,8 @@ class TransferExperiment:
                                                             seed, 0.0, True)
         # the presence pattern the speculation schedule gives on the test period (c_sim):
         # pair_sim_fresh with each covered row's own fresh z (the fresh-z correction),
-        # pair_sim as served -- z as of the write, its age, the correction chosen as served;
+        # pair_sim as served -- z as of the history the entry read (its write, or its release
+        # under schedule.history_at: visible), its age, the correction chosen as served;
         # Platt on validation rows covered the same way
         off = np.zeros(len(p.test), bool)
         pt = predict_vm(fits["pair"].model, inputs, p.test, sim["mask"], off)
@@ -236,7 +238,9 @@ class TransferExperiment:
         cov_t, cov_v = p.test[sim["mask"]], p.val[sim_val["mask"]]
         both = np.concatenate([cov_t, cov_v])
         age = np.concatenate([sim["age_s"][sim["mask"]], sim_val["age_s"][sim_val["mask"]]])
-        as_served = inputs.served_as(both, z_as_of(both, age), age, ttl)
+        hist = np.concatenate([sim["history_age_s"][sim["mask"]],
+                               sim_val["history_age_s"][sim_val["mask"]]])
+        as_served = inputs.served_as(both, z_as_of(both, hist), age, ttl)
         chosen = served_fit.fit.model
         pt = predict_vm(chosen, as_served, p.test, sim["mask"], off)
         pv = predict_vm(chosen, as_served, p.val, sim_val["mask"], np.zeros(len(p.val), bool))

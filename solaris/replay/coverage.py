@@ -173,7 +173,8 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
     ``scores`` (R, C): the VM's scores as served. Returns ``pair`` (coverage of labelled
     candidates), ``fm_evals``, ``precision`` (share of writes found by a later request before
     a newer write of the pair or expiry), ``found`` (R, C) bool, ``age_s`` (R, C) (NaN where
-    not found), ``per_request_enqueued`` (R,) pairs sent to the queue, ``merged`` and
+    not found), ``visible_age_s`` (R, C) how long before the read its entry was released (the
+    read's ts minus the end of the tick that released it; NaN where not found), ``per_request_enqueued`` (R,) pairs sent to the queue, ``merged`` and
     ``pending_left`` (still queued after the last tick). ``record_writes``: also
     ``writes``, the FM evaluations in the order made, as arrays ``user``, ``item``,
     ``surface``, ``written_at`` (the request ts the entry holds z as of) and ``visible_at``
@@ -199,10 +200,12 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
     top_count(c, fraction)  # checks the fraction
     found = np.zeros((r, c), bool)
     age_s = np.full((r, c), np.nan)
+    visible_age_s = np.full((r, c), np.nan)
     sent = np.zeros(r, np.int64)
     if r == 0:
         return {"pair": float("nan"), "fm_evals": 0, "precision": float("nan"), "found": found,
-                "age_s": age_s, "per_request_enqueued": sent, "merged": 0, "pending_left": 0,
+                "age_s": age_s, "visible_age_s": visible_age_s, "per_request_enqueued": sent,
+                "merged": 0, "pending_left": 0,
                 **({"writes": _write_arrays([])} if record_writes else {})}
 
     ts = request_log.ts.astype(np.float64)
@@ -215,7 +218,8 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
     else:  # Python ints never overflow
         keys = request_log.user.astype(object)[:, None] * width + cand.astype(object)
 
-    store: dict[int, tuple[float, int]] = {}  # key -> (written_at, write index)
+    store: dict[int, tuple[float, int, float]] = {}  # key -> (written_at, write index,
+    #                                                    visible_at)
     read: list[bool] = []  # per write: found by a later request
     pending: dict[int, _Pending] = {}
     waiting: list[tuple[float, int, int]] = []  # (request ts, token, key), lazy
@@ -270,7 +274,7 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
                     log.append((p.group[0], p.item, p.group[2], p.req_ts, end))
                 old = store.get(key)
                 if old is None or p.req_ts >= old[0]:
-                    store[key] = (p.req_ts, len(read))
+                    store[key] = (p.req_ts, len(read), end)
                 read.append(False)
                 state["evals"] += 1
                 n -= 1
@@ -304,11 +308,13 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
             row_keys = keys[i].tolist()
             fnd = found[i]
             age = age_s[i]
+            vage = visible_age_s[i]
             for j in range(c):
                 hit = store.get(row_keys[j])
                 if hit is not None and t - hit[0] <= read_ttl_s:
                     fnd[j] = True
                     age[j] = t - hit[0]
+                    vage[j] = t - hit[2]
                     read[hit[1]] = True
             req = Candidates(int(request_log.user[i]), float(t), cand[i], s[i],
                              request_log.labelled[i])
@@ -340,7 +346,8 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
     return {"pair": float(found[lab].mean()) if lab.any() else float("nan"),
             "fm_evals": state["evals"],
             "precision": float(sum(read)) / writes if writes else float("nan"),
-            "found": found, "age_s": age_s, "per_request_enqueued": sent,
+            "found": found, "age_s": age_s, "visible_age_s": visible_age_s,
+            "per_request_enqueued": sent,
             "merged": state["merged"], "pending_left": len(pending),
             **({"writes": _write_arrays(log)} if log is not None else {})}
 

@@ -115,7 +115,8 @@ def _train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed:
                                     rows=periods.vm, base_logits=b_oos, val_rows=periods.val,
                                     seed=seed, z_as_of=z_at_age(teacher, tables, cfg.features),
                                     found_age_s=sim_val["age_s"],
-                                    read_ttl_s=float(cfg.cache.read_ttl_s))
+                                    read_ttl_s=float(cfg.cache.read_ttl_s),
+                                    found_history_age_s=sim_val["history_age_s"])
         say(f"simulating serving on the VM and validation periods for {task}")
         sv = {per: simulate_period(cfg, ds, tables, periods, base, teacher.fm, teacher.encoder,
                                    teacher.version, per, seed,

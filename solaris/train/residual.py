@@ -175,15 +175,26 @@ def _choose_scale(model: ResidualVM, slot: str, scales: tuple[float, ...],
     return best, curve
 
 
-def draw_ages(found_age_s: np.ndarray, n: int, seed: int) -> np.ndarray:
+def draw_ages(found_age_s: np.ndarray, n: int, seed: int,
+              history_age_s: np.ndarray | None = None) -> np.ndarray:
     """``n`` ages (s) drawn with replacement from the ages the schedule simulation read its
     entries at (``simulated_presence(...)["age_s"]`` where found): the age distribution
-    serving gives the pair slot."""
+    serving gives the pair slot. With ``history_age_s`` (the same entries' history ages,
+    ``simulated_presence(...)["history_age_s"]``): (ages, history ages), each draw one
+    entry's pair of them."""
     a = np.asarray(found_age_s, np.float64)
-    a = a[np.isfinite(a)]
-    if len(a) == 0:
+    keep = np.isfinite(a)
+    if not keep.any():
         raise ValueError("found_age_s: no finite ages (the simulation covered nothing)")
-    return np.round(np.random.default_rng(seed + 4241).choice(a, size=n))
+    pick = np.random.default_rng(seed + 4241).choice(int(keep.sum()), size=n)
+    ages = np.round(a[keep][pick])
+    if history_age_s is None:
+        return ages
+    h = np.asarray(history_age_s, np.float64)
+    if h.shape != a.shape or not np.isfinite(h[keep]).all():
+        raise ValueError(f"history_age_s: shape {h.shape} with NaNs where an age is found; "
+                         f"expected {a.shape}, finite wherever found_age_s is")
+    return ages, np.round(h[keep][pick])
 
 
 ZAsOf = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (rows, age_s) -> z (len(rows), D)
@@ -204,11 +215,13 @@ def fit_pair_as_served(base: VerticalModel, inputs: VMInputs, res: ResidualConfi
                        train: TrainConfig, *, task: int, rows: np.ndarray,
                        base_logits: np.ndarray, val_rows: np.ndarray, seed: int,
                        z_as_of: ZAsOf, found_age_s: np.ndarray,
-                       read_ttl_s: float) -> ServedPairFit:
+                       read_ttl_s: float,
+                       found_history_age_s: np.ndarray | None = None) -> ServedPairFit:
     """Train the pair correction on fresh z (``train_residual``) and on z as served: every
     training and validation row's own pair written ``a`` seconds before its request, ``a``
-    drawn from the schedule's read ages (``draw_ages``), z as of the write (``z_as_of``) and
-    the age fed to the gate. Both are scored on the served validation rows, each at its best
+    drawn from the schedule's read ages (``draw_ages``), z as of the history the entry read
+    (``z_as_of`` at the drawn entry's history age, ``found_history_age_s``; the write, ``a``,
+    where not given) and ``a`` fed to the gate. Both are scored on the served validation rows, each at its best
     scale there; the better one is served (a cache never holds a fresher z than the lag)."""
     rows, val_rows = np.asarray(rows), np.asarray(val_rows)
     fresh = train_residual(base, inputs, res, train, task=task, rows=rows,
@@ -219,8 +232,9 @@ def fit_pair_as_served(base: VerticalModel, inputs: VMInputs, res: ResidualConfi
         return ServedPairFit(fresh, fresh, inputs, {"chosen": "fresh", "ages_drawn_from": 0,
                                                     "val_bce_fresh_trained": fresh.val_bce})
     both = np.concatenate([rows, val_rows])
-    ages = draw_ages(found_age_s, len(both), seed)
-    served = inputs.served_as(both, z_as_of(both, ages), ages, read_ttl_s)
+    ages, hist = draw_ages(found_age_s, len(both), seed,
+                           found_age_s if found_history_age_s is None else found_history_age_s)
+    served = inputs.served_as(both, z_as_of(both, hist), ages, read_ttl_s)
     aged = train_residual(base, served, res, train, task=task, rows=rows,
                           base_logits=base_logits, val_rows=val_rows, slot="pair",
                           use_z=True, seed=seed)

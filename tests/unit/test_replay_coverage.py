@@ -80,6 +80,9 @@ def test_writes_land_at_the_end_of_the_tick_with_the_request_time():
     # (merged, moved to the request at ts 5), 2 and 3 are written
     assert got["found"].tolist() == [[False, False], [False, False], [True, True]]
     assert got["age_s"][2].tolist() == [15.0, 20.0]  # item 1 written at 5, item 2 at 0
+    # both released at the end of the first tick (10): read 10 s after their release
+    assert got["visible_age_s"][2].tolist() == [10.0, 10.0]
+    assert np.isnan(got["visible_age_s"][:2]).all()
     assert got["fm_evals"] == 3 and got["merged"] == 1
     assert got["per_request_enqueued"].tolist() == [2, 2, 0]  # found and not expiring
     assert got["precision"] == pytest.approx(2 / 3)  # item 3 is never read

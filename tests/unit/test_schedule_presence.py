@@ -66,6 +66,17 @@ def test_presence_is_per_test_row_and_bounded_by_the_ceiling(world):
     assert np.array_equal(np.isfinite(age), sim["mask"])
     assert (age[sim["mask"]] >= cfg.schedule.lag_s).all()
     assert (age[sim["mask"]] <= cfg.cache.read_ttl_s).all()
+    # the history a covered row's z reads: as of the write under ``request`` (the default);
+    # under ``visible`` as of the release -- after the write by at least the lag, never after
+    # the read
+    assert np.array_equal(sim["history_age_s"], age, equal_nan=True)
+    vis = dataclasses.replace(c, schedule=dataclasses.replace(c.schedule, history_at="visible"))
+    sv = simulated_presence(vis, exp.ds, exp.tables, p, base, lg)
+    assert np.array_equal(sv["mask"], sim["mask"])
+    assert np.array_equal(sv["age_s"], age, equal_nan=True)
+    h = sv["history_age_s"][sim["mask"]]
+    assert (h >= 0).all() and (h <= age[sim["mask"]] - cfg.schedule.lag_s).all()
+    assert np.array_equal(np.isfinite(sv["history_age_s"]), sim["mask"])
     # nothing written before the window ends: nothing present
     none = simulated_presence(_with(cfg, lag=1e9), exp.ds, exp.tables, p, base, lg)
     assert none["c_sim"] == 0.0 and none["fm_evals"] == 0 and not none["mask"].any()

@@ -86,3 +86,45 @@ def test_age_draws_come_from_the_found_ages_only():
     assert np.array_equal(a, draw_ages(found, 1000, seed=0))
     with pytest.raises(ValueError, match="found_age_s"):
         draw_ages(np.array([np.nan]), 5, seed=0)
+    # with the entries' history ages: the same draws, each paired with its own entry's
+    hist = np.array([np.nan, 10.0, np.nan, 20.0, 30.0])
+    a2, h2 = draw_ages(found, 1000, seed=0, history_age_s=hist)
+    assert np.array_equal(a2, a)
+    assert np.array_equal(h2, np.select([a2 == 300.0, a2 == 900.0], [10.0, 20.0], 30.0))
+    with pytest.raises(ValueError, match="history_age_s"):
+        draw_ages(found, 5, seed=0, history_age_s=np.full(5, np.nan))
+
+
+def test_the_as_served_correction_reads_z_at_each_entrys_history_age(world):
+    """Under ``schedule.history_at: visible`` an entry's z reads the history as of its
+    release, later than its write: the correction trained as served gets z at the drawn
+    entry's history age and the gate its age since the write, each draw one entry's pair."""
+    from solaris.train.residual import fit_pair_as_served, train_base, vm_logits
+    from solaris.train.teacher import z_at_age
+
+    cfg, tables, periods, teacher, inputs = world
+    common = dict(task=0, rows=periods.vm, absent_rows=periods.vm[:0], val_rows=periods.val,
+                  seed=0, num_users=int(tables.user.max()) + 1,
+                  num_items=int(tables.item.max()) + 1)
+    base, _, _ = train_base(inputs, cfg.vm, cfg.train, cfg.report.vm_lrs[:1], **common)
+    z_of = z_at_age(teacher, tables, cfg.features)
+    asked = []
+
+    def spy(rows, age_s):
+        asked.append(np.asarray(age_s).copy())
+        return z_of(rows, age_s)
+
+    found = np.array([np.nan, 900.0, 2400.0, np.nan])
+    hist = np.array([np.nan, 540.0, 2040.0, np.nan])
+    fit = fit_pair_as_served(base, inputs, cfg.residual, cfg.train, task=0, rows=periods.vm,
+                             base_logits=vm_logits(base, inputs, periods.vm),
+                             val_rows=periods.val, seed=0, z_as_of=spy, found_age_s=found,
+                             read_ttl_s=3600.0, found_history_age_s=hist)
+    both = np.concatenate([periods.vm, periods.val])
+    ages, hs = draw_ages(found, len(both), 0, hist)
+    assert len(asked) == 1 and np.array_equal(asked[0], hs)
+    assert set(np.unique(hs)) == {540.0, 2040.0}  # both entries drawn
+    on = np.ones(len(both), bool)
+    b = fit.served_inputs.batch(both, on, ~on)
+    assert torch.allclose(b["pair_age"], torch.from_numpy(ages / 3600.0).float())
+    assert torch.equal(b["pair_emb"], torch.from_numpy(z_of(both, hs)))
