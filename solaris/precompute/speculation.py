@@ -511,10 +511,8 @@ class HindsightPolicy:
 POLICIES = ("verifier", "random", "recurrence", "learned", "allocated", "returns", "oracle")
 # the bounds that foresee the log: reported beside the policies, never as one of them
 BOUNDS = ("returns", "oracle")
-# a bound built from the log and the scores served (``HindsightPolicy.from_log``), run by
-# ``bench/policy_bounds.py``: fitting it costs a pass over the log, so the closed loop's
-# own comparison leaves it out
-HINDSIGHT = "hindsight"
+# ``HindsightPolicy`` is a bound too, built from the log and the scores served; fitting it
+# costs a pass over the log, so only ``bench/policy_bounds.py`` runs it
 
 
 def make_policy(name: str, *, seed: int = 0, read_ttl_s: float = 4 * 3600.0, lag_s: float = 0.0,

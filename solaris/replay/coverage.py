@@ -174,10 +174,10 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
     candidates), ``fm_evals``, ``precision`` (share of writes found by a later request before
     a newer write of the pair or expiry), ``found`` (R, C) bool, ``age_s`` (R, C) (NaN where
     not found), ``visible_age_s`` (R, C) how long before the read its entry was released (the
-    read's ts minus the end of the tick that released it; NaN where not found), ``per_request_enqueued`` (R,) pairs sent to the queue, ``merged`` and
-    ``pending_left`` (still queued after the last tick). ``record_writes``: also
-    ``writes``, the FM evaluations in the order made, as arrays ``user``, ``item``,
-    ``surface``, ``written_at`` (the request ts the entry holds z as of) and ``visible_at``
+    read's ts minus the end of the tick that released it; NaN where not found),
+    ``per_request_enqueued`` (R,) pairs sent to the queue, ``merged`` and ``pending_left``
+    (still queued after the last tick). ``record_writes``: also ``writes``, the FM
+    evaluations in the order made, as arrays ``user``, ``item``, ``surface``, ``written_at`` (the request ts the entry holds z as of) and ``visible_at``
     (the end of the tick that released it: requests from then on read it).
     """
     if merge not in ("later", "earlier"):

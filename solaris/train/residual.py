@@ -176,7 +176,8 @@ def _choose_scale(model: ResidualVM, slot: str, scales: tuple[float, ...],
 
 
 def draw_ages(found_age_s: np.ndarray, n: int, seed: int,
-              history_age_s: np.ndarray | None = None) -> np.ndarray:
+              history_age_s: np.ndarray | None = None
+              ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """``n`` ages (s) drawn with replacement from the ages the schedule simulation read its
     entries at (``simulated_presence(...)["age_s"]`` where found): the age distribution
     serving gives the pair slot. With ``history_age_s`` (the same entries' history ages,
