@@ -177,8 +177,9 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
     read's ts minus the end of the tick that released it; NaN where not found),
     ``per_request_enqueued`` (R,) pairs sent to the queue, ``merged`` and ``pending_left``
     (still queued after the last tick). ``record_writes``: also ``writes``, the FM
-    evaluations in the order made, as arrays ``user``, ``item``, ``surface``, ``written_at`` (the request ts the entry holds z as of) and ``visible_at``
-    (the end of the tick that released it: requests from then on read it).
+    evaluations in the order made, as arrays ``user``, ``item``, ``surface``,
+    ``written_at`` (the request ts its age counts from) and ``visible_at`` (the end of the
+    tick that released it: requests from then on read it).
     """
     if merge not in ("later", "earlier"):
         raise ConfigError(f"merge={merge!r}: 'later' or 'earlier'")

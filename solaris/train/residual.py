@@ -208,7 +208,7 @@ class ServedPairFit:
 
     fit: ResidualFit  # the chosen correction, its scale chosen on served validation
     fresh: ResidualFit  # the fresh-z correction as trained (its scale on fresh validation)
-    served_inputs: VMInputs  # training and validation rows as served (z as of the write)
+    served_inputs: VMInputs  # training and validation rows as served (z, age)
     info: dict
 
 
@@ -222,8 +222,9 @@ def fit_pair_as_served(base: VerticalModel, inputs: VMInputs, res: ResidualConfi
     training and validation row's own pair written ``a`` seconds before its request, ``a``
     drawn from the schedule's read ages (``draw_ages``), z as of the history the entry read
     (``z_as_of`` at the drawn entry's history age, ``found_history_age_s``; the write, ``a``,
-    where not given) and ``a`` fed to the gate. Both are scored on the served validation rows, each at its best
-    scale there; the better one is served (a cache never holds a fresher z than the lag)."""
+    where not given) and ``a`` fed to the gate. Both are scored on the served validation
+    rows, each at its best scale there; the better one is served (a cache never holds a
+    fresher z than the lag)."""
     rows, val_rows = np.asarray(rows), np.asarray(val_rows)
     fresh = train_residual(base, inputs, res, train, task=task, rows=rows,
                            base_logits=base_logits, val_rows=val_rows, slot="pair",
