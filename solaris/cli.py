@@ -44,14 +44,6 @@ class _Bar:
         self.bar.close()
 
 
-def _steps(cfg, ablations_seeds: int = 0) -> int:
-    per_task = 7  # vm, vm_kd, cross-fitted base logits, residual pair, control, aggregate,
-    # schedule simulation
-    per_seed = 1 + 2 * per_task
-    ab = ablations_seeds * 7
-    return cfg.report.seeds * per_seed + ab
-
-
 def _load(cfg, fetch: bool):
     from solaris.data.load import load_dataset
 
@@ -60,19 +52,18 @@ def _load(cfg, fetch: bool):
 
 def cmd_report(args: argparse.Namespace) -> int:
     from solaris.eval.render import coverage_plot, to_json, transfer_table
-    from solaris.eval.transfer import TransferExperiment, run_transfer
+    from solaris.eval.ablations import ablation_steps, run_ablations
+    from solaris.eval.transfer import TransferExperiment, run_transfer, transfer_steps
 
     cfg = _config(args, {"report.seeds": args.seeds} if args.seeds else None)
     ds = _load(cfg, args.fetch)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ab_seeds = (args.ablation_seeds or cfg.report.seeds) if args.ablations else 0
-    bar = _Bar(_steps(cfg, ab_seeds), f"transfer {ds.name}")
+    bar = _Bar(transfer_steps(cfg, ds) + ablation_steps(ab_seeds), f"transfer {ds.name}")
     try:
         report = run_transfer(cfg, ds, progress=bar)
         if args.ablations:
-            from solaris.eval.ablations import run_ablations
-
             report["ablations"] = run_ablations(TransferExperiment(cfg, ds, bar), ab_seeds)
     finally:
         bar.close()

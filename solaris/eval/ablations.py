@@ -22,6 +22,12 @@ from solaris.train.vertical import VMSpec
 WIDTHS = (8, 32, 128, 0)
 
 
+def ablation_steps(seeds: int) -> int:
+    """How many stages ``run_ablations`` reports to the experiment's progress over ``seeds``
+    seeds: the FM, each encoder width, the FM without the task, the in-sample teacher."""
+    return seeds * (3 + len(WIDTHS))
+
+
 def run_ablations(exp: TransferExperiment, seeds: int, task: int = 0) -> dict:
     """Seed-mean BCEs and TRs of each ablation for task index ``task``."""
     t0 = time.perf_counter()

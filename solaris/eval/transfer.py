@@ -247,7 +247,8 @@ class TransferExperiment:
         ab = M.fit_platt(self.tables.labels[p.val, task], pv)
         run.raw["vm_pair_sim"], run.cal["vm_pair_sim"] = pt, M.apply_platt(pt, ab)
         run.masks["vm_pair_sim"] = sim["mask"]
-        run.chosen["schedule"] = {k: v for k, v in sim.items() if k not in ("mask", "age_s")}
+        run.chosen["schedule"] = {k: v for k, v in sim.items()
+                                  if k not in ("mask", "age_s", "history_age_s")}
         run.chosen["schedule"]["age_s_median"] = float(np.nanmedian(sim["age_s"])) \
             if sim["mask"].any() else None
         run.chosen["schedule"]["c_sim_val"] = sim_val["c_sim"]
@@ -506,11 +507,26 @@ def summarize(runs: list[SeedRun], y: np.ndarray, warm: np.ndarray, cfg: Solaris
     }
 
 
+# the stages ``run_transfer`` reports per seed and task: vm, vm_kd, cross-fitted base logits,
+# schedule simulation, residual pair, control, aggregate, simulated serving, tiers as served
+STAGES_PER_TASK = 9
+
+
+def transfer_tasks(ds: Dataset) -> list[int]:
+    """The tasks the report covers: the main task and, where the data has one, the second."""
+    return [0, 1] if len(ds.tasks) > 1 else [0]
+
+
+def transfer_steps(cfg: SolarisConfig, ds: Dataset) -> int:
+    """How many stages ``run_transfer`` reports to its ``progress`` (one per call)."""
+    return cfg.report.seeds * (1 + len(transfer_tasks(ds)) * STAGES_PER_TASK)
+
+
 def run_transfer(cfg: SolarisConfig, ds: Dataset, progress: Progress | None = None) -> dict:
     """The headline report (temporal protocol) for the main task and the second task."""
     t0 = time.perf_counter()
     exp = TransferExperiment(cfg, ds, progress)
-    tasks = [0, 1] if len(ds.tasks) > 1 else [0]
+    tasks = transfer_tasks(ds)
     per_task: dict[int, list[SeedRun]] = {t: [] for t in tasks}
     for seed in range(cfg.report.seeds):
         for t, run in exp.run_seed(seed, tasks).items():

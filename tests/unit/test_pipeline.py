@@ -176,8 +176,12 @@ def test_fm_trains_below_its_initial_loss_on_its_own_rows(cfg, ds):
 
 
 def test_report_is_deterministic_and_complete(cfg, ds, report):
-    again = run_transfer(cfg, ds)
+    from solaris.eval.transfer import transfer_steps
+
+    stages = []
+    again = run_transfer(cfg, ds, progress=stages.append)
     assert again["bce"] == report["bce"]
+    assert len(stages) == transfer_steps(cfg, ds)  # the progress bar's total is its length
     assert report["teacher_protocol"] == "temporal"
     assert set(report["tasks"]) == {"conversion"}
     for key in ("fm", "vm", "vm_kd", "vm_agg", "vm_pair_100", "vm_pair_20", "vm_control_100"):
