@@ -216,17 +216,21 @@ def test_the_learned_policy_reads_feedback_only_after_the_lag():
     assert early[0, col["user_requests"]] == pytest.approx(np.log1p(1))
 
 
-def test_the_learned_policy_finds_what_gets_labelled_where_the_vm_score_cannot():
-    # 30 users, a request every 10 minutes each for a day, 20 of 60 items as candidates; a
-    # candidate is labelled only if it is one of 6 "hot" items; the VM's scores are noise
-    rng = np.random.default_rng(0)
+def _hot_items_log(seed: int = 0):
+    # 30 users, a request every 10 minutes for a day, 20 of 60 items as candidates; only the
+    # 6 "hot" items are ever labelled; the VM's scores are noise
+    rng = np.random.default_rng(seed)
     rows = []
     for t in range(0, 86400, 600):
         for u in range(30):
             items = rng.permutation(60)[:20]
             rows.append((u, t, items.tolist(), (items < 6).tolist()))
     lg = request_log(rows)
-    scores = rng.random(lg.candidates.shape)
+    return lg, rng.random(lg.candidates.shape)
+
+
+def test_the_learned_policy_finds_what_gets_labelled_where_the_vm_score_cannot():
+    lg, scores = _hot_items_log()
     kw = dict(fraction=0.2, horizon_s=0.0, read_ttl_s=3600.0, lag_s=300.0, tick_s=60.0,
               budget_per_hour=0.0)
     learned = LearnedPolicy(read_ttl_s=3600.0, lag_s=300.0, refit_s=3600.0)
@@ -343,19 +347,6 @@ def test_fit_logistic_recovers_a_planted_model_and_leaves_a_constant_feature_at_
     p = predict_logistic(X, w, mu, sd)
     assert p.shape == (20000,) and np.all((p > 0) & (p < 1))
     assert np.corrcoef(p, 1.0 / (1.0 + np.exp(-z)))[0, 1] > 0.99
-
-
-def _hot_items_log(seed: int = 0):
-    # 30 users, a request every 10 minutes for a day, 20 of 60 items as candidates; only the
-    # 6 "hot" items are ever labelled; the VM's scores are noise
-    rng = np.random.default_rng(seed)
-    rows = []
-    for t in range(0, 86400, 600):
-        for u in range(30):
-            items = rng.permutation(60)[:20]
-            rows.append((u, t, items.tolist(), (items < 6).tolist()))
-    lg = request_log(rows)
-    return lg, rng.random(lg.candidates.shape)
 
 
 def test_the_hindsight_bound_ranks_with_the_learned_features_fitted_in_sample():
