@@ -47,7 +47,6 @@ from solaris.replay.coverage import (cost_at_coverage, coverage_at_cost,  # noqa
                                      simulate_pair_coverage)
 
 POLICIES = ("verifier", "learned", "allocated")
-BOUND_NAMES = ("returns", "hindsight", "oracle")
 # the hindsight bound allocates over the whole log: a share of all its candidates
 HINDSIGHT_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3)
 RETURNS_MORE = (0.7, 1.0)
