@@ -44,29 +44,12 @@ from solaris.eval.render import to_json  # noqa: E402
 from solaris.precompute.speculation import HindsightPolicy, make_policy  # noqa: E402
 from solaris.replay.closed_loop import POLICY_FRACTIONS  # noqa: E402
 from solaris.replay.coverage import (cost_at_coverage, coverage_at_cost,  # noqa: E402
-                                     simulate_pair_coverage)
+                                     policy_curves)
 
 POLICIES = ("verifier", "learned", "allocated")
 # the hindsight bound allocates over the whole log: a share of all its candidates
 HINDSIGHT_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3)
 RETURNS_MORE = (0.7, 1.0)
-
-
-def curve(closed, base, kw: dict, make, fractions, ranked: np.ndarray,
-          explore: np.ndarray) -> list[dict]:
-    """One policy's points: coverage of shown items (all, ranked slots, exploration slot) and
-    FM evaluations at each fraction, a fresh policy per point."""
-    r = max(1, closed.num_requests)
-    out = []
-    for f in fractions:
-        sim = simulate_pair_coverage(closed, base, fraction=f, policy=make(), **kw)
-        found = sim["found"]
-        out.append({"fraction": f, "pair": sim["pair"], "fm_evals": sim["fm_evals"],
-                    "fm_evals_per_1k": 1000.0 * sim["fm_evals"] / r,
-                    "ranked": float(found[ranked].mean()),
-                    "explore": float(found[explore].mean()) if explore.any() else None,
-                    "precision": sim["precision"]})
-    return out
 
 
 def judged(curves: dict[str, list[dict]], ver: dict, orc: dict, key: str) -> dict:
@@ -108,14 +91,15 @@ def per_run(run: Path, fraction: float) -> dict:
                                    request_log=closed)
 
     fr = tuple(sorted(set(POLICY_FRACTIONS) | {fraction}))
-    curves = {name: curve(closed, base, kw, named(name), fr, ranked, explore)
-              for name in POLICIES}
+    slots = {"ranked": ranked, "explore": explore}
+
+    def run(makers: dict, fractions) -> dict:
+        return policy_curves(closed, base, makers, fractions, masks=slots, **kw)
+
+    curves = run({name: named(name) for name in POLICIES + ("oracle",)}, fr)
     # the returns bound bets at a share of the requests only: its curve goes further
-    curves["returns"] = curve(closed, base, kw, named("returns"), fr + RETURNS_MORE, ranked,
-                              explore)
-    curves["hindsight"] = curve(closed, base, kw, fresh_hindsight, HINDSIGHT_FRACTIONS,
-                                ranked, explore)
-    curves["oracle"] = curve(closed, base, kw, named("oracle"), (0.0,), ranked, explore)
+    curves |= run({"returns": named("returns")}, fr + RETURNS_MORE)
+    curves |= run({"hindsight": fresh_hindsight}, HINDSIGHT_FRACTIONS)
     ver = next(p for p in curves["verifier"] if p["fraction"] == fraction)
     orc = curves["oracle"][0]
     n_lab, n_exp = int(closed.labelled.sum()), int(explore.sum())

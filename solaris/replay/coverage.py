@@ -371,12 +371,15 @@ def candidate_recurrence(request_log: RequestLog, read_ttl_s: float) -> float:
 
 
 def policy_curves(request_log: RequestLog, scores: np.ndarray, policies: dict,
-                  fractions: tuple[float, ...], **kw) -> dict[str, list[dict]]:
+                  fractions: tuple[float, ...], masks: dict[str, np.ndarray] | None = None,
+                  **kw) -> dict[str, list[dict]]:
     """Each policy's cost curve on the schedule simulation: {name: [{fraction, pair,
     fm_evals, fm_evals_per_1k, precision}, ...]} over ``fractions`` (a policy that ignores the
     fraction -- the oracle -- is run once, at fraction 0). ``policies``: name -> a zero-argument
     factory of a fresh policy (a stateful policy must not carry state from one run to the
-    next); ``kw``: ``simulate_pair_coverage``'s schedule arguments."""
+    next); ``masks``: name -> (R, C) bool, each point also gets the share of the mask's
+    candidates found under that name (None where the mask is empty); ``kw``:
+    ``simulate_pair_coverage``'s schedule arguments."""
     r = max(1, request_log.num_requests)
     out: dict[str, list[dict]] = {}
     for name, make in policies.items():
@@ -388,7 +391,9 @@ def policy_curves(request_log: RequestLog, scores: np.ndarray, policies: dict,
             sim = simulate_pair_coverage(request_log, scores, fraction=f, policy=pol, **kw)
             rows.append({"fraction": f, "pair": sim["pair"], "fm_evals": sim["fm_evals"],
                          "fm_evals_per_1k": 1000.0 * sim["fm_evals"] / r,
-                         "precision": sim["precision"]})
+                         "precision": sim["precision"],
+                         **{k: float(sim["found"][m].mean()) if m.any() else None
+                            for k, m in (masks or {}).items()}})
         out[name] = rows
     return out
 
