@@ -110,13 +110,17 @@ def test_the_returns_bound_bets_as_the_verifier_only_where_the_user_comes_back()
 
 @settings(max_examples=200, deadline=None)
 @given(data=logs(), ttl=st.integers(1, 120), lag=st.integers(0, 60), tick=st.integers(1, 30),
-       fraction=st.sampled_from([0.3, 1.0]), horizon=st.sampled_from([0.0, 30.0]))
+       fraction=st.sampled_from([0.3, 1.0]))
 def test_the_returns_bound_loses_no_coverage_of_the_verifier_at_no_more_cost(
-        data, ttl, lag, tick, fraction, horizon):
+        data, ttl, lag, tick, fraction):
     """With an unbounded budget, an entry written where its user does not come back within
-    (lag, TTL] is never read: skipping those requests costs the verifier's bet nothing."""
+    (lag, TTL] is never read: skipping those requests costs the verifier's bet nothing --
+    when every bet is admitted (horizon = TTL). With a shorter horizon it can cost: a pair
+    the bound wrote at a later request is still fresh at the next bet and not admitted
+    again, then expires before the read the verifier's re-bet covers (ts 1 then 36 then 52,
+    TTL 35, lag 16: found by hypothesis)."""
     lg, scores = data
-    kw = dict(fraction=fraction, horizon_s=min(horizon, ttl), read_ttl_s=ttl, lag_s=lag,
+    kw = dict(fraction=fraction, horizon_s=float(ttl), read_ttl_s=ttl, lag_s=lag,
               tick_s=tick, budget_per_hour=0, seed=1)
     v = simulate_pair_coverage(lg, scores, policy=make_policy("verifier"), **kw)
     r = simulate_pair_coverage(lg, scores, policy=make_policy(
