@@ -21,6 +21,7 @@ Ray is not initialised here: callers call ``ray.init`` (or run inside a Ray job 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -526,23 +527,54 @@ def collect(refs: dict[int, Any], deadline: float
 
 async def collect_async(refs: dict[int, Any], deadline: float
                         ) -> tuple[dict[int, Any], list[int], dict[int, RayError]]:
-    """``collect`` awaited: (values, late, failed) of the refs by ``deadline``."""
+    """``collect`` awaited: (values, late, failed) of the refs by ``deadline``.
+
+    One future for the whole round: each ref's completion is recorded from Ray's thread
+    (``ObjectRef._on_completed``, as Ray Serve's own replica results use it) and only the
+    round's last wakes the event loop, once. Awaiting each ref wakes it once per ref, through
+    a future per ref; on 2 cores that cost the caller 0.1-0.2 ms more per call at the serving
+    rate (``bench/actor_call.py --rate R --callers``).
+    """
     if not refs:
         return {}, [], {}
-    futs = {s: asyncio.ensure_future(ref) for s, ref in refs.items()}
-    done, pending = await asyncio.wait(futs.values(),
-                                       timeout=max(0.0, deadline - time.monotonic()))
+    loop = asyncio.get_running_loop()
+    whole = loop.create_future()
+    arrived: dict[int, Any] = {}
+    lock = threading.Lock()
+
+    def settle() -> None:
+        if not whole.done():
+            whole.set_result(None)
+
+    def on_done(s: int, value: Any) -> None:  # on a Ray thread
+        with lock:
+            arrived[s] = value
+            last = len(arrived) == len(refs)
+        if last:
+            try:
+                loop.call_soon_threadsafe(settle)
+            except RuntimeError:  # the loop is gone: nobody waits for this round any more
+                pass
+
+    for s, ref in refs.items():
+        ref._on_completed(functools.partial(on_done, s))
+    try:
+        await asyncio.wait_for(asyncio.shield(whole),
+                               timeout=max(0.0, deadline - time.monotonic()))
+    except asyncio.TimeoutError:
+        pass
+    with lock:
+        done = dict(arrived)
     got: dict[int, Any] = {}
     late: list[int] = []
     failed: dict[int, RayError] = {}
-    for s, f in futs.items():
-        if f not in done:
-            f.cancel()
+    for s in refs:
+        if s not in done:
             late.append(s)
-        elif isinstance(f.exception(), RayError):
-            failed[s] = f.exception()
-        elif f.exception() is not None:
-            failed[s] = RayError(repr(f.exception()))
+        elif isinstance(done[s], RayError):
+            failed[s] = done[s]
+        elif isinstance(done[s], BaseException):
+            failed[s] = RayError(repr(done[s]))
         else:
-            got[s] = f.result()
+            got[s] = done[s]
     return got, late, failed

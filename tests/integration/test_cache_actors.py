@@ -321,3 +321,47 @@ def test_request_path_pickles_nothing(local_ray, tmp_path: Path, monkeypatch):
         ray.kill(queue)
         ray.kill(ledger)
         group.shutdown()
+
+
+def test_an_awaited_round_sorts_each_ref_into_values_late_or_failed(local_ray):
+    """``collect_async`` (one future per round): values in time, a raising call and a dead
+    actor as failed, a call past the deadline as late; a late answer arriving after the
+    round is over is dropped."""
+    from ray.exceptions import ActorDiedError, RayError, RayTaskError
+
+    from actors.cache import collect_async
+
+    @ray.remote(num_cpus=0)
+    class Echo:
+        def ok(self, x):
+            return x
+
+        def bad(self):
+            raise ValueError("boom")
+
+        def slow(self):
+            time.sleep(1.0)
+            return b"late"
+
+    a, b, c = Echo.remote(), Echo.remote(), Echo.remote()
+    ray.get([a.ok.remote(0), b.ok.remote(0), c.ok.remote(0)])
+    ray.kill(c)
+    time.sleep(0.5)
+
+    async def rounds():
+        whole = await collect_async({0: a.ok.remote(b"x"), 1: b.ok.remote(b"y")},
+                                    time.monotonic() + 5)
+        mixed = await collect_async({0: a.ok.remote(b"x"), 1: b.bad.remote(),
+                                     2: c.ok.remote(b"z")}, time.monotonic() + 5)
+        late = await collect_async({0: a.ok.remote(b"x"), 1: b.slow.remote()},
+                                   time.monotonic() + 0.2)
+        return whole, mixed, late
+
+    whole, mixed, late = asyncio.run(rounds())
+    assert whole == ({0: b"x", 1: b"y"}, [], {})
+    got, lt, failed = mixed
+    assert got == {0: b"x"} and lt == [] and set(failed) == {1, 2}
+    assert isinstance(failed[1], RayTaskError) and isinstance(failed[2], ActorDiedError)
+    assert all(isinstance(e, RayError) for e in failed.values())
+    assert late == ({0: b"x"}, [1], {})
+    assert asyncio.run(collect_async({}, time.monotonic() + 1)) == ({}, [], {})
