@@ -376,8 +376,10 @@ class LearnedPolicy:
         top = np.lexsort((req.items, -p))[:top_count(len(req.items), fraction)]
         return top, p[top]
 
-    def observe(self, req: Candidates) -> None:
-        X = self._pending
+    def observe(self, req: Candidates, features: np.ndarray | None = None) -> None:
+        """Learn from ``req`` once served; ``features``: its rows of ``features(req)`` where
+        the caller already has them (default: those ``rank`` computed, else computed now)."""
+        X = self._pending if features is None else features
         if X is None or len(X) != len(req.items):
             X = self.features(req)
         self._pending = None
@@ -477,8 +479,7 @@ class HindsightPolicy:
                              request_log.candidates[i].astype(np.int64), s[i],
                              request_log.labelled[i])
             X[i] = learner.features(req)
-            learner._pending = X[i]
-            learner.observe(req)
+            learner.observe(req, features=X[i])
             for j, it in enumerate(req.items.tolist()):
                 y[i, j] = labelled_later(labelled.get((req.user, it)), req.ts, lag_s,
                                          read_ttl_s)
