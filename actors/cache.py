@@ -543,7 +543,7 @@ async def collect_async(refs: dict[int, Any], deadline: float
     lock = threading.Lock()
 
     def settle() -> None:
-        if not whole.done():
+        if not whole.done():  # cancelled when the deadline came first
             whole.set_result(None)
 
     def on_done(s: int, value: Any) -> None:  # on a Ray thread
@@ -559,8 +559,7 @@ async def collect_async(refs: dict[int, Any], deadline: float
     for s, ref in refs.items():
         ref._on_completed(functools.partial(on_done, s))
     try:
-        await asyncio.wait_for(asyncio.shield(whole),
-                               timeout=max(0.0, deadline - time.monotonic()))
+        await asyncio.wait_for(whole, timeout=max(0.0, deadline - time.monotonic()))
     except asyncio.TimeoutError:
         pass
     with lock:

@@ -59,3 +59,8 @@ def test_floor_without_paced_block_has_no_paced_bound() -> None:
 def test_paced_refuses_bad_arguments_by_name(rate, fanout, rounds, bad) -> None:
     with pytest.raises(ValueError, match=bad):
         actor_call.measure_paced(rate, fanout, rounds, arg_bytes=100)
+
+
+def test_paced_refuses_an_unknown_caller_by_name() -> None:
+    with pytest.raises(ValueError, match="caller='spin'"):
+        actor_call.measure_paced(25.0, 2, 10, arg_bytes=100, caller="spin")
