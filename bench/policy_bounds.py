@@ -93,13 +93,13 @@ def per_run(run: Path, fraction: float) -> dict:
     fr = tuple(sorted(set(POLICY_FRACTIONS) | {fraction}))
     slots = {"ranked": ranked, "explore": explore}
 
-    def run(makers: dict, fractions) -> dict:
+    def curves_of(makers: dict, fractions) -> dict:
         return policy_curves(closed, base, makers, fractions, masks=slots, **kw)
 
-    curves = run({name: named(name) for name in POLICIES + ("oracle",)}, fr)
+    curves = curves_of({name: named(name) for name in POLICIES + ("oracle",)}, fr)
     # the returns bound bets at a share of the requests only: its curve goes further
-    curves |= run({"returns": named("returns")}, fr + RETURNS_MORE)
-    curves |= run({"hindsight": fresh_hindsight}, HINDSIGHT_FRACTIONS)
+    curves |= curves_of({"returns": named("returns")}, fr + RETURNS_MORE)
+    curves |= curves_of({"hindsight": fresh_hindsight}, HINDSIGHT_FRACTIONS)
     ver = next(p for p in curves["verifier"] if p["fraction"] == fraction)
     orc = curves["oracle"][0]
     n_lab, n_exp = int(closed.labelled.sum()), int(explore.sum())

@@ -42,6 +42,7 @@ def test_every_policy_and_bound_is_judged_on_all_and_on_ranked_slots(tmp_path) -
 
     run = _run(tmp_path / "run")
     row = bench.per_run(run, 0.2)
+    assert row["run"] == str(run)  # the run's folder, as given
     assert set(row["curves"]) == {"verifier", "learned", "allocated", "returns", "hindsight",
                                   "oracle"}
     assert row["shown_items"] == 200 * 4 and row["explore_items"] == 200
