@@ -40,6 +40,7 @@ from solaris.cache import wire
 from solaris.cache.inputs import check_ids, check_time, check_user
 from solaris.cache.query import ShardAnswer, ShardQuery, Slots
 from solaris.cache.ring import HashRing
+from solaris.clock import EventClock
 from solaris.config import CacheConfig, EnrichConfig, HistoryConfig
 from solaris.errors import ConfigError, RequestError, SolarisError
 from solaris.knn.neighbours import NeighbourTable
@@ -102,12 +103,15 @@ class CacheGroup:
                namespace: str | None = None, detached: bool = False,
                event_clock: Callable[[], float] | None = None,
                history: HistoryConfig | None = None,
+               clock: EventClock | None = None,
                actor_options: dict[str, Any] | None = None) -> "CacheGroup":
         """Start (or attach to, if they already run) the ``cfg.num_shards`` named shards.
 
         ``event_clock`` (e.g. ``time.time`` in production, None in a replay) lets an idle
         shard expire entries between calls; it must be picklable. ``history`` bounds each
-        shard's history store (default ``HistoryConfig()``). ``actor_options`` (placement:
+        shard's history store (default ``HistoryConfig()``). ``clock`` is what each store
+        checks event times against (``solaris.clock.event_clock`` of the app's profile;
+        None: any time). ``actor_options`` (placement:
         e.g. ``{"resources": {"shard_host": 0.5}, "scheduling_strategy": "SPREAD"}``) go to
         each shard's ``.options``, over the defaults; a restarted shard keeps them.
         """
@@ -120,7 +124,7 @@ class CacheGroup:
             opts["lifetime"] = "detached"
         opts.update(actor_options or {})
         handles = [CacheShard.options(name=shard_name(group_id, s), **opts)
-                   .remote(cfg, s, group_id, event_clock, history)
+                   .remote(cfg, s, group_id, event_clock, history, clock)
                    for s in range(cfg.num_shards)]
         return cls(cfg, handles, group_id)
 

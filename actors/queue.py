@@ -51,6 +51,7 @@ import ray
 from actors.shard import RECORD_TASK_EVENTS
 from solaris import wire
 from solaris.atomic import filesystem
+from solaris.clock import EventClock
 from solaris.config import QueueConfig
 from solaris.durable import Durable, every
 from solaris.precompute.pqueue import Lease, PrecomputeQueue
@@ -77,19 +78,20 @@ class PrecomputeQueueActor:
     queue never issued returns False (its pairs are evaluated again, counted).
     """
 
-    def __init__(self, cfg: QueueConfig, queue_id: str = "default") -> None:
+    def __init__(self, cfg: QueueConfig, queue_id: str = "default",
+                 clock: EventClock | None = None) -> None:
         self._cfg = cfg
         self._queue_id = queue_id
 
         def restore(table: Any) -> PrecomputeQueue:
-            q = PrecomputeQueue(cfg)
+            q = PrecomputeQueue(cfg, event_clock=clock)
             q.restore(table)
             return q
 
         self._durable = Durable(
             f"queue {queue_id}",
             queue_snapshot_location(cfg.snapshot_uri, queue_id) if cfg.snapshot_uri else None,
-            lambda: PrecomputeQueue(cfg), restore, lambda q: q.snapshot())
+            lambda: PrecomputeQueue(cfg, event_clock=clock), restore, lambda q: q.snapshot())
         self._lock = self._durable.lock  # the queue vs the snapshot thread
         self._queue = self._durable.state
         if self._durable.location is not None:
@@ -178,10 +180,13 @@ class PrecomputeQueueActor:
 
 def create_queue(cfg: QueueConfig, queue_id: str | None = None, *, name: str | None = None,
                  namespace: str | None = None, detached: bool = False,
+                 clock: EventClock | None = None,
                  actor_options: dict[str, Any] | None = None) -> Any:
     """Start (or attach to, by ``name``) a queue actor; its snapshots live under
     ``cfg.snapshot_uri``/queue-<queue_id>/. An actor restart keeps its id by itself; pass a
     stable ``queue_id`` for a queue that must find its snapshot after the whole app restarts.
+    ``clock``: what the queue checks request event times against
+    (``solaris.clock.event_clock``; None: any time).
     ``actor_options`` (placement: e.g. ``{"resources": {"head": 0.01}}``) go to
     ``.options``, over the defaults."""
     queue_id = queue_id or uuid.uuid4().hex[:8]
@@ -193,7 +198,7 @@ def create_queue(cfg: QueueConfig, queue_id: str | None = None, *, name: str | N
     if detached:
         opts["lifetime"] = "detached"
     opts.update(actor_options or {})
-    return PrecomputeQueueActor.options(**opts).remote(cfg, queue_id)
+    return PrecomputeQueueActor.options(**opts).remote(cfg, queue_id, clock)
 
 
 class QueueClient:

@@ -38,7 +38,9 @@ from solaris import wire as frames
 from solaris.cache import wire
 from solaris.cache.snapshot import snapshot_location
 from solaris.cache.store import PairStore
+from solaris.clock import EventClock
 from solaris.config import CacheConfig, HistoryConfig
+from solaris.errors import RequestError
 from solaris.durable import Durable, every
 from solaris.history import WINDOW_KEYS, HistoryStore
 
@@ -72,7 +74,7 @@ class CacheShard:
 
     def __init__(self, cfg: CacheConfig, shard: int, group_id: str,
                  event_clock: Callable[[], float] | None = None,
-                 history_cfg: HistoryConfig | None = None):
+                 history_cfg: HistoryConfig | None = None, clock: EventClock | None = None):
         self._cfg = cfg
         self._history_cfg = history_cfg if history_cfg is not None else HistoryConfig()
         self._shard = shard
@@ -89,16 +91,17 @@ class CacheShard:
         hcfg = self._history_cfg
 
         def restore_history(table: Any) -> HistoryStore:
-            store = HistoryStore(hcfg)
+            store = HistoryStore(hcfg, clock)
             store.restore(table)
             return store
 
-        # the pair store and the history, each behind its own lock (calls run on 4 threads)
-        self._pairs = Durable(f"shard {shard} pairs", snap, lambda: PairStore(cfg),
-                              lambda t: PairStore.restore(cfg, t), lambda st: st.snapshot())
+        # the pair store and the history, each behind its own lock (calls run on 4 threads);
+        # each checks its event times against ``clock`` (solaris/clock.py)
+        self._pairs = Durable(f"shard {shard} pairs", snap, lambda: PairStore(cfg, clock),
+                              lambda t: PairStore.restore(cfg, t, clock), lambda st: st.snapshot())
         self._hist = Durable(f"shard {shard} history",
                              None if snap is None else (snap[0], history_location(snap[1])),
-                             lambda: HistoryStore(hcfg), restore_history,
+                             lambda: HistoryStore(hcfg, clock), restore_history,
                              lambda st: st.snapshot())
         self._lock, self._store = self._pairs.lock, self._pairs.state
         self._hist_lock, self._history = self._hist.lock, self._hist.state
@@ -144,11 +147,19 @@ class CacheShard:
         return self._record_impressions(frames.decode_impressions(payload))
 
     def _record_impressions(self, records: list) -> int:
+        """Each record on its own: one refused (a time too far ahead, a bad id) is logged and
+        counted by the store, and the batch's other requests are still recorded."""
+        done = 0
         with self._hist_lock:
             for user, items, surfaces, now in records:
-                self._history.record_impressions(user, items, surfaces, now)
+                try:
+                    self._history.record_impressions(user, items, surfaces, now)
+                    done += len(items)
+                except RequestError as e:
+                    log.warning("shard %d: impressions of user %s refused: %s", self._shard,
+                                user, e)
             self._hist.touch()
-        return sum(len(r[1]) for r in records)
+        return done
 
     @ray.method(concurrency_group=HISTORY_GROUP)
     def record_labels(self, payload: bytes) -> int:

@@ -518,7 +518,7 @@ def main() -> int:
              include_dashboard=False,
              logging_level="warning", log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
     try:
-        app_args = {"artifacts": art_dir, "app_id": "bench"}
+        app_args = {"artifacts": art_dir, "app_id": "bench", "profile": "replay"}  # `now`, `mode`
         knn = None
         if args.knn_data != "none":
             knn = publish_knn(args, art_dir, Path(tmp.name))

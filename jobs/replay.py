@@ -55,6 +55,7 @@ if str(ROOT) not in sys.path:  # `python jobs/replay.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
 from solaris import atomic  # noqa: E402
+from solaris.clock import event_clock, replay_skew  # noqa: E402
 from solaris.config import (ScheduleConfig, SolarisConfig, config_to_dict,  # noqa: E402
                             load_config, parse_overrides, with_overrides)
 from solaris.errors import SolarisError  # noqa: E402
@@ -199,6 +200,11 @@ class LiveReplay:
         self.data_dir = write_data_dir(ds, self.out / "data")
         self.knn_uri = str((self.out / "knn").resolve())
         overrides = {
+            # the replay profile: requests carry the log's event times (and the debug fields)
+            # and each store measures skew from the latest time it has seen, widened to the
+            # log's longest step so no logged request is refused
+            "serve.profile": "replay",
+            "serve.max_skew_s": replay_skew(self.log.ts, cfg.serve.max_skew_s),
             "serve.impressions_top_k": 0,  # the log's labels feed the history (/feedback)
             "serve.max_candidates": max(1000, self.log.num_candidates),
             "serve.rollout_min_lookups": 2000,
@@ -344,9 +350,11 @@ class LiveReplay:
         from actors.ledger import LedgerClient
         from actors.queue import QueueClient
 
-        group = CacheGroup.create(cfg.cache, group_id=app_id)
+        clock = event_clock(cfg.serve)
+        group = CacheGroup.create(cfg.cache, group_id=app_id, history=cfg.history, clock=clock)
         self._owned = [  # held for the whole run
-            QueueClient.create(cfg.queue, queue_id=app_id, name=names.queue(app_id)),
+            QueueClient.create(cfg.queue, queue_id=app_id, name=names.queue(app_id),
+                               clock=clock),
             LedgerClient.create(names.ledger(app_id)), create_knn_holder(cfg.knn, app_id)]
         group.wait_ready()
         self._deploy(self.art_dirs[:1], app_id)

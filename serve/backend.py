@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from solaris.clock import event_clock
 from solaris.config import SolarisConfig
 from solaris.errors import SolarisError
 from solaris.online.serving import KnnTables
@@ -44,9 +45,11 @@ class Backend:
 
         app_id = settings["app_id"]
         detached = cfg.serve.detached_state  # outlive the replica (a redeploy keeps them)
-        self.group = CacheGroup.create(cfg.cache, group_id=app_id, detached=detached)
+        clock = event_clock(cfg.serve)  # what the stores check event times against
+        self.group = CacheGroup.create(cfg.cache, group_id=app_id, detached=detached,
+                                       history=cfg.history, clock=clock)
         self.queue = QueueClient.create(cfg.queue, queue_id=app_id, name=names.queue(app_id),
-                                        detached=detached)
+                                        detached=detached, clock=clock)
         self.ledger = LedgerClient.create(names.ledger(app_id), detached=detached)
 
     def history_provider(self, timeout_s: float) -> Any:

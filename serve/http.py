@@ -25,14 +25,16 @@ class RankRequest(BaseModel):
     surface: int = Field(0, ge=0, le=1_000_000, description="surface code (feed, search, ...)")
     request_id: str | None = Field(None, max_length=128)
     now: float | None = Field(None, ge=0, allow_inf_nan=False,
-                              description="event time in epoch seconds (default: wall time)")
+                              description="replay profile only: event time in epoch seconds "
+                              "(default and in the serving profiles: the server's wall time)")
     features: dict[str, float] | None = Field(None, description="optional real-time features "
                                               "(accepted; the shipped VMs read none)")
     mode: Literal["solaris", "vm", "inline"] | None = Field(
-        None, description="override the app's mode for this request (benchmarks, debugging)")
+        None, description="replay profile only: override the app's mode for this request "
+        "(benchmarks, debugging)")
     features_for: list[int] | None = Field(
-        None, max_length=1000, description="feature logging: positions in candidates whose "
-        "served SOLARIS inputs (pair and user slot vectors) come back in features")
+        None, max_length=1000, description="replay profile only: positions in candidates "
+        "whose served SOLARIS inputs (pair and user slot vectors) come back in features")
 
 
 class RankResponse(BaseModel):
@@ -58,7 +60,8 @@ class FeedbackRequest(BaseModel):
     user_id: int = Field(ge=0, le=MAX_ID)
     items: list[int] = Field(min_length=1)
     labels: list[list[int]] = Field(min_length=1, description="(len(items), num_tasks) of 0/1")
-    now: float | None = Field(None, ge=0, allow_inf_nan=False)
+    now: float | None = Field(None, ge=0, allow_inf_nan=False,
+                              description="replay profile only: event time in epoch seconds")
 
 
 class ScaleRequest(BaseModel):

@@ -16,16 +16,19 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+from fastapi import Depends
 from fastapi.responses import JSONResponse
 from ray import serve
 from ray.util import metrics as ray_metrics
 from starlette.background import BackgroundTask
 
+from serve.auth import Credentials, operator_call, read_call, service_call
 from serve.backend import QUIET, Backend, Unavailable, knn_tables
 from serve.http import (MAX_ID, RETRY_AFTER_S, FeedbackRequest, RankRequest, RankResponse,
                         ScaleRequest, api, problem)
 from solaris.online import verifier
 from solaris.cache.query import Slots
+from solaris.clock import ClockSkewError, SkewGuard, event_clock
 from solaris.config import SolarisConfig, config_to_dict, load_config
 from solaris.errors import RequestError
 from solaris.online.rollout import RolloutPolicy
@@ -38,6 +41,8 @@ from solaris.tiers import LABELS as TIER_LABELS
 from solaris.tiers import NUM_TIERS, Tier
 
 log = logging.getLogger("solaris.serve")
+
+DEBUG_FIELDS = ("now", "mode", "features_for")  # request fields of the replay profile only
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=64,
@@ -100,6 +105,13 @@ class LookupRouter:
         self._requests = 0
         self._budget = verifier.BudgetController(cfg.verifier, time.monotonic)
         api.state.max_body_bytes = cfg.serve.max_body_bytes
+        # who may call what (serve/auth.py); the cluster profile needs a service token
+        self.credentials = Credentials.from_env(cfg.serve.profile == "cluster")
+        api.state.credentials = self.credentials
+        # the replay profile takes a request's event time, checked against the latest this
+        # router has accepted; the serving profiles stamp requests with the wall clock
+        self._replay = cfg.serve.profile == "replay"
+        self._clock = SkewGuard(event_clock(cfg.serve)) if self._replay else None
         self._m_latency = ray_metrics.Histogram(
             "solaris_rank_latency_ms", description="router latency of /rank",
             boundaries=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000], tag_keys=("mode", "task"))
@@ -219,12 +231,35 @@ class LookupRouter:
         return {"ok": True, "tasks": self.tasks, "versions": self.policy.state(),
                 "mode": self.cfg.serve.mode, "knn": self.knn.version if self.knn else None}
 
-    @api.post("/rank", response_model=RankResponse,
-              responses={413: {"description": "body too large"},
+    def _event_time(self, body: RankRequest | FeedbackRequest) -> float | JSONResponse:
+        """The request's event time: the wall clock, or in the replay profile the ``now`` it
+        carries (checked for skew); a 422 naming the field where the profile refuses it."""
+        if not self._replay:
+            for name in DEBUG_FIELDS:
+                if getattr(body, name, None) is not None:
+                    return self._error(422, name, f"not accepted in the "
+                                       f"{self.cfg.serve.profile} profile (event time and "
+                                       "per-request modes are the server's; "
+                                       "serve.profile=replay accepts them)")
+            return time.time()
+        if body.now is None:
+            return time.time()
+        try:
+            self._clock.check(float(body.now))
+        except ClockSkewError as e:
+            return self._error(422, "now", str(e))
+        return float(body.now)
+
+    @api.post("/rank", response_model=RankResponse, dependencies=[Depends(service_call)],
+              responses={401: {"description": "the service token is missing or wrong"},
+                         413: {"description": "body too large"},
                          422: {"description": "a field is malformed (named in detail.loc)"},
                          503: {"description": "no VM replica (Retry-After)"}})
     async def rank(self, body: RankRequest) -> Any:
         t0 = time.perf_counter()
+        now = self._event_time(body)
+        if isinstance(now, JSONResponse):
+            return now
         mode = body.mode or self.cfg.serve.mode
         if body.task not in self.vms:
             return self._error(422, "task", f"{body.task!r} is not served (tasks: "
@@ -238,7 +273,6 @@ class LookupRouter:
         if body.features_for is not None and any(
                 not 0 <= i < len(items) for i in body.features_for):
             return self._error(422, "features_for", f"positions must be in [0, {len(items)})")
-        now = float(body.now) if body.now is not None else time.time()
         version = self.policy.active[body.task]
         loop = asyncio.get_running_loop()
         slots: Slots | None = None
@@ -420,8 +454,13 @@ class LookupRouter:
         except Exception:
             log.exception("shadow lookup of %s failed", pending)
 
-    @api.post("/feedback", responses={422: {"description": "a field is malformed"}})
-    async def feedback(self, body: FeedbackRequest) -> dict[str, Any]:
+    @api.post("/feedback", dependencies=[Depends(service_call)],
+              responses={401: {"description": "the service token is missing or wrong"},
+                         422: {"description": "a field is malformed"}})
+    async def feedback(self, body: FeedbackRequest) -> Any:
+        now = self._event_time(body)
+        if isinstance(now, JSONResponse):
+            return now
         n, t = len(body.items), len(self.arts[next(iter(self.arts))].tasks)
         if len(body.labels) != n or any(len(row) != t or not set(row) <= {0, 1}
                                         for row in body.labels):
@@ -431,16 +470,18 @@ class LookupRouter:
         items = np.asarray(body.items, np.int64)
         if items.min() < 0 or items.max() > MAX_ID:
             return problem(422, "items", "ids must be in [0, 2**62]")
-        now = float(body.now) if body.now is not None else time.time()
         self.backend.record_labels(body.user_id, items, y, now)
         return {"ok": True, "labels": n}
 
-    @api.get("/scales")
+    @api.get("/scales", dependencies=[Depends(read_call)])
     async def get_scales(self) -> dict[str, Any]:
         """Every VM's live scales (by version/task) and the validation curves behind them."""
         return self.scales.state()
 
-    @api.post("/scales", responses={422: {"description": "a field is malformed (named)"}})
+    @api.post("/scales", dependencies=[Depends(operator_call)],
+              responses={401: {"description": "the operator token is missing or wrong"},
+                         403: {"description": "no operator token is configured: calls off"},
+                         422: {"description": "a field is malformed (named)"}})
     async def set_scales(self, body: ScaleRequest) -> Any:
         """Set one scale of a residual VM: the next requests use it, no redeploy; a tier at 0
         in every VM of a version is no longer looked up."""
@@ -457,7 +498,7 @@ class LookupRouter:
         log.info("scales of %s/%s set: %s", version, body.task, row)
         return {"version": version, "task": body.task, "scales": row}
 
-    @api.get("/stats")
+    @api.get("/stats", dependencies=[Depends(read_call)])
     async def stats(self) -> dict[str, Any]:
         """The router's rollout state and the precompute backend's last gauges."""
         phases = {m: {f"{k}_ms": round(float(np.median([r.get(k, 0.0) for r in d])) * 1e3, 3)
@@ -470,6 +511,8 @@ class LookupRouter:
                                "after_answer": {"requests": self._requests,
                                                 **self._after_calls},
                                "serve": config_to_dict(self.cfg.serve),
+                               "auth_refused": dict(self.credentials.refused),
+                               "clock": self._clock.metrics() if self._clock else None,
                                "scales": self.scales.state(),
                                "knn": {"version": self.knn.version, "swaps": self.knn.swaps,
                                        "errors": self.knn.errors,

@@ -585,6 +585,9 @@ class KnnConfig:
                "must be >= 2 (a reader of the previous pointer must still find its table)")
 
 
+PROFILES = ("serving", "cluster", "replay")  # serve.profile's values (ServeConfig)
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """The Ray Serve app: router + vertical models (serve_app.py)."""
@@ -621,10 +624,23 @@ class ServeConfig:
     # same scores, bit for bit, with the lookup no longer in front of the VM call; false: the
     # slots travel to the VM replica, which runs one forward after the lookup
     overlap: bool = True
+    # serving: event time is the app's wall clock -- a request's `now`, `mode` or
+    # `features_for` is a 422, and each store (pairs, history, queue) measures an event
+    # time's skew against its wall clock; cluster: serving, and /rank and /feedback need the
+    # service token (SOLARIS_SERVICE_TOKEN); replay: the replay / debug profile -- a request
+    # may carry its event time and the debug fields, and a store measures skew against the
+    # latest time it has seen (the replay, the benches and the tests turn it on)
+    profile: str = "serving"
+    # a store refuses an event time more than this far ahead of its reference (counted as
+    # clock_refused); the replay widens it to its log's longest gap between requests
+    max_skew_s: float = 300.0
 
     def __post_init__(self) -> None:
         _check(self.mode in ("solaris", "vm", "inline"), "serve.mode", self.mode,
                "must be one of solaris, vm, inline")
+        _check(self.profile in PROFILES, "serve.profile", self.profile,
+               f"must be one of {', '.join(PROFILES)}")
+        _check(self.max_skew_s > 0, "serve.max_skew_s", self.max_skew_s, "must be > 0")
         _check(self.max_candidates >= 1, "serve.max_candidates", self.max_candidates, "must be >= 1")
         _check(self.max_body_bytes >= 1024, "serve.max_body_bytes", self.max_body_bytes,
                "must be >= 1024")

@@ -16,6 +16,10 @@ fed it:
 Storage is bounded twice: a ring of ``cfg.max_events`` per user in preallocated numpy slabs
 (the oldest arrival is overwritten) and at most ``cfg.max_users`` users (the least recently
 active are evicted, ``cfg.evict_share`` of the bound at once). Not thread-safe.
+
+Every write's event time is checked by a ``SkewGuard`` (``solaris/clock.py``) first: a time
+too far ahead of the store's reference is refused before anything changes, so no user's
+activity time (what eviction follows) can be pushed into the future.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ import math
 import numpy as np
 import pyarrow as pa
 
-from solaris.cache.inputs import check_ids, check_time, check_user
+from solaris.cache.inputs import check_ids, check_time, check_times, check_user
+from solaris.clock import EventClock, SkewGuard
 from solaris.config import HistoryConfig
 from solaris.errors import DataError, RequestError
 
@@ -42,8 +47,9 @@ _COLUMNS = ("user", "item", "ts", "surface", "bits", "labelled", "seq", "active"
 class HistoryStore:
     """Per-user event-time behaviour history: record impressions and labels, read FM inputs."""
 
-    def __init__(self, cfg: HistoryConfig) -> None:
+    def __init__(self, cfg: HistoryConfig, clock: EventClock | None = None) -> None:
         self.cfg = cfg
+        self.guard = SkewGuard(clock)  # the app's actors pass its clock; None: any time
         self._slot: dict[int, int] = {}  # user -> slot
         self._free: list[int] = []
         self._seq_next = 0  # global arrival counter (ties between equal times)
@@ -146,6 +152,7 @@ class HistoryStore:
         surf = self._surfaces(surfaces, len(items))
         if not len(items):
             return
+        self.guard.check(now)
         s = self._slot_for(user)
         n = len(items)
         self._append(s, items, np.full(n, now), surf, np.zeros(n, np.int32), False)
@@ -156,6 +163,8 @@ class HistoryStore:
                    labels: np.ndarray, ts: np.ndarray) -> None:
         """Feed a logged interaction log (event order; one request per (user, ts)): each
         request's impressions, then its labels at the same event time."""
+        if len(ts):  # the whole log or none of it
+            self.guard.check(check_times(np.asarray(ts, np.float64), len(ts)), "ts")
         key = np.stack([np.asarray(users), np.asarray(ts)], 1)
         _, start, count = np.unique(key, axis=0, return_index=True, return_counts=True)
         for s, c in zip(start.tolist(), count.tolist()):
@@ -184,6 +193,12 @@ class HistoryStore:
         if y.ndim != 2 or y.shape[0] != n or not np.isin(y, (0.0, 1.0)).all():
             raise RequestError(f"labels: expected ({n}, T) of 0/1, got shape {y.shape}")
         t = y.shape[1]
+        ev_ts = np.full(n, now) if ts is None else np.asarray(ts, np.float64)
+        if ev_ts.shape != (n,) or not np.isfinite(ev_ts).all():
+            raise RequestError(f"ts: expected {n} finite event times, got shape {ev_ts.shape}")
+        if n:  # one check of the latest: a refused call moves nothing
+            latest = float(ev_ts.max())
+            self.guard.check(max(now, latest), "ts" if latest > now else "now")
         if self.num_tasks is None:
             if not 1 <= t <= _MAX_TASKS:
                 raise RequestError(f"labels: {t} tasks; 1..{_MAX_TASKS} supported")
@@ -191,9 +206,6 @@ class HistoryStore:
         elif t != self.num_tasks:
             raise RequestError(f"labels: {t} tasks, this history holds {self.num_tasks}")
         bits = (y.astype(np.int64) << np.arange(t)).sum(axis=1).astype(np.int32)  # (n,)
-        ev_ts = np.full(n, now) if ts is None else np.asarray(ts, np.float64)
-        if ev_ts.shape != (n,) or not np.isfinite(ev_ts).all():
-            raise RequestError(f"ts: expected {n} finite event times, got shape {ev_ts.shape}")
         surf = self._surfaces(surfaces, n)
         if not n:
             return
@@ -281,7 +293,8 @@ class HistoryStore:
                                         self._labelled, self._seq, self._count, self._active,
                                         self._user))
         return {"users": len(self._slot), "events": int(np.count_nonzero(self._seq >= 0)),
-                "slots": len(self._count), "bytes": int(nbytes), **self.counters}
+                "slots": len(self._count), "bytes": int(nbytes), **self.counters,
+                **self.guard.metrics()}
 
     # ------------------------------------------------------------------ state
     def snapshot(self) -> pa.Table:
@@ -295,18 +308,31 @@ class HistoryStore:
                 "bits": self._bits[slot_ix, cell], "labelled": self._labelled[slot_ix, cell],
                 "seq": self._seq[slot_ix, cell], "active": self._active[slot_ix]}
         meta = {"counters": self.counters, "seq_next": self._seq_next,
-                "num_tasks": self.num_tasks}
+                "num_tasks": self.num_tasks,
+                "latest": self.guard.latest if math.isfinite(self.guard.latest) else None}
         return pa.table(cols).replace_schema_metadata({"solaris.history": json.dumps(meta)})
 
     def restore(self, table: pa.Table) -> None:
         """Replace this store's state with a snapshot's (the newest events per user and the
-        most recently active users, if this store's bounds are smaller)."""
+        most recently active users, if this store's bounds are smaller). A snapshot whose
+        latest time is ahead of the guard's wall clock by more than its skew is reported:
+        its events after the clock are dropped and no activity time passes the clock."""
         missing = [c for c in _COLUMNS if c not in table.column_names]
         if missing:
             raise DataError(f"history snapshot: missing columns {missing}")
         raw = (table.schema.metadata or {}).get(b"solaris.history")
         meta = json.loads(raw) if raw else {}
         c = {k: table.column(k).to_numpy() for k in _COLUMNS}
+        times = np.concatenate([c["ts"], c["active"]])
+        latest = meta.get("latest")
+        if latest is None:
+            latest = float(times[np.isfinite(times)].max()) if np.isfinite(times).any() \
+                else -math.inf
+        cut = self.guard.restored(float(latest), "history snapshot")
+        if cut is not None:
+            keep = c["ts"] <= cut
+            c = {k: v[keep] for k, v in c.items()}
+            c["active"] = np.minimum(c["active"], cut)
         self._slot, self._free = {}, []
         self._alloc_slabs(0)
         self.counters = dict.fromkeys(_COUNTERS, 0)

@@ -62,6 +62,12 @@ class StoreView:
         return vid != 0 and self.held.get(vid, 0) > 0
 
 
+def fresh_at(age: np.ndarray, ttl: float) -> np.ndarray:
+    """Which entries of these ages (read time - write time) are served: written at or before
+    the read (never a negative age, an entry from the reader's future) and within the TTL."""
+    return (age >= 0.0) & (age <= ttl)
+
+
 def _find(store: StoreView, h: np.ndarray, key_user: Keys, key_item: Keys, vid: int,
           now: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(pos, slot, age_s) of the keys held in version ``vid`` (any age), ascending positions.
@@ -167,7 +173,7 @@ def answer_query(store: StoreView, vid: int, now: float, items: np.ndarray, user
         if k and n_items:
             held = _holders(store, nbr_users, vid)
             pos, slot, age = _find_grid(store, nbr_users[held], items, vid, now)
-            f = age <= ttl
+            f = fresh_at(age, ttl)
             _neighbour_hits(out, store, pos[f], slot[f], age[f], held, k, np.arange(n_items),
                             nbr_all)
         return out
@@ -177,7 +183,7 @@ def answer_query(store: StoreView, vid: int, now: float, items: np.ndarray, user
     user_row = store.sums.find_one(user, vid)
     pos, slot, age = (_find_keys(store, user, items, vid, now) if user_row >= 0
                       else (_NONE, _NONE, _NO_AGE))
-    fresh = age <= ttl
+    fresh = fresh_at(age, ttl)
     hit = pos[fresh]
     if aggregate:  # the retained stale ones too: the client leaves each candidate out
         out.own_idx, out.own_fresh, out.own_age_s = pos, fresh, age
@@ -218,7 +224,7 @@ def answer_query(store: StoreView, vid: int, now: float, items: np.ndarray, user
     users[n_grid:] = user  # then the user's pairs of the item neighbours
     keys[n_grid:] = nbrs.ravel()[:len(keys) - n_grid]  # a -1 pad matches nothing
     pos, slot, age = _find_keys(store, users, keys, vid, now)
-    f = age <= ttl
+    f = fresh_at(age, ttl)
     pos, slot, age = pos[f], slot[f], age[f]
     g = int(np.searchsorted(pos, n_grid))  # grid hits come first
     rows = _neighbour_hits(out, store, pos[:g], slot[:g], age[:g], held, k, cols, nbr_all)
@@ -264,7 +270,7 @@ def get_pairs(store: StoreView, vid: int, now: float, users: np.ndarray, items: 
         _count_pairs(store, vid, users, items, _NONE, 0)
         return found, vecs, ages
     pos, slot, age = _find_keys(store, users, items, vid, now)
-    f = age <= store.read_ttl_s
+    f = fresh_at(age, store.read_ttl_s)
     hit = pos[f]
     found[hit], vecs[hit], ages[hit] = True, _vectors(store, slot[f]), age[f]
     store.table.mark_read(slot[f])
@@ -306,7 +312,7 @@ def holder_grid(store: StoreView, vid: int, now: float, items: np.ndarray,
         z = np.zeros(0, np.int64)
         return z, z, np.zeros((0, d), np.float32), np.zeros(0)
     pos, slot, age = _find_grid(store, users, items, vid, now)
-    f = age <= store.read_ttl_s
+    f = fresh_at(age, store.read_ttl_s)
     g = pos[f]
     store.counters["nbr_hits"] += len(g)
     return g // k, g % k, _vectors(store, slot[f]), age[f]

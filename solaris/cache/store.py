@@ -21,8 +21,11 @@ once ``(k + 1) * bucket_s <= now - retention_s``. Every public call first drops 
 its ``now`` has passed, so memory is reclaimed with no writes: slots are freed, and when
 less than 60% of the slab is live the slab and the index are rebuilt smaller.
 
-``now`` is event time, always passed in. Versions travel in the key: a lookup of one version
-never sees another's entries.
+``now`` is event time, always passed in, and checked by a ``SkewGuard`` (``solaris/clock.py``)
+before anything changes: a time too far ahead of the store's reference is refused, so no
+single call can expire everything. An entry written after the time it is read at is never
+served (no negative ages). Versions travel in the key: a lookup of one version never sees
+another's entries.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from solaris.cache.inputs import (check_ids, check_query, check_time, check_time
 from solaris.cache.query import ShardAnswer, ShardQuery
 from solaris.cache.slab import SlotTable
 from solaris.cache.sums import UserSums
+from solaris.clock import EventClock, SkewGuard
 from solaris.config import CacheConfig
 from solaris.errors import RequestError
 
@@ -50,7 +54,7 @@ log = logging.getLogger(__name__)
 _COUNTERS = ("pair_hits", "pair_misses", "pair_stale", "pair_other_version", "nbr_probes",
              "nbr_hits", "inbr_probes", "inbr_hits", "agg_requests", "agg_present",
              "evictions", "expired", "expired_unread", "dropped_on_put", "replaced",
-             "replaced_read", "duplicates", "evicted_live", "evicted_read")
+             "replaced_read", "duplicates", "evicted_live", "evicted_read", "dropped_on_restore")
 
 
 def lowest(score: np.ndarray, written: np.ndarray, k: int) -> np.ndarray:
@@ -75,8 +79,9 @@ class PairStore:
     Not thread-safe: one call at a time (the shard actor serialises its calls).
     """
 
-    def __init__(self, cfg: CacheConfig) -> None:
+    def __init__(self, cfg: CacheConfig, clock: EventClock | None = None) -> None:
         self.cfg = cfg
+        self.guard = SkewGuard(clock)  # the app's actors pass its clock; None: any time
         self.codec = Codec(cfg.codec, cfg.dim)
         self.table = SlotTable(self.codec, cfg.capacity)
         self._sums = UserSums(cfg.dim)
@@ -114,6 +119,7 @@ class PairStore:
         return math.floor((self._max_now - self.cfg.retention_s) / self.cfg.bucket_s)
 
     def _advance(self, now: float) -> None:
+        self.guard.check(now)
         if now > self._max_now:
             self._max_now = now
             if self._buckets and min(self._buckets) < self._cutoff():
@@ -180,12 +186,13 @@ class PairStore:
         sc = np.zeros(n, np.float32) if scores is None else np.asarray(scores, np.float32)
         if sc.shape != (n,) or not np.isfinite(sc).all():
             raise RequestError(f"scores: expected {n} finite values, got shape {sc.shape}")
-        vid = self._version_id(version, create=True)
         if n == 0:
             if np.ndim(now) == 0:
                 self._advance(check_time(now))
+            self._version_id(version, create=True)
             return 0
-        self._advance(float(written.max()))
+        self._advance(float(written.max()))  # refuses a time too far ahead, changing nothing
+        vid = self._version_id(version, create=True)
         late = np.floor(written / self.cfg.bucket_s) < self._cutoff()
         if late.any():  # written already past retention
             self.counters["dropped_on_put"] += int(np.count_nonzero(late))
@@ -313,6 +320,7 @@ class PairStore:
                "versions": {v: self._vcount.get(i, 0) for v, i in self._vid.items()
                             if self._vcount.get(i, 0)}}
         out.update(self.counters)
+        out.update(self.guard.metrics())
         return out
 
     def snapshot(self) -> pa.Table:
@@ -321,27 +329,35 @@ class PairStore:
                               self.counters)
 
     @classmethod
-    def restore(cls, cfg: CacheConfig, table: pa.Table) -> "PairStore":
+    def restore(cls, cfg: CacheConfig, table: pa.Table,
+                clock: EventClock | None = None) -> "PairStore":
         """A store answering exactly as the one that wrote ``table``; DataError on a
-        mismatch (codec, width, format)."""
-        store = cls(cfg)
+        mismatch (codec, width, format). A snapshot whose time is ahead of ``clock``'s wall
+        clock by more than its skew is reported: it does not set the expiry time, and its
+        entries written after the clock are dropped (``dropped_on_restore``)."""
+        store = cls(cfg, clock)
         e = _snap.from_table(table, store.codec)
+        keep = np.ones(len(e.users), bool)
         if e.max_now is not None:
-            store._max_now = e.max_now
+            cut = store.guard.restored(e.max_now, "pair snapshot")
+            store._max_now = e.max_now if cut is None else cut
+            if cut is not None:
+                keep = e.written <= cut
         for v in dict.fromkeys(e.versions.tolist()):
             vid = store._version_id(v, create=True)
-            sel = np.flatnonzero(e.versions == v)
+            sel = np.flatnonzero((e.versions == v) & keep)
             store._write(e.users[sel], e.items[sel], vid, e.written[sel], e.score[sel],
                          e.read[sel], e.rows[sel], key_hash(e.users[sel], e.items[sel], vid))
         # the writer's running sums, bit for bit (unless a smaller capacity evicted some
         # rows: then the sums re-added on the way in are the right ones)
         g = e.sum_rows
-        if len(g) and store.live == len(e.users):
+        if len(g) and store.live == len(e.users):  # (none dropped)
             vids = np.array([store._vid[v] for v in e.versions[g]], dtype=np.uint16)
             r = store._sums.find(e.users[g], vids)
             assert (r >= 0).all(), "a restored group without a running sum"
             store._sums.sums[r] = e.sums
         store.counters.update({k: v for k, v in e.counters.items() if k in store.counters})
+        store.counters["dropped_on_restore"] += int(np.count_nonzero(~keep))
         return store
 
 

@@ -29,7 +29,7 @@ from solaris.knn.neighbours import KnnSnapshot
 log = logging.getLogger(__name__)
 
 ARTIFACTS_ENV = "SOLARIS_ARTIFACTS"  # overrides where the default artifacts live
-_SETTING_KEYS = ("config", "artifacts", "mode", "app_id", "precompute")
+_SETTING_KEYS = ("config", "artifacts", "mode", "app_id", "precompute", "profile")
 
 
 def settings_from_args(args: dict[str, Any]) -> dict[str, Any]:
@@ -38,7 +38,8 @@ def settings_from_args(args: dict[str, Any]) -> dict[str, Any]:
     ``config``: YAML of the config tree; ``artifacts``: artifact dir(s), comma-separated,
     oldest version first (later ones are rolled out); ``mode``: solaris | vm | inline;
     ``app_id``: names the app's actors (cache shards, queue, ledger); ``precompute``:
-    "false" runs no FM workers. Unknown keys are an error that names them.
+    "false" runs no FM workers; ``profile``: serving | cluster | replay (``serve.profile``).
+    Unknown keys are an error that names them.
     """
     unknown = sorted(set(args) - set(_SETTING_KEYS))
     if unknown:
@@ -46,6 +47,8 @@ def settings_from_args(args: dict[str, Any]) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
     if args.get("mode"):
         overrides["serve.mode"] = str(args["mode"])
+    if args.get("profile"):
+        overrides["serve.profile"] = str(args["profile"])
     cfg = load_config(args.get("config"), overrides)
     dirs = args.get("artifacts") or cfg.serve.artifacts_dir or ""
     dirs = dirs if isinstance(dirs, list) else [d for d in str(dirs).split(",") if d]

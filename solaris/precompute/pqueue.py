@@ -41,6 +41,7 @@ import pyarrow as pa
 
 from solaris import wire
 from solaris.cache.inputs import check_ids, check_version
+from solaris.clock import EventClock, SkewGuard
 from solaris.config import QueueConfig
 from solaris.errors import DataError, RequestError
 
@@ -144,9 +145,13 @@ class PrecomputeQueue:
     Not thread-safe: one call at a time (the queue actor serialises its calls).
     """
 
-    def __init__(self, cfg: QueueConfig, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, cfg: QueueConfig, clock: Callable[[], float] = time.monotonic,
+                 event_clock: EventClock | None = None) -> None:
         self.cfg = cfg
         self._clock = clock
+        # a request's event time too far ahead is refused (``solaris/clock.py``): an FM
+        # worker would read the history as of it and stamp the cache with it
+        self.guard = SkewGuard(event_clock)
         self._epoch = uuid.uuid4().hex[:8]  # lease ids never repeat across restarts
         self._pending: dict[PairKey, _Pair] = {}
         self._groups: dict[int, _Group] = {}
@@ -296,6 +301,7 @@ class PrecomputeQueue:
             raise RequestError("priorities / now: must be finite")
         if n and (surf.dtype.kind not in "iu" or surf.min() < 0):
             raise RequestError(f"surfaces: expected non-negative integer codes, got {surf.dtype}")
+        self.guard.check(nows)  # the whole batch or none of it
         new = 0
         for u, i, p, t, s in zip(users.tolist(), items.tolist(), pr.tolist(), nows.tolist(),
                                  surf.tolist()):
@@ -459,7 +465,7 @@ class PrecomputeQueue:
                 "oldest_pending": min((g.key[1] for g in self._groups.values()), default=None),
                 "allowance": self._allowance,
                 "leased": len(self._leased), "open_leases": len(self._leases),
-                "capacity": self.cfg.capacity, **self.counters,
+                "capacity": self.cfg.capacity, **self.counters, **self.guard.metrics(),
                 "lag_s_mean": self._lag[1] / self._lag[0] if self._lag[0] else None}
 
     # ------------------------------------------------------------------ durability
@@ -480,20 +486,33 @@ class PrecomputeQueue:
         schema = pa.schema([("user", pa.int64()), ("item", pa.int64()), ("version", pa.string()),
                             ("priority", pa.float64()), ("now", pa.float64()),
                             ("surface", pa.int64()), ("leased", pa.bool_())],
-                           metadata={"solaris.queue": json.dumps({"counters": self.counters})})
+                           metadata={"solaris.queue": json.dumps({
+                               "counters": self.counters,
+                               "latest": self.guard.latest if math.isfinite(self.guard.latest)
+                               else None})})
         return pa.table(rows, schema=schema)
 
     def restore(self, table: pa.Table) -> int:
         """Queue a snapshot's pairs (pending and leased alike) as pending, merging with
-        anything already queued, and add its counters; returns the pairs queued."""
+        anything already queued, and add its counters; returns the pairs queued. A snapshot
+        whose latest request time is ahead of the guard's wall clock by more than its skew
+        is reported, and its pairs of requests after the clock are dropped."""
         missing = [c for c in _COLUMNS if c not in table.column_names]
         if missing:
             raise DataError(f"queue snapshot: missing columns {missing}")
         raw = (table.schema.metadata or {}).get(b"solaris.queue")
-        for k, v in (json.loads(raw)["counters"] if raw else {}).items():
+        meta = json.loads(raw) if raw else {}
+        for k, v in meta.get("counters", {}).items():
             if k in self.counters:
                 self.counters[k] += int(v)
         c = {k: table.column(k).to_pylist() for k in _COLUMNS}
+        latest = meta.get("latest")
+        if latest is None:
+            latest = max(c["now"], default=-math.inf)
+        cut = self.guard.restored(float(latest), "queue snapshot")
+        if cut is not None:
+            keep = [t <= cut for t in c["now"]]
+            c = {k: [x for x, kept in zip(v, keep) if kept] for k, v in c.items()}
         for u, i, v, p, t, s in zip(c["user"], c["item"], c["version"], c["priority"],
                                     c["now"], c["surface"]):
             self._add((int(u), int(i), str(v)), float(p), float(t), int(s))

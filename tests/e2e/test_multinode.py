@@ -173,7 +173,8 @@ def test_worker_node_killed_under_traffic(multinode, artifacts, tmp_path):
         port = _free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port, "location": "HeadOnly"})
         settings = settings_from_args({"artifacts": str(artifacts), "config": str(conf),
-                                       "app_id": APP, "precompute": "false"})
+                                       "app_id": APP, "precompute": "false",
+                                       "profile": "replay"})
         placed = {"num_cpus": 0.1, **ON_HEAD}
         vms = {t: serve_app.VMReplicas.options(name=f"VM_{t}", ray_actor_options=placed)
                .bind(settings, t) for t in art.tasks}

@@ -34,7 +34,7 @@ def test_pairs_cached_before_a_redeploy_are_found_after_it(tmp_path):
     for k, flush in enumerate((10.0, 15.0)):  # a changed config: Serve replaces the replicas
         conf = tmp_path / f"app{k}.yaml"
         conf.write_text(json.dumps({"cache": {"dim": 16, "num_shards": 2, "deadline_ms": 500.0},
-                                    "serve": {"flush_ms": flush}}))
+                                    "serve": {"flush_ms": flush, "profile": "replay"}}))
         confs.append(str(conf))
     with local_serve(free_port()) as base:
         serve.run(serve_app.build_app({"artifacts": art, "config": confs[0],

@@ -27,7 +27,7 @@ def test_vms_switch_to_the_new_version_once_it_is_covered(tmp_path):
     conf = tmp_path / "serve.yaml"
     conf.write_text(json.dumps({"cache": {"dim": 16, "num_shards": 2, "deadline_ms": 200.0},
                                 "serve": {"rollout_threshold": 0.5, "rollout_min_lookups": 300,
-                                          "flush_ms": 10.0}}))
+                                          "flush_ms": 10.0, "profile": "replay"}}))
     with local_serve(free_port()) as base:
         serve.run(serve_app.build_app({"artifacts": ",".join(dirs), "config": str(conf),
                                        "app_id": "roll"}), blocking=False)

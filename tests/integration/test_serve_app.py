@@ -1,6 +1,10 @@
 """The Serve app over real HTTP on a local Ray: /rank, /feedback, /healthz, the limits and
 4xx answers, a schema-driven fuzz (no 5xx, still serving afterwards), and a cache shard and
-then a VM replica killed under load (every request answered, none past its timeout)."""
+then a VM replica killed under load (every request answered, none past its timeout).
+
+The app runs in the replay profile (requests carry their event time and the debug fields),
+with an operator token for ``POST /scales``; the serving profile's refusals are
+``test_hostile.py``'s."""
 
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from tests.tiny import free_port, train_tiny  # noqa: E402
 
 T0 = 1.9e9
 TIMEOUT_S = 15.0  # a client's patience; nothing may take longer
+OPERATOR = {"Authorization": "Bearer test-operator-token-0123"}  # the app's, set below
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +41,14 @@ def app(tmp_path_factory):
     conf = tmp_path_factory.mktemp("conf") / "serve.yaml"
     knn_uri = tmp_path_factory.mktemp("knn")
     conf.write_text(json.dumps({"cache": {"dim": 16, "num_shards": 2, "deadline_ms": 200.0},
-                                "serve": {"max_candidates": 300},
+                                "serve": {"max_candidates": 300, "profile": "replay"},
                                 "knn": {"table_uri": str(knn_uri), "poll_s": 0.5, "k": 10,
                                         "recall_queries": 50}}))
     port = free_port()
     ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False,
-             logging_level="warning", runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+             logging_level="warning", runtime_env={"env_vars": {
+                 "PYTHONPATH": str(ROOT),
+                 "SOLARIS_OPERATOR_TOKEN": OPERATOR["Authorization"].split()[1]}})
     import serve_app
 
     try:
@@ -115,7 +122,8 @@ def test_scales_switch_a_correction_off_at_runtime_and_misses_score_as_the_vm_al
     # an operator can switch a correction on as well: the own pair at 1, whatever validation
     # chose on this tiny world
     body = {"task": "click", "slot": "pair", "tier": "pair", "scale": 1.0}
-    assert requests.post(app["base"] + "/scales", json=body, timeout=TIMEOUT_S).status_code == 200
+    assert requests.post(app["base"] + "/scales", json=body, timeout=TIMEOUT_S,
+                          headers=OPERATOR).status_code == 200
     scales = {"pair": {**trained["pair"], "pair": 1.0}, "aggregate": trained["aggregate"]}
     out = _rank(app, user_id=7, candidates=cands, now=T0 + 20).json()
     # an imputed tier or the aggregate at scale 0 (switched off on validation) is not looked
@@ -136,7 +144,8 @@ def test_scales_switch_a_correction_off_at_runtime_and_misses_score_as_the_vm_al
     on_scales += [("aggregate", None)] if scales["aggregate"] > 0 else []
     for slot, tier in on_scales:
         body = {"task": "click", "slot": slot, "scale": 0.0, **({"tier": tier} if tier else {})}
-        r = requests.post(app["base"] + "/scales", json=body, timeout=TIMEOUT_S)
+        r = requests.post(app["base"] + "/scales", json=body, timeout=TIMEOUT_S,
+                          headers=OPERATOR)
         assert r.status_code == 200, r.text
     off = _rank(app, user_id=7, candidates=cands, now=T0 + 20).json()
     assert np.array_equal(np.array(off["scores"]), alone)
@@ -148,13 +157,14 @@ def test_scales_switch_a_correction_off_at_runtime_and_misses_score_as_the_vm_al
                          "scale"),
                         ({"task": "nope", "slot": "aggregate", "scale": 0.5}, "task"),
                         ({"task": "click", "slot": "pair", "scale": 0.5}, "tier")):
-        r = requests.post(app["base"] + "/scales", json=body, timeout=TIMEOUT_S)
+        r = requests.post(app["base"] + "/scales", json=body, timeout=TIMEOUT_S,
+                          headers=OPERATOR)
         assert r.status_code == 422 and field in r.text, (body, r.text)
     for slot, tier in on_scales:  # back as trained
         value = trained["aggregate"] if tier is None else trained["pair"][tier]
         body = {"task": "click", "slot": slot, "scale": value, **({"tier": tier} if tier else {})}
         assert requests.post(app["base"] + "/scales", json=body,
-                             timeout=TIMEOUT_S).status_code == 200
+                             timeout=TIMEOUT_S, headers=OPERATOR).status_code == 200
 
 
 def test_stats_split_the_router_time_and_count_the_lookup_rounds(app):

@@ -41,7 +41,7 @@ def reference(entries, now, q: ShardQuery) -> dict:
     """The answer's rows, one key at a time, in the documented order."""
     def fresh(u, i):
         e = entries.get((u, i, q.version))
-        return e if e is not None and now - e[1] <= CFG.read_ttl_s else None
+        return e if e is not None and 0 <= now - e[1] <= CFG.read_ttl_s else None
 
     items = q.items.tolist()
     own, need = [], [True] * len(items)

@@ -64,7 +64,7 @@ def reference(entries, user, cands, now, user_knn, item_knn, cfg: EnrichConfig, 
 
     def fresh(u, i):
         e = entries.get((u, i))
-        return e if e is not None and up(u) and now - e[1] <= CACHE.read_ttl_s else None
+        return e if e is not None and up(u) and 0 <= now - e[1] <= CACHE.read_ttl_s else None
 
     nb = nbrs_of(user_knn, user, cfg.user_knn_probe)
     rows = []

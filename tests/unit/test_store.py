@@ -56,7 +56,7 @@ class Reference:
     def get(self, u, i, version, now):
         self.advance(now)
         e = self.entries.get((u, i, version))
-        if e is None or now - e[1] > self.cfg.read_ttl_s:
+        if e is None or not 0 <= now - e[1] <= self.cfg.read_ttl_s:  # none from the future
             return None
         return e[0], now - e[1]
 
