@@ -17,8 +17,6 @@ holding it), and likewise ``SOLARIS_SERVICE_TOKEN`` / ``SOLARIS_SERVICE_TOKEN_FI
 Tokens are compared in constant time (``hmac.compare_digest``).
 """
 
-from __future__ import annotations
-
 import hmac
 import os
 from collections.abc import Mapping
@@ -109,6 +107,8 @@ class Credentials:
 
 
 def _guard(kind: str):
+    # no ``from __future__ import annotations`` in this module: FastAPI reads ``Request``
+    # from this signature's annotation object
     async def check(request: Request) -> None:
         creds: Credentials | None = getattr(request.app.state, "credentials", None)
         if creds is None:  # no router has started: nothing to check against, nothing allowed

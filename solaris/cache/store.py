@@ -316,6 +316,8 @@ class PairStore:
         out = {"entries": self.live, "capacity": self.cfg.capacity, "slots": len(t.meta),
                "payload_bytes": payload, "total_bytes": total, "index_bytes": t.index.nbytes,
                "sums_bytes": self._sums.nbytes, "user_versions": self._sums.live,
+               # the latest event time the store has expired by (None: none yet)
+               "latest_event_s": self._max_now if math.isfinite(self._max_now) else None,
                "codec": self.codec.name,
                "versions": {v: self._vcount.get(i, 0) for v, i in self._vid.items()
                             if self._vcount.get(i, 0)}}

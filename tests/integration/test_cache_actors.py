@@ -190,6 +190,38 @@ def test_dead_shard_reads_as_misses_then_serves_its_snapshot(local_ray, tmp_path
         group.shutdown()
 
 
+def test_a_restarted_shard_refuses_a_time_beyond_the_skew_as_before(local_ray, tmp_path: Path):
+    """The replay profile: a shard's reference is the latest event time it has seen, and a
+    shard restored from its snapshot keeps it, so a far-future write is refused after a crash
+    as before it (``solaris/clock.py``)."""
+    from solaris.clock import EventClock
+
+    cfg = cache_cfg(tmp_path, num_shards=1)
+    group = CacheGroup.create(cfg, clock=EventClock(300.0))
+    one = (np.array([1]), np.array([2]), np.ones((1, DIM), np.float32), V)
+    try:
+        group.wait_ready()
+        assert group.put(*one, NOW) == 1
+        assert group.put(*one, NOW + 1e9) == 0  # refused: the shard's part is lost, logged
+        group.snapshot_now()
+        group.shards[0].crash.remote()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                group.wait_ready(timeout_s=5)
+                break
+            except Exception:
+                time.sleep(0.5)
+        m = group.metrics()["shards"][0]
+        assert m["restarted"] and m["entries"] == 1 and m["latest_event_s"] == NOW
+        assert group.put(*one, NOW + 1e9) == 0  # refused again, by the restored reference
+        m = group.metrics()["shards"][0]
+        assert m["clock_refused"] == 1 and m["entries"] == 1
+        assert group.put(*one, NOW + 200) == 1  # a step within the skew goes on
+    finally:
+        group.shutdown()
+
+
 def test_slow_shard_reads_as_misses_within_deadline(local_ray, tmp_path: Path):
     cfg = cache_cfg(tmp_path, deadline_ms=50.0, snapshot_uri=None)
     w = world(seed=3)
