@@ -17,6 +17,9 @@ def test_serve_config_validates(name):
     conf = schema.ServeDeploySchema.model_validate(yaml.safe_load((ROOT / "configs" / name).read_text()))
     (app,) = conf.applications
     assert app.import_path == "serve_app:build_app"
+    # the cluster config runs the cluster profile (service token required), the local one
+    # the serving profile: neither lets a client set event time or debug modes
+    assert app.args["profile"] == {"serve.yaml": "cluster", "serve-local.yaml": "serving"}[name]
     names = {d.name for d in app.deployments}
     assert names == {"LookupRouter", "VM_click", "VM_conversion", "Precompute"}
     for d in app.deployments:

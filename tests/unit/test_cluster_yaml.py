@@ -68,3 +68,15 @@ def test_setup_installs_torch_first_then_the_project(cluster):
     assert "download.pytorch.org/whl/cpu" in cluster["setup_commands"][0]  # CPU build there
     assert ".venv" in cluster["rsync_exclude"]
     assert "." in cluster["file_mounts"].values()
+
+
+def test_every_node_starts_ray_with_token_auth_and_the_apps_tokens(cluster):
+    """The dashboard binds 0.0.0.0: Ray's token authentication guards it and the job API on
+    every node, and the app's own tokens reach every node's processes by file."""
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        start = [c for c in cluster[key] if "ray start" in c]
+        assert start and all("RAY_AUTH_MODE=token" in c for c in start), key
+        assert all("SOLARIS_SERVICE_TOKEN_FILE=" in c and "SOLARIS_OPERATOR_TOKEN_FILE=" in c
+                   for c in start), key
+    assert {"~/.ray/auth_token", "~/.solaris/service_token",
+            "~/.solaris/operator_token"} <= set(cluster["file_mounts"])
