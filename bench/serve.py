@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import random
+import secrets
 import sys
 import tempfile
 import time
@@ -42,6 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 MODES = ("vm", "solaris", "inline")
 URL = "http://127.0.0.1:8000/rank"
+# this run's operator token (POST /scales for --all-tiers): made per run, never stored
+OPERATOR_TOKEN = secrets.token_urlsafe(24)
 T0 = 1.9e9  # event time of the run (epoch seconds); requests advance it by 1 s each
 TIMEOUT_S = 60.0  # a client's patience: an overloaded mode shows as latency, not as errors
 
@@ -331,7 +334,8 @@ def _force_all_tiers(art: Any) -> dict[str, Any]:
     for task in art.tasks:
         for slot, tier in [("pair", t) for t in PAIR_TIERS] + [("aggregate", None)]:
             r = requests.post(URL.replace("/rank", "/scales"), timeout=30, json={
-                "task": task, "slot": slot, "tier": tier, "scale": 1.0})
+                "task": task, "slot": slot, "tier": tier, "scale": 1.0},
+                headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"})
             r.raise_for_status()
     return requests.get(URL.replace("/rank", "/scales"), timeout=30).json()
 
@@ -516,7 +520,9 @@ def main() -> int:
     tmp = tempfile.TemporaryDirectory(prefix="solaris-bench-serve-")
     ray.init(address="local", num_cpus=args.num_cpus, object_store_memory=300 * 1024**2,
              include_dashboard=False,
-             logging_level="warning", log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+             logging_level="warning", log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT),
+                                       "SOLARIS_OPERATOR_TOKEN": OPERATOR_TOKEN}})
     try:
         app_args = {"artifacts": art_dir, "app_id": "bench", "profile": "replay"}  # `now`, `mode`
         knn = None

@@ -204,7 +204,7 @@ class LiveReplay:
             # and each store measures skew from the latest time it has seen, widened to the
             # log's longest step so no logged request is refused
             "serve.profile": "replay",
-            "serve.max_skew_s": replay_skew(self.log.ts, cfg.serve.max_skew_s),
+            "serve.max_skew_s": self._skew(cfg),
             "serve.impressions_top_k": 0,  # the log's labels feed the history (/feedback)
             "serve.max_candidates": max(1000, self.log.num_candidates),
             "serve.rollout_min_lookups": 2000,
@@ -222,6 +222,21 @@ class LiveReplay:
         self.cfg_path.write_text(yaml.safe_dump(config_to_dict(self.app_cfg), sort_keys=False))
         return {"artifacts_seconds": self.artifacts_seconds, "requests": self.log.num_requests,
                 "window_start": self.start}
+
+    def _skew(self, cfg: SolarisConfig) -> float:
+        """``serve.max_skew_s`` for this replay: twice the longest step between the event
+        times one store sees -- a cache shard its own users' requests after the history
+        seeding's last event (the queue and the router see every request: shorter steps)."""
+        from solaris.cache.ring import HashRing
+        from solaris.replay.prepare import seed_history
+
+        ring = HashRing.from_config(cfg.cache)
+        users, _, _, _, ts = seed_history(self.ds, self.start, cfg.history.max_events)
+        shard = ring.shard_of(users)
+        seeded = [(s, ts[shard == s].max()) for s in np.unique(shard)]
+        times = np.r_[self.log.ts, [t for _, t in seeded]]
+        groups = np.r_[ring.shard_of(self.log.user), [s for s, _ in seeded]]
+        return replay_skew(times, cfg.serve.max_skew_s, groups)
 
     # -- the live part
     def run(self) -> dict[str, Any]:
@@ -504,6 +519,19 @@ def post_feedback(client: Any, pool: ThreadPoolExecutor, bodies: list[dict]) -> 
     list(pool.map(lambda mine: [client.post("/feedback", x) for x in mine], by_user.values()))
 
 
+def _clock_refused(live: dict) -> int:
+    """Calls the stores refused for an event time too far ahead (``solaris/clock.py``): 0 in
+    a sound replay; anything else is logged, since each refused read is a miss."""
+    shards = live["shards"]["shards"]
+    n = sum(s.get("clock_refused", 0) + s.get("history", {}).get("clock_refused", 0)
+            for s in shards if s.get("up"))
+    n += int(((live["summary"] or {}).get("queue") or {}).get("clock_refused", 0))
+    if n:
+        log.warning("replay: the stores refused %d calls for an event time beyond "
+                    "serve.max_skew_s; their reads were misses", n)
+    return n
+
+
 def _ledger_report(app_id: str) -> dict | None:
     import ray
 
@@ -589,7 +617,7 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
         "fraction": acfg.verifier.fraction, "workers": opts.workers,
         "fm_devices": (live["summary"] or {}).get("fm_devices"),
         "errors": client.errors, "retries": client.retries,
-        "error_samples": client.error_samples,
+        "error_samples": client.error_samples, "clock_refused": _clock_refused(live),
         "precompute_steps": live["steps"],
         "knn_rebuilds": [{k: r.get(k) for k in ("version", "as_of", "seconds")}
                          for r in live["knn_runs"]],
@@ -775,6 +803,7 @@ def closed_loop_report(lr: LiveReplay, live: dict, prep: dict) -> dict[str, Any]
     client = live["client"]
     rep["live"] = {
         "errors": client.errors, "retries": client.retries,
+        "clock_refused": _clock_refused(live),
         "error_samples": client.error_samples, "workers": o.workers,
         "fm_evals_live": int(live["evaluated"]), "fm_evals_sim": ctx.fm_evals,
         "pair_shown_live": float((lv.tier == Tier.PAIR).mean()),

@@ -116,10 +116,17 @@ class SkewGuard:
                 "clock_untrusted_snapshots": self.untrusted_snapshots}
 
 
-def replay_skew(times: np.ndarray, floor: float) -> float:
-    """The skew a replay of requests at ``times`` needs: twice its longest step between
-    consecutive requests (a store's reference is the latest time it has seen, so each step
-    must pass), and at least ``floor``."""
-    t = np.sort(np.asarray(times, np.float64))
-    step = float(np.diff(t).max()) if len(t) > 1 else 0.0
+def replay_skew(times: np.ndarray, floor: float, groups: np.ndarray | None = None) -> float:
+    """The skew a replay of events at ``times`` needs: twice the longest step between
+    consecutive times of one group (a store's reference is the latest time it has seen, and a
+    store sees only its group -- e.g. a cache shard its own users' requests), at least
+    ``floor``."""
+    t = np.asarray(times, np.float64)
+    g = np.zeros(len(t), np.int64) if groups is None else np.asarray(groups, np.int64)
+    if g.shape != t.shape:
+        raise ConfigError(f"groups: shape {g.shape} != times shape {t.shape}")
+    o = np.lexsort((t, g))
+    t, g = t[o], g[o]
+    same = g[1:] == g[:-1]
+    step = float(np.diff(t)[same].max()) if same.any() else 0.0
     return max(float(floor), 2.0 * step)

@@ -67,6 +67,10 @@ def test_profiles_pick_the_reference():
         ServeConfig(max_skew_s=0)
     assert replay_skew(np.array([5.0, 0.0, 1000.0]), SKEW) == 1990.0  # twice the longest step
     assert replay_skew(np.array([0.0, 10.0]), SKEW) == SKEW
+    # a store sees its own group: the steps within each, not between the groups' times
+    times, groups = np.array([0.0, 400.0, 500.0, 1200.0]), np.array([0, 1, 0, 1])
+    assert replay_skew(times, SKEW, groups) == 1600.0  # group 1: 400 -> 1200
+    assert replay_skew(times, SKEW) == 1400.0  # all in one: 500 -> 1200
 
 
 @pytest.mark.parametrize("wall", [True, False], ids=["serving", "replay"])
