@@ -86,7 +86,7 @@ class SkewGuard:
         if math.isfinite(ref) and t - ref > self.clock.max_skew_s:  # ref -inf: nothing seen
             self.refused += 1
             what = "the wall clock" if self.clock.wall is not None else \
-                "the latest event time this store has seen"
+                "the latest event time accepted here"
             raise ClockSkewError(f"{field}={t!r}: {t - ref:.0f} s ahead of {what} ({ref!r}); "
                                  f"the limit is serve.max_skew_s={self.clock.max_skew_s:g}",
                                  field)
