@@ -54,7 +54,7 @@ def shadow_inputs(run: Path, rep: dict) -> tuple:
     whether each was the exploration slot (propensity below 1)."""
     from solaris.config import QueueConfig, VerifierConfig
     from solaris.replay.closed_loop import empty_log, shown_log
-    from solaris.replay.log import RequestLog
+    from solaris.simulate.log import RequestLog
 
     with np.load(run / "arms.npz") as f:
         r, c = f["candidates"].shape

@@ -45,7 +45,7 @@ def load_log(run: Path, seed: int):
     from solaris.config import load_config
     from solaris.data.load import load_dataset
     from solaris.errors import DataError
-    from solaris.replay.log import build_request_log
+    from solaris.simulate.log import build_request_log
 
     rep = json.loads((run / "replay.json").read_text())
     cfg = load_config(run / "replay-config.yaml", {})

@@ -4,7 +4,7 @@
 
 Each RUN_DIR is a finished ``solaris replay`` (``replay-config.yaml``, ``artifacts/``). With the
 run's shipped FM, encoder and VM alone, serving is simulated on the VM, validation and test
-periods (``solaris.eval.served.simulate_period``, the code training uses), and for each period
+periods (``solaris.simulate.served.simulate_period``, the code training uses), and for each period
 and tier served (own pair, imputed: user or item neighbour, none) the table gives the rows, the
 positive rate with its 95% interval, and the VM alone's mean probability there. Where the
 positive rate stands above the VM alone's mean, the tier's presence carries information the VM
@@ -53,8 +53,8 @@ def run_rates(run: Path, task: str | None) -> dict:
     from solaris.config import load_config
     from solaris.data.load import load_dataset
     from solaris.data.split import time_split
-    from solaris.eval.schedule import candidate_scores
-    from solaris.eval.served import simulate_period
+    from solaris.simulate.schedule import candidate_scores
+    from solaris.simulate.served import simulate_period
     from solaris.features import FeatureTables
     from solaris.precompute.worker import load_models
     from solaris.train.artifacts import load_base

@@ -152,7 +152,7 @@ class LiveReplay:
 
     # -- preparation (no Ray)
     def prepare(self) -> dict[str, Any]:
-        from solaris.replay.log import build_request_log
+        from solaris.simulate.log import build_request_log
         from solaris.replay.prepare import check_trained_before, window, write_data_dir
         from solaris.train.artifacts import served_unlike_trained, train_artifacts
 

@@ -77,7 +77,7 @@ def request_log(rows: list) -> Any:
     labelled), given in (ts, user) order; labels are 1.0 where labelled."""
     import numpy as np
 
-    from solaris.replay.log import RequestLog
+    from solaris.simulate.log import RequestLog
 
     c = len(rows[0][2])
     lab = np.array([[True] * c if r[3] is None else r[3] for r in rows], bool)

@@ -4,7 +4,7 @@ A log with request ids (the synthetic generator's) carries it on every row. A pl
 interaction log (MovieLens-100K, generic logs) does not: a user's rows of one time bucket form
 one request at the bucket's first ts. The offline features (history, its ages, the aggregate,
 and so z and the FM's probabilities: ``solaris/features.py``) and the replay's request log
-(``solaris/replay/log.py``) both read it from here, so a row's inputs offline are the ones
+(``solaris/simulate/log.py``) both read it from here, so a row's inputs offline are the ones
 its replayed request can see.
 """
 
@@ -19,7 +19,7 @@ def request_times(users: np.ndarray, ts: np.ndarray, granularity_s: int) -> np.n
     """(N,) int64: the event time of the request each row belongs to.
 
     A log without request ids (MovieLens, generic logs) becomes requests as the replay builds
-    them (``solaris/replay/log.py``): a user's rows of one bucket ``floor(ts / granularity_s)``
+    them (``solaris/simulate/log.py``): a user's rows of one bucket ``floor(ts / granularity_s)``
     form one request at the bucket's first ts. ``granularity_s`` 0: each row is a request at
     its own ts. Rows must be in event order.
     """

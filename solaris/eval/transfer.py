@@ -23,8 +23,8 @@ from solaris.data.split import Periods, time_split, warm_mask
 from solaris.eval import metrics as M
 from solaris.features import FeatureTables
 from solaris.models.vm import VerticalModel
-from solaris.eval.schedule import simulated_presence, window_log
-from solaris.eval.served import ServedSlots, simulate_period
+from solaris.simulate.schedule import simulated_presence, window_log
+from solaris.simulate.served import ServedSlots, simulate_period
 from solaris.tiers import STEPS
 from solaris.train.loop import predict_in_batches
 from solaris.train.residual import (CrossFit, crossfit_base, fit_pair_as_served,

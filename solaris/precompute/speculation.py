@@ -5,7 +5,7 @@ One implementation per policy, each a pure object over one request at a time
 (``Candidates``); a stateful policy also ``observe``s every request after it ranks it, so it
 only ever knows the past. The router runs the default (``VerifierPolicy``, through
 ``solaris.online.verifier.choose``) live; the key-level schedule simulation
-(``solaris.replay.coverage.simulate_pair_coverage``) runs any of them, so policies can be
+(``solaris.simulate.coverage.simulate_pair_coverage``) runs any of them, so policies can be
 compared at equal FM cost in seconds.
 
 A policy's ``rank`` returns the candidates it bets on and their priorities; ``admit`` then

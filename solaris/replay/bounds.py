@@ -28,7 +28,7 @@ import numpy as np
 
 from solaris.errors import ConfigError, DataError
 from solaris.eval.metrics import auc
-from solaris.replay.log import RequestLog
+from solaris.simulate.log import RequestLog
 from solaris.online.verifier import top_count
 
 

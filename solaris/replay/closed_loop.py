@@ -60,8 +60,9 @@ from solaris.online.scales import PAIR
 from solaris.errors import ConfigError
 from solaris.eval.metrics import point_ci
 from solaris.history import HistoryStore
-from solaris.replay.coverage import ceiling_mask, simulate_pair_coverage
-from solaris.replay.log import RequestLog
+from solaris.replay.coverage import ceiling_mask
+from solaris.simulate.coverage import simulate_pair_coverage
+from solaris.simulate.log import RequestLog
 from solaris.replay.schedule import knn_due
 from solaris.tiers import Tier
 
@@ -210,7 +211,7 @@ class LoopContext:
 def run_arm(ctx: LoopContext, arm: str, opts: LoopOptions,
             progress: Callable[[int], None] | None = None) -> ArmLog:
     """One arm over the whole window, request by request in event order."""
-    from solaris.eval.served import put_writes, select_slots, worker_vectors
+    from solaris.simulate.served import put_writes, select_slots, worker_vectors
     from solaris.online.scoring import ScoreRequest
 
     cfg, lg = ctx.cfg, ctx.lg
@@ -491,7 +492,7 @@ def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions,
     fitted ``GroundTruth`` and ``ds`` the log relabelled by it (``rating_truth.relabel``); the
     arrivals are the replay's requests (``build_request_log``: the real per-user request
     times, the causal retrieval of the real log), unlabelled."""
-    from solaris.eval.served import knn_tables_as_of, user_knn_from_log
+    from solaris.simulate.served import knn_tables_as_of, user_knn_from_log
     from solaris.features import FeatureTables
     from solaris.precompute.worker import PrecomputeWorker, load_models
     from solaris.replay.prepare import seed_history, window
@@ -510,7 +511,7 @@ def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions,
         def make_truth():
             return SessionTruth(world, arr)
     elif cfg.data.dataset == "movielens" and truth is not None:
-        from solaris.replay.log import build_request_log
+        from solaris.simulate.log import build_request_log
 
         lg = build_request_log(ds, start, num_candidates=opts.candidates,
                                granularity_s=cfg.features.request_granularity_s,

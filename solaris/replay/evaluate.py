@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from solaris.cache.query import Slots
 from solaris.eval import metrics as M
-from solaris.eval.served import select_slots
+from solaris.simulate.served import select_slots
 from solaris.online.scoring import ScoreRequest, VMScorer
 from solaris.tiers import NUM_TIERS, STEPS, Tier
 

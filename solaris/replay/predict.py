@@ -6,7 +6,7 @@ simulates serving on the validation period (the latest period before the window)
 shipped artifacts: the verifier ranks the period's requests by the VM alone, the speculation
 schedule decides which pairs the FM workers compute and when (``solaris.replay.coverage``),
 the workers' vectors go into an in-process ``PairStore`` and each request is looked up with
-the router's own code (``solaris.eval.served.simulate_serving``). The rows are then re-scored
+the router's own code (``solaris.simulate.served.simulate_serving``). The rows are then re-scored
 exactly as the replay re-scores its feature log (``solaris.replay.evaluate``): the served VM,
 the VM alone and the FM snapshot on the same rows, TR raw and calibrated (Platt on the first
 half by request time, measured on the second), and beside it the calibrated TR with both
@@ -182,13 +182,13 @@ def served_period(art_dir: Path, manifest: dict, past: Dataset, cfg: SolarisConf
     measure it as the replay measures its window."""
     from solaris.data.split import Periods, vertical_mask
     from solaris.eval import metrics as M
-    from solaris.eval.served import simulate_period
+    from solaris.simulate.served import simulate_period
     from solaris.features import FeatureTables
     from solaris.precompute.worker import load_models
     from solaris.replay.coverage import coverage_by_tier
     from solaris.replay.evaluate import (base_calibrated_tr, calibrated_tr_ci, crossfit_tr,
                                          gain_per_row, halves, score, transfer)
-    from solaris.replay.log import build_request_log
+    from solaris.simulate.log import build_request_log
     from solaris.online.scales import ScaleTable
     from solaris.online.scoring import Artifacts, VMScorer
     from solaris.train.artifacts import load_base

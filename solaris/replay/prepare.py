@@ -69,28 +69,3 @@ def seed_history(ds: Dataset, start_ts: int, max_events: int
     return (users[keep].astype(np.int64), t.column(ITEM).to_numpy()[:n][keep].astype(np.int64),
             t.column(SURFACE).to_numpy()[:n][keep].astype(np.int32),
             labels.astype(np.float64), ts[keep].astype(np.float64))
-
-
-def row_index(ds: Dataset, users: np.ndarray, items: np.ndarray, req_ts: np.ndarray,
-              within_s: float) -> np.ndarray:
-    """For each labelled replay pair (user, item, request time): the interaction row it came
-    from -- the first row of that (user, item) at or after the request time and less than
-    ``within_s`` later (a synthetic request's rows share its time; a MovieLens request
-    gathers a user's ratings of one time bucket). -1 where none."""
-    t = ds.interactions
-    u = t.column(USER).to_numpy().astype(np.int64)
-    i = t.column(ITEM).to_numpy().astype(np.int64)
-    ts = t.column(TS).to_numpy().astype(np.int64)
-    order = np.lexsort((ts, i, u))
-    key = np.stack([u[order], i[order], ts[order]], 1)
-    q = np.stack([np.asarray(users, np.int64), np.asarray(items, np.int64),
-                  np.asarray(req_ts, np.int64)], 1)
-    # lexicographic searchsorted via a structured view
-    dt = np.dtype([("u", np.int64), ("i", np.int64), ("t", np.int64)])
-    kv = np.ascontiguousarray(key).view(dt).ravel()
-    qv = np.ascontiguousarray(q).view(dt).ravel()
-    pos = np.searchsorted(kv, qv, side="left")
-    ok = pos < len(kv)
-    pc = np.minimum(pos, len(kv) - 1)
-    ok &= (key[pc, 0] == q[:, 0]) & (key[pc, 1] == q[:, 1]) & (key[pc, 2] - q[:, 2] < within_s)
-    return np.where(ok, order[pc], -1)

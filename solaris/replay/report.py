@@ -21,7 +21,7 @@ PAIR_TIERS = LABELS[Tier.PAIR:]  # pair, user_neighbour, item_neighbour
 def served_rows(lg: Any, live: dict, ds: Any, within_s: float):
     """The labelled rows as served (``ServedRows``) and their interaction rows (-1: none)."""
     from solaris.replay.evaluate import ServedRows
-    from solaris.replay.prepare import row_index
+    from solaris.simulate.log import row_index
 
     r_idx, c_idx = np.nonzero(lg.labelled)
     ok = ~np.isnan(live["scores"][r_idx, c_idx]) & np.isin(r_idx, list(live["feats"]))
@@ -227,8 +227,8 @@ def coverage_report(lg: Any, live: dict, cfg: SolarisConfig, *, lag_s: float, ti
                     budget_per_hour: float, seed: int = 0) -> dict[str, Any]:
     """Coverage by tier as served, the ceiling, and the key-level schedule with the served
     scores (a cross-check of the live queue) and with random picks (the baseline)."""
-    from solaris.replay.coverage import (coverage_by_tier, coverage_ceiling,
-                                         simulate_pair_coverage)
+    from solaris.replay.coverage import coverage_by_tier, coverage_ceiling
+    from solaris.simulate.coverage import simulate_pair_coverage
 
     lab = lg.labelled & (live["tiers"] >= 0)
     cov = coverage_by_tier(live["tiers"][lab].astype(np.int64), live["agg"][lab])

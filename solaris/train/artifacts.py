@@ -11,7 +11,7 @@ Layout of the artifact directory::
 A serving VM is residual (``solaris/models/residual.py``): its VM alone (``vm_<task>_alone.pt``,
 the very weights inside it) plus a pair-slot correction trained on every VM-period row on
 cross-fitted base logits; the imputed tiers' correction and the aggregate's are trained on
-simulated serving of the VM period (``solaris.eval.served``), and every scale is chosen on the
+simulated serving of the VM period (``solaris.simulate.served``), and every scale is chosen on the
 validation period served the same way (0: not looked up). ``coverage`` is the
 pair coverage its test figure in the manifest is measured at.
 """
@@ -38,8 +38,8 @@ from solaris.precompute.worker import SideTables
 from solaris.models.vm import VerticalModel
 from solaris.train.checkpoint import load_checkpoint, save_checkpoint
 from solaris.train.teacher import build_teacher, vm_inputs, z_at_age
-from solaris.eval.schedule import simulated_presence, window_log
-from solaris.eval.served import simulate_period
+from solaris.simulate.schedule import simulated_presence, window_log
+from solaris.simulate.served import simulate_period
 from solaris.train.residual import (crossfit_base, fit_pair_as_served, fit_served_tiers,
                                     residual_meta, train_base, training_verifier)
 from solaris.train.vertical import coverage_mask, predict_vm

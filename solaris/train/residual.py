@@ -45,7 +45,7 @@ class CrossFit:
         not train on that row (the first such row, where a pair repeats); any other by model
         ``key % folds`` of its pair key. So a training-period schedule simulation ranks as the
         base ranks unseen pairs when it serves."""
-        from solaris.eval.schedule import candidate_scores
+        from solaris.simulate.schedule import candidate_scores
 
         n_items = int(tables.num_items)
         keys = tables.user[self.rows].astype(np.int64) * n_items + tables.item[self.rows]
@@ -421,7 +421,7 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
                      pair_curves: dict[str, dict[str, float]] | None = None) -> TierFit:
     """Extend the chosen pair correction to every input the router serves.
 
-    ``train_slots`` / ``val_slots`` (``solaris.eval.served.ServedSlots``): the VM and the
+    ``train_slots`` / ``val_slots`` (``solaris.simulate.served.ServedSlots``): the VM and the
     validation period's rows as simulated serving gives them; ``base_logits``: the training
     rows' out-of-sample base logits (len(train_slots.rows),). The own pair is read exactly as
     ``pair_model`` reads it (its correction and scale). The imputed tiers get their own

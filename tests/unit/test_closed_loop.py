@@ -154,7 +154,7 @@ def test_an_arms_interaction_log_is_what_it_showed_after_the_log_before() -> Non
 
     from solaris.data.schema import interaction_schema
     from solaris.replay.closed_loop import arm_interactions, empty_log
-    from solaris.replay.log import RequestLog
+    from solaris.simulate.log import RequestLog
 
     tasks = ("like", "love")
     before = pa.table({"seq": [0, 1], "user_id": [4, 5], "item_id": [9, 8], "ts": [10, 11],

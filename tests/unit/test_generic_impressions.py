@@ -20,7 +20,7 @@ from solaris.data.generic import ColumnMapping, FeatureColumns, load_generic, lo
 from solaris.data.load import load_dataset
 from solaris.data.movielens import load_movielens
 from solaris.errors import ConfigError, DataError
-from solaris.replay.log import build_request_log
+from solaris.simulate.log import build_request_log
 from tests.tiny import TINY, tiny_movielens
 
 NAN = float("nan")

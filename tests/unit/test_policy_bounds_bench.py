@@ -38,7 +38,7 @@ def _run(path: Path, seed: int = 0) -> Path:
 
 
 def test_every_policy_and_bound_is_judged_on_all_and_on_ranked_slots(tmp_path) -> None:
-    from solaris.replay.coverage import simulate_pair_coverage
+    from solaris.simulate.coverage import simulate_pair_coverage
 
     run = _run(tmp_path / "run")
     row = bench.per_run(run, 0.2)

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from solaris.errors import ConfigError, DataError
 from solaris.replay.coverage import (ceiling_mask, coverage_by_tier, coverage_ceiling,
-                                     coverage_over_time, simulate_pair_coverage)
+                                     coverage_over_time)
+from solaris.simulate.coverage import simulate_pair_coverage
 from solaris.replay.plots import coverage_time_plot, rollover_plot, sweep_plot
 from solaris.replay.schedule import Ticks
 from tests.tiny import request_log

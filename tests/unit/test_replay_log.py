@@ -11,7 +11,7 @@ from solaris.config import SyntheticConfig
 from solaris.data.schema import Dataset, FeatureSpec, interaction_schema, request_schema
 from solaris.data.synthetic import generate
 from solaris.errors import DataError
-from solaris.replay.log import (RequestLog, build_request_log, check_causal, log_from_table,
+from solaris.simulate.log import (RequestLog, build_request_log, check_causal, log_from_table,
                                 log_to_table)
 
 H = 3600

@@ -9,7 +9,8 @@ import pytest
 
 from solaris.data.schema import Dataset, FeatureSpec, interaction_schema
 from solaris.errors import DataError
-from solaris.replay.prepare import check_trained_before, row_index, seed_history
+from solaris.replay.prepare import check_trained_before, seed_history
+from solaris.simulate.log import row_index
 
 
 

@@ -7,7 +7,7 @@ import torch
 
 from solaris.config import load_config
 from solaris.data.load import load_dataset
-from solaris.eval.schedule import candidate_scores
+from solaris.simulate.schedule import candidate_scores
 from solaris.eval.transfer import TransferExperiment
 from solaris.models.residual import ResidualVM
 from solaris.train.residual import crossfit_base, train_residual, vm_logits

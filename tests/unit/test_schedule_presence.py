@@ -9,7 +9,7 @@ import pytest
 
 from solaris.config import load_config
 from solaris.data.load import load_dataset
-from solaris.eval.schedule import candidate_scores, simulated_presence, window_log
+from solaris.simulate.schedule import candidate_scores, simulated_presence, window_log
 from solaris.eval.transfer import TransferExperiment
 from solaris.train.vertical import VMSpec, train_vm
 from tests.tiny import THREADS, TINY

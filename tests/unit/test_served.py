@@ -1,4 +1,4 @@
-"""Simulated serving (``solaris.eval.served``): the worker's z over the event log equals the
+"""Simulated serving (``solaris.simulate.served``): the worker's z over the event log equals the
 teacher's, the own-pair tier equals the key-level simulation's presence, the tiers come in
 lookup order with ages inside the read TTL, and what it trains (imputed tiers, aggregate)
 leaves the own pair and the rows without inputs exactly as they were."""
@@ -11,13 +11,13 @@ import torch
 
 from solaris.config import load_config
 from solaris.data.load import load_dataset
-from solaris.eval.schedule import candidate_scores, window_log
-from solaris.eval.served import (TableHistory, knn_tables_as_of, select_slots,
+from solaris.simulate.schedule import candidate_scores, window_log
+from solaris.simulate.served import (TableHistory, knn_tables_as_of, select_slots,
                                  simulate_serving, write_vectors)
 from solaris.eval.transfer import TransferExperiment
 from solaris.history import HistoryStore
 from solaris.models.residual import ResidualVM
-from solaris.replay.coverage import simulate_pair_coverage
+from solaris.simulate.coverage import simulate_pair_coverage
 from solaris.tiers import Tier
 from solaris.eval.metrics import clustered_se
 from solaris.train.residual import GUARDED_INPUTS, choose_scale_guarded, family_z, guard_z
@@ -481,7 +481,7 @@ def test_the_training_period_can_be_ranked_by_the_cross_fitted_models(world):
     """``residual.train_verifier: crossfit`` (the default): the VM period's simulation ranks
     by the cross-fitted models' out-of-sample scores (``CrossFit.verifier``), not the base
     that trained on those rows (``base``); later periods keep the base."""
-    from solaris.eval.served import simulate_period
+    from solaris.simulate.served import simulate_period
     from solaris.train.residual import crossfit_base, training_verifier
 
     cfg, exp, teacher, base, inputs, *_ = world

@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from solaris.config import VerifierConfig
 from solaris.errors import ConfigError
-from solaris.replay.coverage import coverage_ceiling, simulate_pair_coverage
+from solaris.replay.coverage import coverage_ceiling
+from solaris.simulate.coverage import simulate_pair_coverage
 from solaris.precompute.speculation import (FEATURES, Candidates, LearnedPolicy, OraclePolicy, RandomPolicy,
                                  RecurrencePolicy, ReturnsOraclePolicy, VerifierPolicy, admit,
                                  make_policy, top_count)

@@ -36,9 +36,9 @@ from solaris.models.batch import vm_batch
 from solaris.models.fm import FoundationModel
 from solaris.precompute.pqueue import Group
 from solaris.precompute.worker import PrecomputeWorker, SideTables
-from solaris.replay.coverage import simulate_pair_coverage
-from solaris.replay.log import RequestLog
-from solaris.replay.prepare import row_index
+from solaris.simulate.coverage import simulate_pair_coverage
+from solaris.simulate.log import RequestLog
+from solaris.simulate.log import row_index
 from solaris.tiers import Tier
 
 _TS_BITS = 33  # event times below 2**33 s (year 2242) fit beside the user id in one int64
@@ -317,7 +317,7 @@ def simulate_period(cfg: SolarisConfig, ds: Dataset, tables: FeatureTables, peri
     (or by ``verifier``: (users, items, surfaces) -> probabilities, e.g. the cross-fitted
     models' out-of-sample scores, ``CrossFit.verifier``), KNN tables as of the period's
     start."""
-    from solaris.eval.schedule import candidate_scores, window_log
+    from solaris.simulate.schedule import candidate_scores, window_log
 
     start = {"vm": periods.cuts[0], "val": periods.cuts[1], "test": periods.cuts[2]}
     if period not in start:

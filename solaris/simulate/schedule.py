@@ -2,7 +2,7 @@
 
 Random presence at coverage c tells how TR scales with c; the schedule decides *which* rows
 are covered. Here the test period becomes the replay's request log (the same requests and
-candidate lists: ``solaris.replay.log``), the verifier ranks every candidate by the VM alone
+candidate lists: ``solaris.simulate.log``), the verifier ranks every candidate by the VM alone
 (as it does in serving, so the pattern does not depend on the model under test), and the
 key-level schedule simulation (``solaris.replay.coverage``, which reproduces the live
 replay's pair coverage) says which labelled pairs would have been found fresh in the cache.
@@ -20,9 +20,9 @@ from solaris.data.split import Periods
 from solaris.features import FeatureTables
 from solaris.models.batch import vm_batch
 from solaris.models.vm import VerticalModel
-from solaris.replay.coverage import simulate_pair_coverage
-from solaris.replay.log import RequestLog, build_request_log
-from solaris.replay.prepare import row_index
+from solaris.simulate.coverage import simulate_pair_coverage
+from solaris.simulate.log import RequestLog, build_request_log
+from solaris.simulate.log import row_index
 
 
 @torch.no_grad()

@@ -1,0 +1,2 @@
+"""Evaluation: metrics (product code: training fits and reports with them) and the offline
+reports (research: the transfer report, ablations, tables and plots)."""
