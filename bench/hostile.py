@@ -82,7 +82,7 @@ class App:
         p = requests.get(self.base + "/stats", timeout=30).json()["precompute"]
         spec = p["speculation"]
         return {"entries": p["cache_entries"], "expired": spec["shard_expired"],
-                "clock_refused": spec.get("shard_clock_refused", 0)}
+                "clock_refused": spec["shard_clock_refused"]}
 
 
 def warm(app: App, **extra: Any) -> dict:

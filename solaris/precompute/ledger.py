@@ -26,7 +26,8 @@ from solaris.errors import RequestError
 
 # the shard counters speculation_report sums (every PairStore counts them)
 SHARD_COUNTERS = ("expired", "expired_unread", "replaced", "replaced_read", "evicted_live",
-                  "evicted_read", "duplicates")
+                  "evicted_read", "duplicates",
+                  "clock_refused")  # calls refused for an event time too far ahead
 
 
 class CostLedger:
