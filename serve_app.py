@@ -32,7 +32,9 @@ __all__ = ["FeedbackRequest", "LookupRouter", "Precompute", "RankRequest", "Rank
 def build_app(args: dict[str, str] | None = None) -> Any:
     """The Serve application. ``args`` (``serve run serve_app:build_app key=value``):
     ``config`` (YAML of the config tree), ``artifacts`` (a directory; a comma-separated list
-    rolls out the later versions), ``mode`` (solaris | vm | inline), ``app_id``."""
+    rolls out the later versions), ``mode`` (solaris | vm | inline), ``app_id``, ``profile``
+    (serving | cluster | replay: whose clock event time is, and who may call what;
+    ``serve/auth.py``)."""
     settings = settings_from_args(args or {})
     cfg = load_config(settings.get("config"), settings.get("overrides"))
     if not settings["artifact_dirs"]:
