@@ -22,7 +22,7 @@ from serve.precompute import Precompute
 from serve.router import LookupRouter
 from serve.vm import VMReplicas
 from solaris.config import load_config
-from solaris.online.scoring import Artifacts
+from solaris.artifacts import Artifacts
 from solaris.online.serving import default_artifacts_dir, ensure_artifacts, settings_from_args
 
 __all__ = ["FeedbackRequest", "LookupRouter", "Precompute", "RankRequest", "RankResponse",

@@ -75,8 +75,9 @@ from actors.queue import QueueClient
 from solaris.config import PrecomputeConfig, check_history_at
 from solaris.errors import ConfigError
 from solaris.precompute.pqueue import Lease
-from solaris.precompute.worker import (HistoryProvider, PrecomputeWorker, SideTables, WindowHistory,
-                                describe_device, device_sizes, load_models)
+from solaris.artifacts import SideTables, load_models
+from solaris.precompute.worker import (HistoryProvider, PrecomputeWorker, WindowHistory,
+                                describe_device, device_sizes)
 
 log = logging.getLogger(__name__)
 
@@ -167,11 +168,9 @@ class FMWorker:
             self._hook.remove()
             self._hook = None
         self._fault = fault
-        if fault == "mid_forward":  # inside the candidate part, after the request part ran
-            fm = self._worker.fm
-            target = getattr(fm, "inter_proj", None)
-            target = self._worker.encoder if target is None else target
-            self._hook = target.register_forward_hook(lambda *_: self._exit("mid_forward"))
+        if fault == "mid_forward":  # in the candidate blocks, after the request part ran
+            self._hook = self._worker.encoder.register_forward_hook(
+                lambda *_: self._exit("mid_forward"))
 
     def _exit(self, where: str) -> None:
         log.warning("FM worker %d: fault %r armed, exiting", self._id, where)

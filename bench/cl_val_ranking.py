@@ -53,8 +53,8 @@ def run_one(run: Path, truth: str, data_dir: str, resamples: int) -> dict:
     from solaris.data.split import time_split
     from solaris.eval import metrics as M
     from solaris.features import FeatureTables
-    from solaris.online.scoring import Artifacts, load_vm
-    from solaris.precompute.worker import load_models
+    from solaris.artifacts import Artifacts
+    from solaris.artifacts import load_models
     from solaris.train.teacher import Teacher, vm_inputs
     from solaris.train.vertical import vm_logits
 
@@ -72,7 +72,7 @@ def run_one(run: Path, truth: str, data_dir: str, resamples: int) -> dict:
     fm, enc, version = load_models(art)
     probs, inputs = vm_inputs(Teacher(fm, enc, None, version), tables, cfg.features)
     task = manifest["tasks"][0]
-    model, base, meta = load_vm(Artifacts.open(art), task)
+    model, base, meta = Artifacts.open(art).vm(task)
     val = periods.val
     y = tables.labels[val, 0].astype(np.float64)
     user = tables.user[val]

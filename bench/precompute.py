@@ -77,7 +77,7 @@ def build(work: Path, shape: dict | None = None) -> dict:
     from solaris.features import FeatureTables
     from solaris.history import HistoryStore
     from solaris.models.flops import fm_candidate_flops, fm_request_flops, flops_per_pair
-    from solaris.precompute.worker import SideTables, load_models
+    from solaris.artifacts import SideTables, load_models
     from solaris.train.artifacts import train_artifacts
 
     torch.set_num_threads(1)
@@ -140,7 +140,8 @@ def measure_fm_only(w: dict, work: Path, trials: int, pairs: int, lease_pairs: i
     median over interleaved trials of pairs/s."""
     import torch
 
-    from solaris.precompute.worker import PrecomputeWorker, load_models
+    from solaris.artifacts import load_models
+    from solaris.precompute.worker import PrecomputeWorker
 
     torch.set_num_threads(1)
     fm, enc, version = load_models(work)

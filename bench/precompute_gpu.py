@@ -97,7 +97,8 @@ def settings(devices: list[str], threads: list[int], blocks: list[tuple[int, int
 
 def workers(w: dict, work: Path, sets: list) -> dict:
     """One ``PrecomputeWorker`` per setting, each on its own copy of the models."""
-    from solaris.precompute.worker import PrecomputeWorker, describe_device, load_models
+    from solaris.artifacts import load_models
+    from solaris.precompute.worker import PrecomputeWorker, describe_device
 
     out = {}
     for name, dev, _, (b_req, b_pairs) in sets:
@@ -152,7 +153,7 @@ def check_user_encoder(w: dict, work: Path, sets: list) -> dict:
     import torch
 
     from solaris.knn.user_encoder import UserEncoder
-    from solaris.precompute.worker import load_models
+    from solaris.artifacts import load_models
 
     rng = np.random.default_rng(3)
     users = rng.choice(w["num_users"], min(512, w["num_users"]), replace=False)

@@ -56,8 +56,7 @@ def run_rates(run: Path, task: str | None) -> dict:
     from solaris.simulate.schedule import candidate_scores
     from solaris.simulate.served import simulate_period
     from solaris.features import FeatureTables
-    from solaris.precompute.worker import load_models
-    from solaris.train.artifacts import load_base
+    from solaris.artifacts import Artifacts, load_models
 
     cfg = load_config(run / "replay-config.yaml")
     ds = load_dataset(cfg.data)
@@ -69,7 +68,7 @@ def run_rates(run: Path, task: str | None) -> dict:
     tables = FeatureTables(ds, cfg.features)
     art = run / "artifacts"
     fm, encoder, version = load_models(art)
-    base, _, _ = load_base(art, task)
+    base, _, _ = Artifacts.open(art).vm_alone(task)
     out: dict = {"run": str(run), "task": task}
     for per in ("vm", "val", "test"):
         sv = simulate_period(cfg, ds, tables, periods, base, fm, encoder, version, per, 0)

@@ -221,7 +221,8 @@ def fm_blocks(artifacts: str, trials: int = 7, pairs: int = 1024,
     from solaris.history import HistoryStore
     from solaris.online.scoring import Artifacts
     from solaris.precompute.pqueue import Group
-    from solaris.precompute.worker import PrecomputeWorker, load_models
+    from solaris.artifacts import load_models
+    from solaris.precompute.worker import PrecomputeWorker
 
     art = Artifacts.open(artifacts)
     fm, enc, version = load_models(art.root)

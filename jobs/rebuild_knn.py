@@ -107,7 +107,7 @@ def side_tables(data: DataDir) -> Any:
     from solaris.config import FeatureConfig
     from solaris.data.schema import Dataset, FeatureSpec, interaction_schema
     from solaris.features import FeatureTables
-    from solaris.precompute.worker import SideTables
+    from solaris.artifacts import SideTables
 
     meta = data.meta()
     tasks = tuple(meta["tasks"])
@@ -275,7 +275,7 @@ def rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConfi
     import torch
 
     from solaris.knn.tables import build_table, new_version, publish
-    from solaris.precompute.worker import load_models
+    from solaris.artifacts import load_models
     from solaris.knn.user_encoder import item_embeddings
 
     t0 = time.perf_counter()
@@ -294,9 +294,9 @@ def rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConfi
     out["as_of"] = as_of
     out["embed_s"] = round(time.perf_counter() - t, 2)
     log.info("embedded %d users (%d-d) in %.1fs", len(users), uvec.shape[1], out["embed_s"])
+    ivec = item_embeddings(fm)  # (num_items, I)
     for kind, ids, vecs, k in (("user", users, uvec, cfg.k),
-                               ("item", np.arange(fm.item_emb.num_embeddings - 1),
-                                item_embeddings(fm), cfg.item_k)):
+                               ("item", np.arange(len(ivec)), ivec, cfg.item_k)):
         t = time.perf_counter()
         table, live = build_table(kind, ids, vecs, k, cfg, version, _bar(f"{kind} neighbours"))
         publish(out_uri, table, cfg, live)

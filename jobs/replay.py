@@ -55,6 +55,7 @@ if str(ROOT) not in sys.path:  # `python jobs/replay.py` from anywhere
     sys.path.insert(0, str(ROOT))
 
 from solaris import atomic  # noqa: E402
+from solaris.artifacts import Artifacts  # noqa: E402
 from solaris.clock import event_clock, replay_skew  # noqa: E402
 from solaris.config import (ScheduleConfig, SolarisConfig, config_to_dict,  # noqa: E402
                             load_config, parse_overrides, with_overrides)
@@ -171,7 +172,7 @@ class LiveReplay:
                 train_artifacts(c, ds, d, seed=o.seed + i, evaluation=True,
                                 base_dir=self.art_dirs[0] if i else None)
         self.artifacts_seconds = round(time.perf_counter() - t0, 1)
-        self.manifests = [json.loads((d / "manifest.json").read_text()) for d in self.art_dirs]
+        self.manifests = [Artifacts.open(d).manifest for d in self.art_dirs]
         for m in self.manifests:
             check_trained_before(m, self.start)
             if (why := served_unlike_trained(m, cfg)):
@@ -830,15 +831,12 @@ def base_scores(lg: Any, live: dict, art_dirs: list[Path], task: str) -> np.ndar
     """(R, C) the scores the verifier ranked by: the VM alone inside each request's served
     VM (the same weights, ``vm_<task>_alone.pt``), re-scored in process; NaN where the
     request was not served."""
-    import dataclasses
-
-    from solaris.online.scoring import Artifacts, ScoreRequest, VMScorer
+    from solaris.online.scoring import ScoreRequest, VMScorer
 
     out = np.full(lg.candidates.shape, np.nan, np.float32)
     for d in art_dirs:
         art = Artifacts.open(d)
-        alone = VMScorer(dataclasses.replace(art, vm_files={task: f"vm_{task}_alone.pt"}),
-                         task, art.side_tables())
+        alone = VMScorer(art, task, art.side_tables(), alone=True)
         rows = [r for r in range(lg.num_requests) if live["vm_version"][r] == art.version]
         for lo in range(0, len(rows), 256):
             part = rows[lo:lo + 256]
@@ -853,7 +851,6 @@ def evaluate_only(out: Path) -> int:
     """Recompute the transfer figures of a finished replay from ``OUT/feature_log.npz`` and
     rewrite them into ``OUT/replay.json``."""
     from solaris.replay.report import json_default, summary_table, transfer_from_log
-    from solaris.online.scoring import Artifacts
 
     path = out / "replay.json"
     if not path.exists() or not (out / "feature_log.npz").exists():

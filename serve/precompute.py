@@ -3,7 +3,6 @@ queue's depth), the queue and cache gauges, and the replay's stepping of the wor
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from typing import Any
@@ -14,7 +13,7 @@ from ray.util import metrics as ray_metrics
 from serve.backend import Backend
 from solaris.config import load_config
 from solaris.precompute.ledger import speculation_report
-from solaris.online.scoring import Artifacts
+from solaris.artifacts import Artifacts
 from solaris.train.artifacts import served_unlike_trained
 
 log = logging.getLogger("solaris.serve")
@@ -32,8 +31,7 @@ class Precompute:
         self.pools = {}
         for d in settings["artifact_dirs"]:
             art = Artifacts.open(d)
-            if (why := served_unlike_trained(json.loads((art.root / "manifest.json")
-                                                        .read_text()), cfg)):
+            if (why := served_unlike_trained(art.manifest, cfg)):
                 log.warning("%s", why)
             pool = WorkerPool(cfg.precompute, art.root, art.side_tables(),
                               None, self.backend.queue,  # None: live history on the shards

@@ -6,7 +6,6 @@ history store and hands the verifier's picks to the precompute queue. Also ``/fe
 ``/scales``, ``/healthz``, ``/stats``."""
 
 import asyncio
-import json
 import logging
 import threading
 import time
@@ -30,10 +29,10 @@ from solaris.online import verifier
 from solaris.cache.query import Slots
 from solaris.clock import ClockSkewError, SkewGuard, event_clock
 from solaris.config import SolarisConfig, config_to_dict, load_config
-from solaris.errors import RequestError
 from solaris.online.rollout import RolloutPolicy
 from solaris.online.scales import ScaleError, ScaleTable
-from solaris.online.scoring import (Artifacts, InlineFM, PackedSlots, ResidualHead,
+from solaris.artifacts import Artifacts
+from solaris.online.scoring import (InlineFM, PackedSlots, ResidualHead,
                                     ScoreRequest, decode_scores, encode_score_request)
 from solaris.knn.neighbours import NeighbourTable
 from solaris.online.serving import AfterAnswer, ColdStartMemo, is_cold
@@ -61,24 +60,19 @@ class LookupRouter:
         self.arts = {a.version: a for a in arts}
         self.tasks = sorted({t for a in arts for t in a.tasks})
         # the VMs' scales, live: a tier at 0 in every VM of a version is not looked up
-        self.scales = ScaleTable({a.version: json.loads((a.root / "manifest.json").read_text())
-                                  for a in arts})
+        self.scales = ScaleTable({a.version: a.manifest for a in arts})
         self.policy = RolloutPolicy({t: [a.version for a in arts if t in a.tasks]
                                      for t in self.tasks}, cfg.serve.rollout_threshold,
                                     cfg.serve.rollout_min_lookups)
-        # a residual VM's corrections, run here while the VM replica runs the VM alone beside
-        # the lookup round (serve.overlap); None for a jointly trained VM (one forward there)
-        self.heads: dict[tuple[str, str], ResidualHead | None] = {}
+        # each VM's corrections, run here while the VM replica runs the VM alone beside the
+        # lookup round (serve.overlap; without it the replica runs both)
+        self.heads: dict[tuple[str, str], ResidualHead] = {}
         if cfg.serve.overlap:
             import torch
 
             torch.set_num_threads(1)  # as the VM replicas: the corrections round as theirs do
-            for a in arts:
-                for t in a.tasks:
-                    try:
-                        self.heads[(a.version, t)] = ResidualHead(a, t, cfg.cache.read_ttl_s)
-                    except RequestError:  # a jointly trained VM
-                        self.heads[(a.version, t)] = None
+            self.heads = {(a.version, t): ResidualHead(a, t, cfg.cache.read_ttl_s)
+                          for a in arts for t in a.tasks}
         self.backend = Backend(cfg, settings)
         self.knn = knn_tables(cfg, settings["app_id"])
         self._knn_poll: Any = None  # the pointer poll running on a thread, if any
@@ -184,7 +178,7 @@ class LookupRouter:
         try:
             with self._inline_lock:
                 if self._user_enc is None:
-                    from solaris.precompute.worker import load_models
+                    from solaris.artifacts import load_models
                     from solaris.knn.user_encoder import UserEncoder
 
                     art = self.arts[self.policy.active[self.tasks[0]]]

@@ -59,6 +59,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     ds = _load(cfg, args.fetch)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.compare_fm:
+        return _compare_fms(args, cfg, ds, out)
     ab_seeds = (args.ablation_seeds or cfg.report.seeds) if args.ablations else 0
     bar = _Bar(transfer_steps(cfg, ds) + ablation_steps(ab_seeds), f"transfer {ds.name}")
     try:
@@ -71,6 +73,42 @@ def cmd_report(args: argparse.Namespace) -> int:
     png = coverage_plot(report, out / "transfer_coverage.png")
     print(transfer_table(report))
     print(f"wrote {out / 'transfer.json'} and {png}")
+    return 0
+
+
+def _compare_fms(args: argparse.Namespace, cfg, ds, out: Path) -> int:
+    """``report transfer --compare-fm``: the report of the config's FM and of each other
+    FM (a config file whose ``fm`` section replaces the config's) on the same seeds."""
+    import yaml
+
+    from solaris.config import with_overrides
+    from solaris.eval.render import coverage_plot, to_json, transfer_table
+    from solaris.eval.transfer import compare_fms, transfer_steps
+
+    cfgs = {cfg.fm.version: cfg}
+    for path in args.compare_fm:
+        fm = (yaml.safe_load(Path(path).read_text()) or {}).get("fm")
+        if not isinstance(fm, dict):
+            raise SolarisError(f"--compare-fm {path}: no fm section there")
+        other = with_overrides(cfg, {f"fm.{k}": v for k, v in fm.items()})
+        if other.fm.version in cfgs:
+            raise SolarisError(f"--compare-fm {path}: fm.version={other.fm.version!r} is "
+                               "already in the comparison (give each FM its own version)")
+        cfgs[other.fm.version] = other
+    bar = _Bar(len(cfgs) * transfer_steps(cfg, ds), f"transfer {ds.name}, {len(cfgs)} FMs")
+    try:
+        report = compare_fms(cfgs, ds, progress=bar)
+    finally:
+        bar.close()
+    atomic.save_text(out / "transfer.json", to_json(report))
+    for label, rep in report["fms"].items():
+        print(f"== FM {label}")
+        print(transfer_table(rep))
+        coverage_plot(rep, out / f"transfer_coverage_{label}.png")
+    for pair, d in report["fm_bce_difference"].items():
+        print(f"FM test BCE difference {pair}: {d['mean_diff']:.4f} (95% CI "
+              f"{d['ci_low']:.4f}..{d['ci_high']:.4f})")
+    print(f"wrote {out / 'transfer.json'} and a coverage plot per FM")
     return 0
 
 
@@ -178,7 +216,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     opts = LoopOptions(shown=shown, explore=args.explore, seed=args.seed,
                        arms=tuple(args.arms), candidates=args.candidates,
                        **({} if args.knn_every_h is None else {"knn_every_h": args.knn_every_h}))
-    if (why := served_unlike_trained(json.loads((art / "manifest.json").read_text()), cfg)):
+    from solaris.artifacts import Artifacts
+
+    if (why := served_unlike_trained(Artifacts.open(art).manifest, cfg)):
         print(f"note: {why}")
     ctx = prepare(cfg, ds, art, opts, truth=truth)
     bar = tqdm(total=ctx.lg.num_requests * len(opts.arms), desc="closed loop", unit="req",
@@ -218,8 +258,9 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             raise SolarisError(f"--replay {args.replay}: no replay.json there")
         online = json.loads(path.read_text())
     ds = _load(_config(args), getattr(args, "fetch", False))
-    manifest = json.loads((art / "manifest.json").read_text())
-    cfg = with_overrides(config_from_dict(manifest["config"]),
+    from solaris.artifacts import Artifacts
+
+    cfg = with_overrides(config_from_dict(Artifacts.open(art).manifest["config"]),
                          parse_overrides(args.set or []))
     bar = _Bar(3 + (args.backtest is not None), "estimate")
     try:
@@ -282,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--out", required=True, type=Path)
     tr.add_argument("--ablations", action="store_true", help="also run the ablations")
     tr.add_argument("--ablation-seeds", type=int, help="seeds for the ablations")
+    tr.add_argument("--compare-fm", action="append", metavar="CONFIG", default=[],
+                    help="another FM beside the config's, on the same seeds: a config file "
+                    "whose fm section replaces the config's (repeatable)")
     tr.set_defaults(fn=cmd_report)
 
     t = sub.add_parser("train", help="train FM, encoder and one serving VM per task")

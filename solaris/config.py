@@ -164,8 +164,19 @@ class FMConfig:
     head_hidden: int = 64  # per-task head hidden width
     dropout: float = 0.1  # dropout in the interaction stack
     version: str = "fm-v1"  # travels with every embedding this FM (and its encoder) makes
+    # the FM's class, "package.module:Class" (solaris/models/api.py); the built-in reads the
+    # fields above, another class is built with its own keyword arguments, ``kwargs``
+    cls: str = "solaris.models.fm:FoundationModel"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    # an already-trained FM: a state dict (``torch.save``) or an ``fm.pt`` of ``solaris
+    # train``, read by ``cls``; training then fits only the encoder and the VMs ("" = train)
+    weights: str = ""
 
     def __post_init__(self) -> None:
+        _check(isinstance(self.cls, str) and self.cls.count(":") == 1 and all(self.cls.split(":")),
+               "fm.cls", self.cls, "expected 'package.module:Class'")
+        _check(isinstance(self.kwargs, dict), "fm.kwargs", self.kwargs, "must be a mapping")
+        _check(isinstance(self.weights, str), "fm.weights", self.weights, "must be a path or ''")
         for name in ("emb_dim", "seq_heads", "seq_layers", "dense_hidden", "cross_layers",
                      "shared_dim", "head_hidden"):
             v = getattr(self, name)
@@ -208,8 +219,15 @@ class VMConfig:
     # (logit -> a * logit + b): the VM alone every arm shares is then calibrated, so a SOLARIS
     # correction trained on top of it learns what the FM adds, not a recalibration of the base
     calibrate: bool = True
+    # the VM alone's class, "package.module:Class" (solaris/models/api.py); the built-in reads
+    # the fields above, another class is built with its own keyword arguments, ``kwargs``
+    cls: str = "solaris.models.vm:VerticalModel"
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        _check(isinstance(self.cls, str) and self.cls.count(":") == 1 and all(self.cls.split(":")),
+               "vm.cls", self.cls, "expected 'package.module:Class'")
+        _check(isinstance(self.kwargs, dict), "vm.kwargs", self.kwargs, "must be a mapping")
         _check(self.emb_dim >= 1, "vm.emb_dim", self.emb_dim, "must be >= 1")
         _check(len(self.hidden) >= 1 and all(h >= 1 for h in self.hidden), "vm.hidden",
                self.hidden, "must be a non-empty list of positive widths")

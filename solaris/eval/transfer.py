@@ -522,12 +522,15 @@ def transfer_steps(cfg: SolarisConfig, ds: Dataset) -> int:
     return cfg.report.seeds * (1 + len(transfer_tasks(ds)) * STAGES_PER_TASK)
 
 
-def run_transfer(cfg: SolarisConfig, ds: Dataset, progress: Progress | None = None) -> dict:
-    """The headline report (temporal protocol) for the main task and the second task."""
+def run_transfer(cfg: SolarisConfig, ds: Dataset, progress: Progress | None = None,
+                 runs: dict[int, list[SeedRun]] | None = None) -> dict:
+    """The headline report (temporal protocol) for the main task and the second task;
+    ``runs``, where given, receives each task's seed runs (``compare_fms`` reads them)."""
     t0 = time.perf_counter()
     exp = TransferExperiment(cfg, ds, progress)
     tasks = transfer_tasks(ds)
-    per_task: dict[int, list[SeedRun]] = {t: [] for t in tasks}
+    per_task: dict[int, list[SeedRun]] = {t: [] for t in tasks} if runs is None else runs
+    per_task.update({t: [] for t in tasks})
     for seed in range(cfg.report.seeds):
         for t, run in exp.run_seed(seed, tasks).items():
             per_task[t].append(run)
@@ -562,3 +565,26 @@ def run_transfer(cfg: SolarisConfig, ds: Dataset, progress: Progress | None = No
                                           "bce_cal", "auc_cal", "gap", "gap_cal", "gap_significant")}}
     report["seconds"] = round(time.perf_counter() - t0, 1)
     return report
+
+
+def compare_fms(cfgs: dict[str, SolarisConfig], ds: Dataset,
+                progress: Progress | None = None) -> dict:
+    """The transfer report of each FM (``cfgs``: label -> config, the same but for ``fm``)
+    on the same seeds, periods and rows, and each pair of FMs' paired BCE difference on the
+    main task's test rows (seed-mean per-row losses, bootstrap over rows; no FM is expected
+    to win). Every arm but the FM's own is the same run for every FM: a seed's VM alone
+    reads no FM output."""
+    reports, losses = {}, {}
+    for label, cfg in cfgs.items():
+        runs: dict[int, list[SeedRun]] = {}
+        reports[label] = run_transfer(cfg, ds, progress, runs)
+        p = time_split(ds, cfg.split)
+        y = FeatureTables(ds, cfg.features).labels[p.test, 0]
+        losses[label] = np.mean([M.bce_rows(y, r.raw["fm"]) for r in runs[0]], axis=0)
+    first = next(iter(cfgs.values()))
+    labels = list(cfgs)
+    pairs = {f"{a} - {b}": M.paired_bootstrap(losses[a], losses[b], first.report.bootstrap,
+                                              first.report.alpha)
+             for i, a in enumerate(labels) for b in labels[i + 1:]}
+    return {"fms": reports, "fm_bce_difference": pairs, "seeds": first.report.seeds,
+            "dataset": ds.name}

@@ -1,34 +1,22 @@
 """User and item embeddings for the KNN tables, read off the trained FM (DESIGN.md step 7).
 
-**User encoder: the FM's own request tower.** ``FoundationModel.request_part`` turns a
-user's features and event-time history into the user-side inputs of the FM's interaction
-stack. The user embedding is what those inputs contribute to the first shared layer: the
-user-side columns of ``inter_proj``'s weight applied to [user categorical embeddings,
-self-attended pooled history] -- an ``fm.shared_dim`` vector. Why this choice:
-
-- it lives in the space where the FM mixes user and item, so two users close in it get
-  close pair embeddings for the same item -- what user-neighbour imputation assumes;
-- the FM's learned weights decide how much features and history each count (a plain
-  concatenation would weigh them equally);
-- it is *inductive*: the user-id embedding is left out (untrained, random rows for users who
-  arrived after the FM's training period), so a cold-start user with only features and a few
-  events gets an embedding from the same function as everyone in the table. The request's
-  surface (a property of the request, not the user) and the continuous user features (mixed
-  with item features inside the FM's dense arch) are left out too.
-
-Measured (default synthetic data, 1,500 users, FM trained by ``solaris train``): the mean
-cosine between the pair embeddings z(u, i) and z(v, i) of the same item for a user u and its
-10 nearest users v is 0.942 with this encoder against 0.878 for random v; with the id
-embedding added 0.944 (so leaving it out costs little); with the mean of the history's FM
-item embeddings (the other candidate) 0.879, no better than random for imputation, although
-its neighbours share more items (item Jaccard 0.052 vs 0.033).
+**User encoder: the FM's own user vector** (``FMModel.user_vectors``, ``solaris.models.api``),
+from a user's features and event-time history, the user id not read: a cold-start user
+with only features and a few events gets an embedding from the same function as everyone
+in the table. The built-in FM's (``solaris.models.fm``) is what the user's side contributes
+to its first shared layer. Measured with it (default synthetic data, 1,500 users, FM trained
+by ``solaris train``): the mean cosine between the pair embeddings z(u, i) and z(v, i) of the
+same item for a user u and its 10 nearest users v is 0.942 against 0.878 for random v; with
+the id embedding added 0.944 (so leaving it out costs little); with the mean of the
+history's FM item embeddings (the other candidate) 0.879, no better than random for
+imputation, although its neighbours share more items (item Jaccard 0.052 vs 0.033).
 
 The router embeds a cold-start user with ``UserEncoder.encode(history.batch(...))`` (the
 history store builds the same request-side inputs) and asks ``solaris.knn.tables.LiveIndex``.
 The job builds them from logged events with ``recent_history`` + ``request_inputs``, which
 give exactly what ``HistoryStore.batch`` gives for the same events (tested).
 
-**Item embeddings**: the FM's item-id embedding table (row 0 is padding), cosine.
+**Item embeddings**: the FM's item vectors (``FMModel.item_vectors``), cosine.
 """
 
 from __future__ import annotations
@@ -37,7 +25,7 @@ import numpy as np
 import torch
 
 from solaris.errors import DataError, RequestError
-from solaris.models.fm import REQUEST_KEYS, FoundationModel
+from solaris.models.api import REQUEST_KEYS, FMModel
 
 Tensor = torch.Tensor
 
@@ -47,43 +35,32 @@ ENCODER_INPUTS = tuple(k for k in REQUEST_KEYS if k != "user")
 
 
 class UserEncoder:
-    """User embeddings (R, fm.cfg.shared_dim) from the FM's request tower (module docstring)."""
+    """User embeddings (R, U) from the FM's ``user_vectors`` (module docstring)."""
 
-    def __init__(self, fm: FoundationModel, device: str | torch.device = "cpu") -> None:
+    def __init__(self, fm: FMModel, device: str | torch.device = "cpu") -> None:
         self.device = torch.device(device)
         self.fm = fm.to(self.device).eval()
-        D = fm.cfg.emb_dim
-        n_uc = len(fm.spec.user_categorical)
-        # request_part's user_vec is [user id, surface, user cats..., pooled history] (D each),
-        # and it opens inter_proj's input: keep the user-cats and pooled-history columns
-        self._part = slice(2 * D, (3 + n_uc) * D)
-        w = fm.inter_proj[0].weight  # (S, in_dim)
-        self._proj = w[:, self._part].detach().T.contiguous()  # ((1 + n_uc) D, S)
-
-    @property
-    def dim(self) -> int:
-        return int(self._proj.shape[1])
 
     def encode(self, req: dict[str, np.ndarray | Tensor]) -> np.ndarray:
-        """(R, dim) float32 embeddings of R users from their request-side inputs
+        """(R, U) float32 embeddings of R users from their request-side inputs
         (``REQUEST_KEYS``, as ``HistoryStore.batch`` or ``request_inputs`` build them)."""
         missing = [k for k in REQUEST_KEYS if k not in req]
         if missing:
             raise RequestError(f"user encoder: request inputs lack {missing}")
         batch = {k: torch.as_tensor(np.asarray(req[k]) if not isinstance(req[k], Tensor)
                                     else req[k]).to(self.device) for k in REQUEST_KEYS}
-        # the id embedding is not read (see above): any user id works, even one the FM's
-        # table has no row for
+        # the id is not read (see above): any user id works, even one the FM's table has no
+        # row for
         batch["user"] = torch.zeros_like(batch["user"])
         with torch.inference_mode():
-            user_vec = self.fm.request_part(batch)["user_vec"]  # (R, D * (3 + n_uc))
-            z = user_vec[:, self._part] @ self._proj.to(self.device)  # (R, S)
+            z = self.fm.user_vectors(batch)  # (R, U)
         return z.float().cpu().numpy()
 
 
-def item_embeddings(fm: FoundationModel) -> np.ndarray:
-    """(num_items, emb_dim) float32: the FM's item-id embedding of every item (pad row 0 off)."""
-    return fm.item_emb.weight[1:].detach().float().cpu().numpy()
+def item_embeddings(fm: FMModel) -> np.ndarray:
+    """(num_items, I) float32: the FM's vector of every item."""
+    with torch.inference_mode():
+        return fm.item_vectors().detach().float().cpu().numpy()
 
 
 def recent_history(users: np.ndarray, items: np.ndarray, ts: np.ndarray, seq: np.ndarray,

@@ -6,7 +6,7 @@ history), ``candidate_part`` once per (request, candidate) pair (target attentio
 candidate as query, the interaction stack). ``forward`` runs through that split, so the
 precompute path and training compute exactly the same function.
 
-Batch keys are documented in ``REQUEST_KEYS`` / ``CANDIDATE_KEYS`` below. Codes marked "+1"
+Batch keys are ``REQUEST_KEYS`` / ``CANDIDATE_KEYS`` (``solaris.models.api``). Codes marked "+1"
 reserve 0 for padding; candidate-side categorical codes are raw (0..card-1) and shifted here so
 the candidate and its history share one table per feature.
 """
@@ -21,12 +21,6 @@ from solaris.config import FMConfig
 from solaris.data.schema import FeatureSpec
 
 Tensor = torch.Tensor
-
-# user / request side: computed once per request
-REQUEST_KEYS = ("user", "surface", "user_cat", "user_cont", "hist_item", "hist_action",
-                "hist_surface", "hist_age", "hist_item_cat")
-# candidate side: one row per (request, candidate) pair
-CANDIDATE_KEYS = ("item", "item_cat", "item_mh", "item_cont")
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, valid: Tensor) -> Tensor:
@@ -74,7 +68,17 @@ class CrossLayer(nn.Module):
 
 
 class FoundationModel(nn.Module):
-    """Multi-task ranking FM whose last shared layer is what SOLARIS caches (compressed)."""
+    """Multi-task ranking FM whose last shared layer is what SOLARIS caches (compressed);
+    the built-in implementation of ``solaris.models.api.FMModel``."""
+
+    @classmethod
+    def from_config(cls, cfg: FMConfig, spec: FeatureSpec, num_users: int, num_items: int,
+                    tasks: tuple[str, ...], history_len: int) -> "FoundationModel":
+        """The FM ``cfg``'s own fields describe (``fm.kwargs`` is for other classes)."""
+        if cfg.kwargs:
+            raise ValueError(f"fm.kwargs={dict(cfg.kwargs)!r}: the built-in FM reads the fm.* "
+                             "fields, not kwargs")
+        return cls(cfg, spec, num_users, num_items, tasks, history_len)
 
     def __init__(self, cfg: FMConfig, spec: FeatureSpec, num_users: int, num_items: int,
                  tasks: tuple[str, ...], history_len: int):
@@ -90,6 +94,7 @@ class FoundationModel(nn.Module):
         self.tasks = tuple(tasks)
         self.history_len = history_len
         self.version = cfg.version
+        self.shared_dim = cfg.shared_dim
         D = cfg.emb_dim
         n_uc, n_ud = len(spec.user_categorical), len(spec.user_continuous)
         n_ic, n_mh, n_id = len(spec.item_categorical), len(spec.item_multihot), len(spec.item_continuous)
@@ -239,3 +244,26 @@ class FoundationModel(nn.Module):
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         return self.heads(self.shared_layer(batch))  # (B, T)
+
+    # ---- user and item vectors (the KNN tables) ----------------------------------------
+
+    def user_vectors(self, req: dict[str, Tensor]) -> Tensor:
+        """(R, shared_dim): what the user's side contributes to the first shared layer.
+
+        ``request_part``'s user vector is [user id, surface, user cats..., pooled history]
+        (``emb_dim`` each) and opens ``inter_proj``'s input; the user-cats and
+        pooled-history columns of its weight applied to those parts is a vector in the
+        space where the FM mixes user and item, so two users close in it get close pair
+        embeddings for the same item (what user-neighbour imputation assumes). The id
+        embedding and the surface are not read: a user the FM never saw gets a vector from
+        the same function as everyone.
+        """
+        D = self.cfg.emb_dim
+        part = slice(2 * D, (3 + len(self.spec.user_categorical)) * D)
+        proj = self.inter_proj[0].weight[:, part].detach().T.contiguous()  # ((1 + n_uc) D, S)
+        user_vec = self.request_part(req)["user_vec"]  # (R, D * (3 + n_uc))
+        return user_vec[:, part] @ proj  # (R, S)
+
+    def item_vectors(self) -> Tensor:
+        """(num_items, emb_dim): the item-id embedding of every item (pad row 0 left out)."""
+        return self.item_emb.weight[1:]

@@ -27,7 +27,19 @@ MAX_CAT = 3  # categorical columns read per side (the first ones, in spec order)
 
 
 class VerticalModel(nn.Module):
-    """Small ranking model: embeddings + MLP -> one logit, plus the SOLARIS slots."""
+    """Small ranking model: embeddings + MLP -> one logit, plus the SOLARIS slots; the VM
+    alone (no slot) is the built-in implementation of ``solaris.models.api.VMModel``. The
+    slots are read only by the transfer report's offline arms; served VMs are residual
+    (``solaris.models.residual``)."""
+
+    @classmethod
+    def from_config(cls, cfg: VMConfig, spec: FeatureSpec, num_users: int, num_items: int,
+                    slot_dim: int = 0) -> "VerticalModel":
+        """The VM ``cfg``'s own fields describe (``vm.kwargs`` is for other classes)."""
+        if cfg.kwargs:
+            raise ValueError(f"vm.kwargs={dict(cfg.kwargs)!r}: the built-in VM reads the vm.* "
+                             "fields, not kwargs")
+        return cls(cfg, spec, num_users, num_items, slot_dim)
 
     def __init__(self, cfg: VMConfig, spec: FeatureSpec, num_users: int, num_items: int,
                  slot_dim: int):
@@ -69,6 +81,13 @@ class VerticalModel(nn.Module):
         # (a, b) of the folded-in Platt recalibration; identity until set
         self.register_buffer("calibration", torch.tensor([1.0, 0.0]))
 
+    def with_unknown_ids(self) -> "VerticalModel":
+        """In place: user id ``num_users`` and item id ``num_items`` read an
+        out-of-vocabulary row, the mean of the trained rows (serving never refuses an id)."""
+        self.user_emb = _with_oov_row(self.user_emb)
+        self.item_emb = _with_oov_row(self.item_emb)
+        return self
+
     def set_calibration(self, a: float, b: float) -> None:
         if not (math.isfinite(a) and math.isfinite(b) and a > 0):
             raise ValueError(f"calibration=({a!r}, {b!r}): need a finite slope > 0 and a finite bias")
@@ -107,3 +126,9 @@ class VerticalModel(nn.Module):
         if direct is not None:
             logit = logit + direct  # (B, 1)
         return logit.squeeze(-1) * self.calibration[0] + self.calibration[1]  # (B,)
+
+
+def _with_oov_row(emb: nn.Embedding) -> nn.Embedding:
+    """The table plus one row (index n) holding the mean of the trained rows."""
+    w = emb.weight.detach()
+    return nn.Embedding.from_pretrained(torch.cat([w, w.mean(0, keepdim=True)]), freeze=True)

@@ -13,10 +13,8 @@ the inline FM an unknown item's pair slot is absent.
 
 from __future__ import annotations
 
-import json
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -24,56 +22,17 @@ import torch
 import torch.nn as nn
 
 from solaris import wire
+from solaris.artifacts import Artifacts, SideTables
 from solaris.cache.query import Slots
 from solaris.data.schema import FeatureSpec
-from solaris.errors import CheckpointError, RequestError
+from solaris.errors import RequestError
 from solaris.models.batch import base_batch, slot_batch, vm_batch
 from solaris.models.blocks import blockwise
-from solaris.models.residual import ResidualVM
 from solaris.precompute.pqueue import Group
-from solaris.precompute.worker import HistoryProvider, PrecomputeWorker, SideTables, load_models
-from solaris.tiers import Tier
-from solaris.train.artifacts import load_side_tables, vm_alone_from_checkpoint
-from solaris.train.checkpoint import load_checkpoint
+from solaris.precompute.worker import HistoryProvider, PrecomputeWorker
+from solaris.tiers import NUM_TIERS, Tier
 
 Tensor = torch.Tensor
-
-
-@dataclass(frozen=True)
-class Artifacts:
-    """An artifact directory (``solaris train``): version, tasks, VM files, side tables."""
-
-    root: Path
-    version: str
-    tasks: tuple[str, ...]
-    vm_files: dict[str, str]  # task -> VM checkpoint file name
-    num_users: int
-    num_items: int
-    dim: int  # pair-embedding width
-
-    @classmethod
-    def open(cls, root: str | Path) -> "Artifacts":
-        root = Path(root)
-        path = root / "manifest.json"
-        if not path.exists():
-            raise CheckpointError(f"{root}: no manifest.json (train artifacts with `solaris train`)")
-        try:
-            m = json.loads(path.read_text())
-            vms = {t: v["file"] for t, v in m["vms"].items()}
-            return cls(root, str(m["version"]), tuple(m["tasks"]), vms,
-                       int(m["sizes"]["num_users"]), int(m["sizes"]["num_items"]),
-                       int(m["config"]["encoder"]["width"]))
-        except (KeyError, TypeError, ValueError) as e:
-            raise CheckpointError(f"{path}: malformed manifest ({type(e).__name__}: {e})") from e
-
-    def side_tables(self) -> SideTables:
-        return load_side_tables(self.root / "side.npz")
-
-
-def _with_oov_row(emb: nn.Embedding) -> nn.Embedding:
-    """The table plus one row (index n) holding the mean of the trained rows."""
-    w = emb.weight.detach()
-    return nn.Embedding.from_pretrained(torch.cat([w, w.mean(0, keepdim=True)]), freeze=True)
 
 
 @contextmanager
@@ -89,33 +48,6 @@ def scales_set(model: nn.Module, scales: np.ndarray | None) -> Iterator[None]:
         yield
     finally:
         model.scale.copy_(own)
-
-
-def load_vm(artifacts: Artifacts, task: str) -> tuple[nn.Module, nn.Module, dict]:
-    """(served model, its VM alone, checkpoint meta) of ``task``'s VM: a residual VM
-    (``solaris/models/residual.py``) wraps its VM alone; older checkpoints are the jointly
-    trained VM itself (then both are that model)."""
-    if task not in artifacts.vm_files:
-        raise RequestError(f"task={task!r}: no VM for it (tasks: {', '.join(artifacts.tasks)})")
-    ck = load_checkpoint(artifacts.root / artifacts.vm_files[task], "vm")
-    meta = ck["meta"]
-    vm = vm_alone_from_checkpoint(ck)
-    model: torch.nn.Module = vm
-    residual = bool(meta.get("residual", False))
-    if residual:
-        model = ResidualVM(vm, int(meta["slot_dim"]), int(meta["hidden"]),
-                           use_pair=bool(meta["use_pair"]), use_agg=bool(meta["use_agg"]),
-                           use_z=bool(meta.get("use_z", True)),
-                           imputed=bool(meta.get("imputed", False)))
-    state = ck["state_dict"]
-    if residual and "present_affine" not in state:  # saved before the map existed
-        state = {**state, "present_affine": model.present_affine.clone()}
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        raise CheckpointError(f"{artifacts.root / artifacts.vm_files[task]}: weights do not "
-                              f"fit the model its config describes ({e})") from e
-    return model, vm, meta
 
 
 @dataclass
@@ -216,13 +148,17 @@ class VMScorer:
     """One trained VM (``vm_<task>.pt``) scoring whole requests, batched across requests."""
 
     def __init__(self, artifacts: Artifacts, task: str, side: SideTables,
-                 read_ttl_s: float = 4 * 3600.0, block_rows: int = VM_BLOCK_ROWS):
-        """``block_rows``: the fixed block size of the forward (0: one call per batch)."""
+                 read_ttl_s: float = 4 * 3600.0, block_rows: int = VM_BLOCK_ROWS,
+                 alone: bool = False):
+        """``block_rows``: the fixed block size of the forward (0: one call per batch).
+        ``alone``: score with the VM alone (``vm_<task>_alone.pt``) on its own, slots and
+        scales ignored -- what evaluation compares the served VM with."""
         self.block_rows = int(block_rows)
-        model, vm, meta = load_vm(artifacts, task)
-        self.residual = isinstance(model, ResidualVM)
-        vm.user_emb = _with_oov_row(vm.user_emb)
-        vm.item_emb = _with_oov_row(vm.item_emb)
+        self.alone = bool(alone)
+        model, vm, meta = artifacts.vm(task)
+        if self.alone:
+            model = vm = artifacts.vm_alone(task)[0]
+        vm.with_unknown_ids()  # ids num_users / num_items read the out-of-vocabulary rows
         self.model = model.eval()
         self.task = task
         self.version = str(meta.get("version", ""))
@@ -231,12 +167,6 @@ class VMScorer:
         self.num_surfaces = FeatureSpec.from_dict(meta["spec"]).num_surfaces
         self.side = side
         self.read_ttl_s = float(read_ttl_s)
-        # a jointly trained VM (older artifacts) only ever saw tier "pair" and age 0 with a
-        # present slot: it gets exactly that (its weights for the other tiers and for the age
-        # are untrained); a residual VM reads the real tier and age, and a tier it did not
-        # train on has scale 0 (its correction is off); a VM fine-tuned on features as served
-        # (``tier_aware``) reads them too
-        self.tier_aware = self.residual or bool(meta.get("tier_aware", False))
 
     def batch_rows(self, user: np.ndarray, item: np.ndarray, surface: np.ndarray,
                    slots: Slots | PackedSlots | None = None, base_only: bool = False
@@ -244,7 +174,7 @@ class VMScorer:
         """The VM's input batch for rows (user, item, surface), each (B,), as served: an id
         the VM never saw reads the out-of-vocabulary row and zero side features, a surface
         outside the vocabulary the nearest one; ``slots`` (B rows) as the router looked
-        them up, read as this VM reads them (``tier_aware``); None: no SOLARIS inputs.
+        them up (a tier the VM did not train on has scale 0); None: no SOLARIS inputs.
         ``base_only``: only the keys a VM alone reads (``base_batch``; slots ignored)."""
         user, item = np.asarray(user, np.int64), np.asarray(item, np.int64)
         known_u = (0 <= user) & (user < self.num_users)
@@ -261,9 +191,8 @@ class VMScorer:
         if base_only:
             return base_batch(*ids, user_cat, item_cat, item_cont)
         z = slots.unpack() if isinstance(slots, PackedSlots) else slots
-        # a VM trained offline reads tier "pair" and age 0 wherever the slot is present
         return vm_batch(*ids, user_cat, item_cat, item_cont, z, dim=self.dim,
-                        read_ttl_s=self.read_ttl_s if self.tier_aware else None)
+                        read_ttl_s=self.read_ttl_s)
 
     def batch(self, requests: Sequence[ScoreRequest], base_only: bool = False
               ) -> dict[str, Tensor]:
@@ -276,11 +205,10 @@ class VMScorer:
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 
     def scales(self) -> np.ndarray:
-        """(2, 4) the scales this VM applies (a jointly trained VM: every tier on)."""
-        if self.residual:
-            return self.model.scale.numpy().copy()
-        from solaris.online.scales import scale_array
-        return scale_array(None)
+        """(2, 4) the scales this VM applies (the VM alone: none, all 0)."""
+        if self.alone:
+            return np.zeros((2, NUM_TIERS), np.float32)
+        return self.model.scale.numpy().copy()
 
     @torch.inference_mode()
     def score(self, requests: Sequence[ScoreRequest], with_base: bool = False
@@ -288,12 +216,12 @@ class VMScorer:
         """Probabilities (C_r,) float32 of each request's candidates: one forward per set of
         scales the requests carry (one, unless an operator just changed them). ``with_base``:
         (2, C_r) per request, the served probabilities and the VM alone's inside it (what the
-        verifier ranks by; a jointly trained VM has no base: both rows are its own)."""
+        verifier ranks by)."""
         if not requests:
             return []
         groups: dict[bytes | None, list[int]] = {}
         for i, r in enumerate(requests):
-            key = None if r.scales is None or not self.residual else \
+            key = None if r.scales is None or self.alone else \
                 np.asarray(r.scales, np.float32).tobytes()
             groups.setdefault(key, []).append(i)
         out: list[np.ndarray] = [np.zeros(0, np.float32)] * len(requests)
@@ -312,12 +240,14 @@ class VMScorer:
         # it runs over, too): a candidate's score does not depend on which requests shared
         # its @serve.batch call (solaris.models.blocks); the served score and the VM alone
         # inside it go through the same shapes, so a miss equals the VM alone bit for bit
-        if not with_base:
+        if not with_base or self.alone:
+            if self.alone and with_base:
+                raise RequestError(f"task={self.task!r}: the VM alone has no base of its own; "
+                                   "score it without with_base")
             return np.split(blockwise(lambda b: torch.sigmoid(self.model(b)), batch,
                                       self.block_rows).numpy(), cuts)  # (sum C,)
-        both_fn = self.model.forward_both if self.residual else \
-            (lambda b: (self.model(b),) * 2)
-        logit, base = blockwise(lambda b: tuple(torch.sigmoid(x) for x in both_fn(b)), batch,
+        logit, base = blockwise(lambda b: tuple(torch.sigmoid(x)
+                                                for x in self.model.forward_both(b)), batch,
                                 self.block_rows)
         both = np.stack([logit.numpy(), base.numpy()])
         return np.split(both, cuts, axis=1)  # (2, C) each
@@ -327,10 +257,9 @@ class VMScorer:
         """The VM alone's logits (C_r,) float32 of each request's candidates (slots and
         scales ignored): what ``ResidualHead.served`` completes into the served scores, in the
         same fixed-size blocks as ``score``, so the two give ``score(with_base=True)``'s
-        bits. A jointly trained VM has no VM alone inside: ``RequestError``."""
-        if not self.residual:
-            raise RequestError(f"task={self.task!r}, version={self.version!r}: not a residual "
-                               "VM; it scores with its slots in one forward (score)")
+        bits."""
+        if self.alone:
+            raise RequestError(f"task={self.task!r}: a VM-alone scorer; score() is its logits")
         if not requests:
             return []
         batch = self.batch(requests, base_only=True)
@@ -350,10 +279,7 @@ class ResidualHead:
 
     def __init__(self, artifacts: Artifacts, task: str, read_ttl_s: float = 4 * 3600.0,
                  block_rows: int = VM_BLOCK_ROWS):
-        model, _, meta = load_vm(artifacts, task)
-        if not isinstance(model, ResidualVM):
-            raise RequestError(f"task={task!r}: {artifacts.root} holds a jointly trained VM, "
-                               "not a residual one; it has no corrections of its own")
+        model, _, meta = artifacts.vm(task)
         self.model = model.eval()
         self.model.base = None  # the VM replica runs it; forward is always given its logits
         self.task = task
@@ -388,7 +314,7 @@ class InlineFM:
 
     def __init__(self, artifacts: Artifacts, side: SideTables, history: HistoryProvider,
                  sharing: bool = False):
-        fm, enc, version = load_models(artifacts.root)
+        fm, enc, version = artifacts.models()
         self.worker = PrecomputeWorker(fm, enc, history, side, version)
         self.sharing = sharing
         self.version = version

@@ -17,25 +17,20 @@ The actor around it owns leasing, the cache write (with ``version``) and the ack
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 import torch
 
-from solaris.config import PrecomputeConfig, config_from_dict
-from solaris.data.schema import FeatureSpec
-from solaris.errors import CheckpointError, RequestError
+from solaris.config import PrecomputeConfig
+from solaris.errors import RequestError
 from solaris.history import request_inputs
+from solaris.models.api import REQUEST_KEYS, FMModel, shared_layer
 from solaris.models.blocks import blockwise
 from solaris.models.encoder import PairEncoder
-from solaris.models.fm import REQUEST_KEYS, FoundationModel
 from solaris.precompute.pqueue import Group
-from solaris.train.checkpoint import load_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +129,7 @@ def describe_device(device: str | torch.device) -> str:
 class PrecomputeWorker:
     """Runs FM + encoder over leased request groups, sharing each group's request part."""
 
-    def __init__(self, fm: FoundationModel, encoder: PairEncoder, history: HistoryProvider,
+    def __init__(self, fm: FMModel, encoder: PairEncoder, history: HistoryProvider,
                  tables: SideFeatures, version: str, device: str | torch.device = "cpu",
                  timer: Callable[[], float] = time.perf_counter, *,
                  block_requests: int = BLOCK_REQUESTS, block_pairs: int = BLOCK_PAIRS) -> None:
@@ -222,7 +217,7 @@ class PrecomputeWorker:
             if naive:
                 batch = {k: v.index_select(0, req_index) for k, v in req.items()}  # B rows each
                 batch.update(cand)
-                shared = self.fm.shared_layer(batch)  # (B, S)
+                shared = shared_layer(self.fm, batch)  # (B, S)
                 z = self.encoder.encode(shared)
             else:  # in fixed-size blocks: a pair's vector does not depend on its lease
                 state = blockwise(self.fm.request_part, req, self.block_requests)  # R rows
@@ -232,45 +227,3 @@ class PrecomputeWorker:
             z = z.float().cpu().numpy()  # (B, d)
             seconds = self.timer() - t0
         return users, items, z, seconds
-
-
-@dataclass(frozen=True)
-class SideTables:
-    """The side-feature tables a worker needs (``SideFeatures``), without the interaction rows
-    ``FeatureTables`` also holds: what travels to every worker."""
-
-    user_cat: np.ndarray  # (num_users, n_uc) int
-    user_cont: np.ndarray  # (num_users, n_ud) float32
-    item_cat: np.ndarray  # (num_items, n_ic) int
-    item_mh: np.ndarray  # (num_items, n_mh, M) int, codes + 1
-    item_cont: np.ndarray  # (num_items, n_id) float32
-
-    @classmethod
-    def from_features(cls, ft: Any) -> "SideTables":
-        """The tables of a ``FeatureTables`` (or anything with the same five arrays)."""
-        return cls(ft.user_cat, ft.user_cont, ft.item_cat, ft.item_mh, ft.item_cont)
-
-
-def load_models(artifacts_dir: str | Path) -> tuple[FoundationModel, PairEncoder, str]:
-    """FM, encoder and their version from an artifact directory (``train_artifacts``)."""
-    root = Path(artifacts_dir)
-    names = {"fm": "fm.pt", "encoder": "encoder.pt"}
-    if (root / "manifest.json").exists():
-        manifest = json.loads((root / "manifest.json").read_text())
-        names = {k: manifest.get(k, v) for k, v in names.items()}
-    fm_ck = load_checkpoint(root / names["fm"], "fm")
-    meta = fm_ck["meta"]
-    fm = FoundationModel(config_from_dict({"fm": fm_ck["config"]}).fm,
-                         FeatureSpec.from_dict(meta["spec"]), meta["num_users"],
-                         meta["num_items"], tuple(meta["tasks"]), meta["history_len"])
-    fm.load_state_dict(fm_ck["state_dict"])
-    enc_ck = load_checkpoint(root / names["encoder"], "encoder")
-    enc = PairEncoder(enc_ck["meta"]["in_dim"],
-                      config_from_dict({"encoder": enc_ck["config"]}).encoder)
-    enc.load_state_dict(enc_ck["state_dict"])
-    version = str(enc_ck["meta"].get("version", ""))
-    if version != meta.get("version"):
-        raise CheckpointError(f"{root}: encoder version {version!r} != FM version "
-                              f"{meta.get('version')!r}")
-    enc.version = version
-    return fm, enc, version

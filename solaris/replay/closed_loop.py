@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -494,7 +493,8 @@ def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions,
     times, the causal retrieval of the real log), unlabelled."""
     from solaris.simulate.served import knn_tables_as_of, user_knn_from_log
     from solaris.features import FeatureTables
-    from solaris.precompute.worker import PrecomputeWorker, load_models
+    from solaris.artifacts import load_models
+    from solaris.precompute.worker import PrecomputeWorker
     from solaris.replay.prepare import seed_history, window
     from solaris.online.scoring import Artifacts, InlineFM, ScoreRequest, VMScorer
 
@@ -546,8 +546,7 @@ def prepare(cfg: SolarisConfig, ds, art_dir, opts: LoopOptions,
     fm, enc, version = load_models(art_dir)
     from solaris.online.scales import ScaleTable
 
-    manifest = json.loads((Path(art_dir) / "manifest.json").read_text())
-    enrich = ScaleTable({version: manifest}).enrich_for(version, cfg.enrich)
+    enrich = ScaleTable({version: art.manifest}).enrich_for(version, cfg.enrich)
     tables = FeatureTables(ds, cfg.features)
     knn = knn_tables_as_of(fm, tables, float(start), cfg)
     sim = schedule(cfg, lg, base, opts.seed)

@@ -113,7 +113,7 @@ def predict(art_dir: str | Path, ds: Dataset, *, start_ts: int | None = None,
     say = say or (lambda _m: None)
     art_dir = Path(art_dir)
     art = Artifacts.open(art_dir)
-    manifest = json.loads((art_dir / "manifest.json").read_text())
+    manifest = art.manifest
     cfg = cfg or config_from_dict(manifest["config"])
     start = window_start(manifest) if start_ts is None else int(start_ts)
     check_trained_before(manifest, start)
@@ -184,14 +184,12 @@ def served_period(art_dir: Path, manifest: dict, past: Dataset, cfg: SolarisConf
     from solaris.eval import metrics as M
     from solaris.simulate.served import simulate_period
     from solaris.features import FeatureTables
-    from solaris.precompute.worker import load_models
     from solaris.replay.coverage import coverage_by_tier
     from solaris.replay.evaluate import (base_calibrated_tr, calibrated_tr_ci, crossfit_tr,
                                          gain_per_row, halves, score, transfer)
     from solaris.simulate.log import build_request_log
     from solaris.online.scales import ScaleTable
     from solaris.online.scoring import Artifacts, VMScorer
-    from solaris.train.artifacts import load_base
     from solaris.train.teacher import Teacher, teacher_outputs
     from solaris.tiers import Tier
 
@@ -208,8 +206,8 @@ def served_period(art_dir: Path, manifest: dict, past: Dataset, cfg: SolarisConf
     periods = Periods(fm=empty, vm=empty, val=val_rows, test=empty, fm_vertical=empty,
                       cuts=(period_start, period_start, period_end),
                       ranges={"val": (period_start, period_end - 1)})
-    fm, encoder, version = load_models(art_dir)
-    base, _, _ = load_base(art_dir, task)
+    fm, encoder, version = art.models()
+    base, _, _ = art.vm_alone(task)
     # the router's lookups: a tier at scale 0 in every VM of the version is not looked up
     cfg = dataclasses.replace(cfg, enrich=ScaleTable({version: manifest}).enrich_for(
         version, cfg.enrich))
@@ -222,8 +220,7 @@ def served_period(art_dir: Path, manifest: dict, past: Dataset, cfg: SolarisConf
     side = art.side_tables()
     ttl = float(cfg.cache.read_ttl_s)
     vm = VMScorer(art, task, side, ttl)
-    alone = VMScorer(dataclasses.replace(art, vm_files={task: f"vm_{task}_alone.pt"}), task,
-                     side, ttl)
+    alone = VMScorer(art, task, side, ttl, alone=True)
     p_served = score(vm, rows)
     rows.score = p_served
     p_alone = score(alone, rows, slots=False)

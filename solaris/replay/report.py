@@ -67,8 +67,6 @@ class Mapped:
 
 def mapped(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_ttl_s: float) -> Mapped:
     """``Mapped`` for the rows with ``row >= 0`` of a feature log served by ``art_dir``."""
-    import dataclasses
-
     from solaris.replay.evaluate import score
     from solaris.online.scoring import Artifacts, VMScorer
 
@@ -78,8 +76,7 @@ def mapped(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_ttl_s: flo
     art = Artifacts.open(art_dir)
     side = art.side_tables()
     vm = VMScorer(art, task, side, read_ttl_s)
-    alone = VMScorer(dataclasses.replace(art, vm_files={task: f"vm_{task}_alone.pt"}), task,
-                     side, read_ttl_s)
+    alone = VMScorer(art, task, side, read_ttl_s, alone=True)
     with np.load(art_dir / "teacher.npz") as t:
         t_idx = list(art.tasks).index(task)
         p_fm = np.clip(t["probs"][row, t_idx].astype(np.float64), 1e-7, 1 - 1e-7)

@@ -33,9 +33,10 @@ from solaris.features import FeatureTables
 from solaris.history import request_inputs
 from solaris.models.encoder import PairEncoder
 from solaris.models.batch import vm_batch
-from solaris.models.fm import FoundationModel
+from solaris.models.api import FMModel
 from solaris.precompute.pqueue import Group
-from solaris.precompute.worker import PrecomputeWorker, SideTables
+from solaris.artifacts import SideTables
+from solaris.precompute.worker import PrecomputeWorker
 from solaris.simulate.coverage import simulate_pair_coverage
 from solaris.simulate.log import RequestLog
 from solaris.simulate.log import row_index
@@ -84,7 +85,7 @@ class TableHistory:
                               item_cat, user_cat, user_cont)
 
 
-def user_table_of(fm: FoundationModel, users: np.ndarray, items: np.ndarray, ts: np.ndarray,
+def user_table_of(fm: FMModel, users: np.ndarray, items: np.ndarray, ts: np.ndarray,
                   seq: np.ndarray, surfaces: np.ndarray, labels: np.ndarray, side,
                   as_of: float, cfg: SolarisConfig, version: str = "sim") -> NeighbourTable:
     """The user table as the KNN job builds it at ``as_of`` from logged events (any order;
@@ -104,7 +105,7 @@ def user_table_of(fm: FoundationModel, users: np.ndarray, items: np.ndarray, ts:
     return user_t.neighbour_table()
 
 
-def knn_tables_as_of(fm: FoundationModel, tables: FeatureTables, as_of: float,
+def knn_tables_as_of(fm: FMModel, tables: FeatureTables, as_of: float,
                      cfg: SolarisConfig, version: str = "sim"
                      ) -> tuple[NeighbourTable, NeighbourTable]:
     """(user table, item table) as the KNN job builds them at ``as_of`` from the dataset's
@@ -121,7 +122,7 @@ def knn_tables_as_of(fm: FoundationModel, tables: FeatureTables, as_of: float,
     return user_t, item_t.neighbour_table()
 
 
-def user_knn_from_log(fm: FoundationModel, log: pa.Table, tasks: tuple[str, ...],
+def user_knn_from_log(fm: FMModel, log: pa.Table, tasks: tuple[str, ...],
                       side: SideTables, as_of: float, cfg: SolarisConfig, version: str = "sim"
                       ) -> NeighbourTable:
     """``user_table_of`` over an interaction log ``log`` (the interaction schema; the closed
@@ -178,7 +179,7 @@ def select_slots(tier: np.ndarray, pair_emb: np.ndarray, age_s: np.ndarray,
                  agg_present=ap, missing=~present)
 
 
-def write_vectors(fm: FoundationModel, encoder: PairEncoder, tables: FeatureTables,
+def write_vectors(fm: FMModel, encoder: PairEncoder, tables: FeatureTables,
                   version: str, writes: dict[str, np.ndarray], chunk: int = 512,
                   history_at: str = "request") -> np.ndarray:
     """z (W, d) float32 of each simulated write, computed as an FM worker computes it: one
@@ -231,7 +232,7 @@ def worker_vectors(worker: PrecomputeWorker, writes: dict[str, np.ndarray], dim:
 
 
 def simulate_serving(cfg: SolarisConfig, ds: Dataset, tables: FeatureTables, lg: RequestLog,
-                     scores: np.ndarray, rows: np.ndarray, fm: FoundationModel,
+                     scores: np.ndarray, rows: np.ndarray, fm: FMModel,
                      encoder: PairEncoder, version: str,
                      knn: tuple[NeighbourTable, NeighbourTable], seed: int = 0
                      ) -> ServedSlots:
@@ -308,7 +309,7 @@ def put_writes(store: PairStore, wr: dict[str, np.ndarray], z: np.ndarray, lo: i
 
 
 def simulate_period(cfg: SolarisConfig, ds: Dataset, tables: FeatureTables, periods,
-                    base: torch.nn.Module, fm: FoundationModel, encoder: PairEncoder,
+                    base: torch.nn.Module, fm: FMModel, encoder: PairEncoder,
                     version: str, period: str, seed: int = 0, lg: RequestLog | None = None,
                     verifier: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
                     | None = None) -> ServedSlots:

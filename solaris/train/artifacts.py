@@ -1,12 +1,8 @@
 """``solaris train``: the teacher snapshot and one serving VM per task, written as artifacts.
 
-Layout of the artifact directory::
-
-    manifest.json        versions, tasks, feature spec, periods, file names, validation BCEs
-    fm.pt                FM state dict + FMConfig (+ sizes)        kind "fm"
-    encoder.pt           encoder state dict + EncoderConfig        kind "encoder"
-    side.npz             side-feature tables by user / item id (what serving and workers read)
-    vm_<task>.pt         VM state dict + VMConfig (+ slot width)   kind "vm"
+The artifact directory's layout and schema are ``solaris.artifacts``'s (its one loader reads
+them). With ``fm.weights`` set the FM is imported, not trained (``fm_imported`` in the
+manifest); ``train_device`` says where training ran.
 
 A serving VM is residual (``solaris/models/residual.py``): its VM alone (``vm_<task>_alone.pt``,
 the very weights inside it) plus a pair-slot correction trained on every VM-period row on
@@ -18,7 +14,6 @@ pair coverage its test figure in the manifest is measured at.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -28,15 +23,13 @@ import numpy as np
 import torch
 
 from solaris import atomic
+from solaris.artifacts import SCHEMA, SIDE_KEYS, Artifacts, SideTables
 from solaris.config import SolarisConfig, config_to_dict
 from solaris.data.schema import Dataset
 from solaris.data.split import time_split
 from solaris.eval import metrics as M
-from solaris.errors import CheckpointError
 from solaris.features import FeatureTables
-from solaris.precompute.worker import SideTables
-from solaris.models.vm import VerticalModel
-from solaris.train.checkpoint import load_checkpoint, save_checkpoint
+from solaris.train.checkpoint import save_checkpoint
 from solaris.train.teacher import build_teacher, vm_inputs, z_at_age
 from solaris.simulate.schedule import simulated_presence, window_log
 from solaris.simulate.served import simulate_period
@@ -84,7 +77,7 @@ def _train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed:
     save_checkpoint(out / "fm.pt", teacher.fm, "fm", config_to_dict(cfg.fm), version=teacher.version,
                     **sizes)
     save_checkpoint(out / "encoder.pt", teacher.encoder, "encoder", config_to_dict(cfg.encoder),
-                    version=teacher.version, in_dim=cfg.fm.shared_dim)
+                    version=teacher.version, in_dim=teacher.fm.shared_dim)
     vms, baselines = {}, {}
     val_log = window_log(cfg, ds, periods, "val")  # the schedule simulation's requests
     for t, task in enumerate(ds.tasks):
@@ -93,7 +86,7 @@ def _train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed:
                       num_items=ds.num_items)
         if base_dir is not None:
             say(f"keeping the VM alone for {task} from {Path(base_dir).name}")
-            base, lr, v_base = load_base(Path(base_dir), task)
+            base, lr, v_base = Artifacts.open(base_dir).vm_alone(task)
         else:
             say(f"training the VM alone for {task}")
             base, lr, v_base = train_base(inputs, cfg.vm, cfg.train, cfg.report.vm_lrs,
@@ -147,13 +140,14 @@ def _train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed:
             agg_present=inputs.agg_present.numpy().astype(bool)))
     save_side_tables(out / "side.npz", SideTables.from_features(tables))
     manifest = {
-        "dataset": ds.name, "version": teacher.version, "tasks": list(ds.tasks),
+        "schema": SCHEMA, "dataset": ds.name, "version": teacher.version, "tasks": list(ds.tasks),
         "sizes": {"num_users": ds.num_users, "num_items": ds.num_items},
         "side_tables": "side.npz",
         "fm": "fm.pt", "encoder": "encoder.pt", "vms": vms, "periods": periods.as_dict(),
         "cuts": [int(c) for c in periods.cuts],  # first ts of the vm, val and test periods
         "baselines": baselines,
         "config": config_to_dict(cfg), "seed": seed, "seconds": round(time.perf_counter() - t0, 1),
+        "fm_imported": bool(cfg.fm.weights), "train_device": "cpu",
     }
     atomic.save_json(out / "manifest.json", manifest)  # last: a manifest means a whole set
     return manifest
@@ -172,47 +166,8 @@ def served_unlike_trained(manifest: dict, cfg: SolarisConfig) -> str | None:
             f"--set schedule.history_at={cfg.schedule.history_at})")
 
 
-def load_base(base_dir: Path, task: str) -> tuple[VerticalModel, float, float]:
-    """(VM alone, its lr, its validation BCE) of ``task`` from an artifact directory."""
-    m = json.loads((base_dir / "manifest.json").read_text())
-    entry = m.get("baselines", {}).get(task)
-    if entry is None:
-        raise CheckpointError(f"{base_dir}: no VM alone for task {task!r} to keep")
-    ck = load_checkpoint(base_dir / entry["file"], "vm")
-    vm = vm_alone_from_checkpoint(ck)
-    vm.load_state_dict(ck["state_dict"])
-    return vm.eval(), float(entry["lr"]), float(entry["val_bce"])
-
-
-def vm_alone_from_checkpoint(ck: dict) -> VerticalModel:
-    """The ``VerticalModel`` a VM checkpoint's config describes (weights not loaded): the
-    model itself, or the base inside a residual VM's checkpoint."""
-    from solaris.config import config_from_dict
-    from solaris.data.schema import FeatureSpec
-
-    meta = ck["meta"]
-    return VerticalModel(config_from_dict({"vm": ck["config"]}).vm,
-                         FeatureSpec.from_dict(meta["spec"]), meta["num_users"],
-                         meta["num_items"], meta["slot_dim"])
-
-
 def save_side_tables(path: str | Path, side: SideTables) -> Path:
     """Write the five side-feature arrays (numpy ``.npz``, no pickled objects); atomic."""
     path = Path(path)
-    atomic.save(path, lambda f: np.savez(f, **{k: getattr(side, k) for k in _SIDE_KEYS}))
+    atomic.save(path, lambda f: np.savez(f, **{k: getattr(side, k) for k in SIDE_KEYS}))
     return path
-
-
-def load_side_tables(path: str | Path) -> SideTables:
-    """Read ``save_side_tables``' file; CheckpointError naming the file if missing or corrupt."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path}: side tables not found (re-run `solaris train`)")
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            return SideTables(**{k: f[k] for k in _SIDE_KEYS})
-    except Exception as e:  # truncated zip, missing key, foreign file
-        raise CheckpointError(f"{path}: cannot read side tables ({type(e).__name__}: {e})") from e
-
-
-_SIDE_KEYS = ("user_cat", "user_cont", "item_cat", "item_mh", "item_cont")

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from solaris.config import EncoderConfig, FeatureConfig, FMConfig, TrainConfig
 from solaris.features import FeatureTables, aggregate_embeddings
+from solaris.models.api import FMModel, build_fm, shared_layer as fm_shared_layer
 from solaris.models.encoder import PairEncoder, encoder_loss
-from solaris.models.fm import FoundationModel
 from solaris.train.loop import FitResult, fit, predict_in_batches, seed_everything
 from solaris.train.vertical import SlotArrays, VMInputs
 
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Teacher:
-    fm: FoundationModel
+    fm: FMModel
     encoder: PairEncoder
     fm_fit: FitResult
     version: str  # FM + encoder version carried by every embedding they make
@@ -35,7 +35,7 @@ class Teacher:
 
 def train_fm(tables: FeatureTables, rows: np.ndarray, cfg: FMConfig, train: TrainConfig,
              seed: int, task_mask: tuple[bool, ...] | None = None,
-             progress: Callable[[str, float], None] | None = None) -> tuple[FoundationModel, FitResult]:
+             progress: Callable[[str, float], None] | None = None) -> tuple[FMModel, FitResult]:
     """Train the FM on ``rows`` (event order); the last 10% of them is its early-stopping tail.
 
     ``task_mask`` switches tasks off the loss (the ablation "FM without the VM's task").
@@ -45,13 +45,13 @@ def train_fm(tables: FeatureTables, rows: np.ndarray, cfg: FMConfig, train: Trai
     rows = np.asarray(rows)
     cut = int(len(rows) * 0.9)
     tr, ho = rows[:cut], rows[cut:]
-    model = FoundationModel(cfg, tables.spec, tables.num_users, tables.num_items, tables.tasks,
-                            tables.history_len)
+    model = build_fm(cfg, tables.spec, tables.num_users, tables.num_items, tables.tasks,
+                     tables.history_len)
     mask = torch.tensor(task_mask if task_mask is not None else [True] * len(tables.tasks))
     y_all = torch.from_numpy(tables.labels)
 
     def loss_on(r: np.ndarray) -> torch.Tensor:
-        logits = model(tables.batch(r))  # (B, T)
+        logits = model.heads(fm_shared_layer(model, tables.batch(r)))  # (B, T)
         per = F.binary_cross_entropy_with_logits(logits, y_all[r], reduction="none")  # (B, T)
         return per[:, mask].mean()
 
@@ -68,14 +68,41 @@ def train_fm(tables: FeatureTables, rows: np.ndarray, cfg: FMConfig, train: Trai
     return model, res
 
 
+def import_fm(cfg: FMConfig, tables: FeatureTables) -> FMModel:
+    """The FM of class ``cfg.cls`` with the weights of ``cfg.weights``: a state dict saved
+    with ``torch.save`` or an ``fm.pt`` of ``solaris train`` (read without running pickled
+    code); ``CheckpointError`` naming the file if it is missing or does not fit."""
+    from pathlib import Path
+
+    from solaris.errors import CheckpointError
+    from solaris.models.api import load_weights
+
+    path = Path(cfg.weights)
+    if not path.is_file():
+        raise CheckpointError(f"fm.weights={cfg.weights!r}: no such file")
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # corrupt or foreign file
+        raise CheckpointError(f"fm.weights={cfg.weights!r}: cannot read it "
+                              f"({type(e).__name__}: {e})") from e
+    state = obj["state_dict"] if isinstance(obj, dict) and obj.get("kind") == "fm" else obj
+    if not isinstance(state, dict):
+        raise CheckpointError(f"fm.weights={cfg.weights!r}: holds no state dict")
+    fm = build_fm(cfg, tables.spec, tables.num_users, tables.num_items, tables.tasks,
+                  tables.history_len)
+    load_weights(fm, state, f"fm.weights={cfg.weights!r}")
+    return fm
+
+
 @torch.no_grad()
-def shared_layer(fm: FoundationModel, tables: FeatureTables, rows: np.ndarray) -> np.ndarray:
+def shared_layer(fm: FMModel, tables: FeatureTables, rows: np.ndarray) -> np.ndarray:
     fm.eval()
     rows = np.asarray(rows)
-    return predict_in_batches(lambda p: fm.shared_layer(tables.batch(rows[p])), len(rows), 2048)
+    return predict_in_batches(lambda p: fm_shared_layer(fm, tables.batch(rows[p])), len(rows),
+                              2048)
 
 
-def train_encoder(fm: FoundationModel, tables: FeatureTables, rows: np.ndarray,
+def train_encoder(fm: FMModel, tables: FeatureTables, rows: np.ndarray,
                   cfg: EncoderConfig, seed: int, version: str) -> PairEncoder:
     """Fit the autoencoder on the FM's last shared layer over ``rows`` (the FM's period)."""
     seed_everything(seed)
@@ -112,7 +139,7 @@ def teacher_outputs(teacher: Teacher, tables: FeatureTables, rows: np.ndarray
     rows = np.asarray(rows)
 
     def run(p: np.ndarray) -> torch.Tensor:
-        h = fm.shared_layer(tables.batch(rows[p]))  # (B, H)
+        h = fm_shared_layer(fm, tables.batch(rows[p]))  # (B, H)
         prob = torch.sigmoid(fm.heads(h))  # (B, T)
         return torch.cat([prob, enc.encode(h)], dim=1)
 
@@ -171,7 +198,11 @@ def build_teacher(tables: FeatureTables, fm_rows: np.ndarray, fm_cfg: FMConfig,
                   enc_cfg: EncoderConfig, train: TrainConfig, seed: int,
                   task_mask: tuple[bool, ...] | None = None,
                   progress: Callable[[str, float], None] | None = None) -> Teacher:
-    fm, res = train_fm(tables, fm_rows, fm_cfg, train, seed, task_mask, progress)
+    if fm_cfg.weights:  # an already-trained FM: only the encoder (and the VMs) are fitted
+        torch.set_num_threads(train.threads)
+        fm, res = import_fm(fm_cfg, tables), FitResult(float("nan"), 0, 0)
+    else:
+        fm, res = train_fm(tables, fm_rows, fm_cfg, train, seed, task_mask, progress)
     version = f"{fm_cfg.version}+enc{enc_cfg.width}"
     enc = train_encoder(fm, tables, fm_rows, enc_cfg, seed, version)
     return Teacher(fm=fm, encoder=enc, fm_fit=res, version=version)

@@ -20,6 +20,7 @@ from solaris.cache.query import Slots
 from solaris.config import TrainConfig, VMConfig
 from solaris.features import FeatureTables
 from solaris.eval.metrics import fit_platt_logits
+from solaris.models.api import build_vm
 from solaris.models.batch import vm_batch
 from solaris.models.vm import VerticalModel
 from solaris.tiers import Tier
@@ -140,7 +141,7 @@ def train_vm(inputs: VMInputs, spec: VMSpec, cfg: VMConfig, train: TrainConfig, 
     seed_everything(seed)
     torch.set_num_threads(train.threads)
     vm_cfg = dataclasses.replace(cfg, use_pair=spec.use_pair, use_agg=spec.use_agg)
-    model = VerticalModel(vm_cfg, inputs.tables.spec, num_users, num_items, inputs.dim)
+    model = build_vm(vm_cfg, inputs.tables.spec, num_users, num_items, inputs.dim)
     rows = np.concatenate([np.asarray(absent_rows), np.asarray(teacher_rows)])
     has_teacher = np.concatenate([np.zeros(len(absent_rows), bool), np.ones(len(teacher_rows), bool)])
     kd_w = has_teacher * spec.kd_alpha if spec.kd_alpha > 0 else None
@@ -187,8 +188,11 @@ def vm_logits(model: torch.nn.Module, inputs: VMInputs, rows: np.ndarray,
 def calibrate_on(model: VerticalModel, inputs: VMInputs, rows: np.ndarray, present: np.ndarray,
                  agg_on: np.ndarray, task: int) -> tuple[float, float]:
     """Fold a Platt fit of ``model`` on ``rows`` (its slots gated as given) into the model:
-    (a, b) with logit -> a * logit + b. Keeps the identity if the labels are one class."""
-    model.calibration.copy_(torch.tensor([1.0, 0.0]))
+    (a, b) with logit -> a * logit + b. Keeps the identity if the labels are one class, and
+    leaves a VM without ``set_calibration`` (an optional part of ``VMModel``) as trained."""
+    if not callable(getattr(model, "set_calibration", None)):
+        return 1.0, 0.0
+    model.set_calibration(1.0, 0.0)
     rows = np.asarray(rows)
     x = vm_logits(model, inputs, rows, present, agg_on)
     y = inputs.labels[torch.from_numpy(rows), task].numpy()

@@ -32,7 +32,8 @@ from solaris.data.load import load_dataset  # noqa: E402
 from solaris.features import FeatureTables  # noqa: E402
 from solaris.history import HistoryStore  # noqa: E402
 from solaris.precompute.pqueue import Group  # noqa: E402
-from solaris.precompute.worker import PrecomputeWorker, SideTables, load_models  # noqa: E402
+from solaris.artifacts import SideTables, load_models  # noqa: E402
+from solaris.precompute.worker import PrecomputeWorker  # noqa: E402
 from solaris.tiers import Tier  # noqa: E402
 from solaris.train.artifacts import train_artifacts  # noqa: E402
 

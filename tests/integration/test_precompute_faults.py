@@ -32,7 +32,7 @@ from actors.ledger import LedgerActor  # noqa: E402
 from solaris.precompute.ledger import speculation_report  # noqa: E402
 from actors.precompute import WorkerPool  # noqa: E402
 from actors.queue import create_queue  # noqa: E402
-from solaris.precompute.worker import SideTables  # noqa: E402
+from solaris.artifacts import SideTables  # noqa: E402
 from solaris.config import (CacheConfig, EnrichConfig, HistoryConfig,  # noqa: E402
                             PrecomputeConfig, QueueConfig, load_config)
 from solaris.data.load import load_dataset  # noqa: E402

@@ -41,3 +41,17 @@ def test_with_overrides_copies_and_checks_like_a_loaded_config():
     assert base.cache.read_ttl_s != 3600  # the original is untouched
     with pytest.raises(ConfigError, match="cache.read_ttl_s"):
         with_overrides(base, {"cache.read_ttl_s": 0})
+
+
+def test_every_shipped_config_loads():
+    """The SOLARIS configs in configs/ build (YAML reads a bare off as False: such a value
+    must be quoted); the Serve configs (``applications``) are Serve's to read."""
+    from pathlib import Path
+
+    import yaml
+
+    paths = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+    ours = [p for p in paths if "applications" not in (yaml.safe_load(p.read_text()) or {})]
+    assert {p.name for p in ours} >= {"default.yaml", "example-causal-fm.yaml"}
+    for p in ours:
+        load_config(p)

@@ -10,7 +10,7 @@ from solaris.data.synthetic import generate
 from solaris.errors import RequestError
 from solaris.features import FeatureTables
 from solaris.history import WINDOW_KEYS, HistoryStore, merge_windows, request_inputs
-from solaris.models.fm import REQUEST_KEYS
+from solaris.models.api import REQUEST_KEYS
 
 L = 8
 

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ["solaris/online", "solaris/cache", "solaris/precompute", "solaris/knn",
            "solaris/models", "solaris/train", "solaris/data", "solaris/simulate", "serve",
            "actors", "solaris/history.py", "solaris/features.py", "solaris/config.py",
-           "solaris/clock.py", "jobs/rebuild_knn.py", "serve_app.py"]
+           "solaris/clock.py", "solaris/artifacts.py", "jobs/rebuild_knn.py", "serve_app.py"]
 
 
 def lint_imports() -> subprocess.CompletedProcess:

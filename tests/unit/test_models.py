@@ -12,7 +12,8 @@ from solaris.data.schema import FeatureSpec
 from solaris.models.encoder import PairEncoder, encoder_loss
 from solaris.models.flops import (fm_amortised_flops, fm_candidate_flops, fm_request_flops,
                                   flops_per_pair)
-from solaris.models.fm import CANDIDATE_KEYS, REQUEST_KEYS, FoundationModel
+from solaris.models.api import CANDIDATE_KEYS, REQUEST_KEYS
+from solaris.models.fm import FoundationModel
 from solaris.models.vm import VerticalModel
 
 TASKS = ("click", "like")

@@ -82,13 +82,8 @@ def world(tmp_path_factory):
     return Artifacts.open(out), FeatureTables(ds, cfg.features)
 
 
-@pytest.mark.parametrize("vm_file", [None, "vm_click_alone.pt"])
-def test_training_and_serving_build_the_same_batch_for_the_same_rows(world, vm_file):
-    import dataclasses
-
+def test_training_and_serving_build_the_same_batch_for_the_same_rows(world):
     art, tables = world
-    if vm_file is not None:  # the VM alone: not tier-aware
-        art = dataclasses.replace(art, vm_files={"click": vm_file})
     vm = VMScorer(art, "click", art.side_tables())
     rng = np.random.default_rng(0)
     n, d = tables.num_rows, vm.dim

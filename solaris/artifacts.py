@@ -1,0 +1,218 @@
+"""The artifact schema and its one loader: every reader of ``solaris train``'s output uses it.
+
+An artifact directory (``solaris.train.artifacts.train_artifacts`` writes it)::
+
+    manifest.json        schema, version, tasks, sizes, periods, file names, figures, config
+    fm.pt                the FM: state dict + FMConfig (its class, ``cls``) + sizes   kind "fm"
+    encoder.pt           the pair encoder: state dict + EncoderConfig + in_dim        kind "encoder"
+    side.npz             side-feature tables by user / item id
+    vm_<task>.pt         the served (residual) VM: its VM alone's config + corrections  kind "vm"
+    vm_<task>_alone.pt   the VM alone                                                   kind "vm"
+
+``SCHEMA`` is the manifest's ``schema``; a manifest written before the field existed is
+schema 1 (the same layout, the built-in classes). A schema this loader does not know, a
+class that cannot be imported, or a file that does not fit what the manifest says is refused
+with a ``CheckpointError`` naming it. The models are built through ``solaris.models.api``
+from the class their checkpoint's config names, so an artifact of a team's own FM or VM
+loads wherever the class imports.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from solaris.config import SolarisConfig, config_from_dict
+from solaris.data.schema import FeatureSpec
+from solaris.errors import CheckpointError, ConfigError
+from solaris.models import api
+from solaris.models.encoder import PairEncoder
+from solaris.train.checkpoint import load_checkpoint
+
+SCHEMA = 2
+KNOWN_SCHEMAS = (1, 2)  # 1: written before the manifest named its schema (same layout)
+SIDE_KEYS = ("user_cat", "user_cont", "item_cat", "item_mh", "item_cont")
+
+
+@dataclass(frozen=True)
+class SideTables:
+    """The side-feature tables a worker, the scorer and the KNN job need, indexed by user /
+    item id: what travels to every worker (``FeatureTables`` has the same five arrays)."""
+
+    user_cat: np.ndarray  # (num_users, n_uc) int
+    user_cont: np.ndarray  # (num_users, n_ud) float32
+    item_cat: np.ndarray  # (num_items, n_ic) int
+    item_mh: np.ndarray  # (num_items, n_mh, M) int, codes + 1
+    item_cont: np.ndarray  # (num_items, n_id) float32
+
+    @classmethod
+    def from_features(cls, ft: Any) -> "SideTables":
+        """The tables of a ``FeatureTables`` (or anything with the same five arrays)."""
+        return cls(ft.user_cat, ft.user_cont, ft.item_cat, ft.item_mh, ft.item_cont)
+
+
+def load_side_tables(path: str | Path) -> SideTables:
+    """Read ``side.npz``; CheckpointError naming the file if missing or corrupt."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{path}: side tables not found (re-run `solaris train`)")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            return SideTables(**{k: f[k] for k in SIDE_KEYS})
+    except Exception as e:  # truncated zip, missing key, foreign file
+        raise CheckpointError(f"{path}: cannot read side tables ({type(e).__name__}: {e})") from e
+
+
+def read_manifest(root: str | Path) -> dict:
+    """The manifest of artifact directory ``root``, its schema checked."""
+    path = Path(root) / "manifest.json"
+    if not path.exists():
+        raise CheckpointError(f"{root}: no manifest.json (train artifacts with `solaris train`)")
+    try:
+        m = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: malformed manifest ({type(e).__name__}: {e})") from e
+    if not isinstance(m, dict):
+        raise CheckpointError(f"{path}: malformed manifest (not a JSON object)")
+    schema = m.get("schema", 1)
+    if schema not in KNOWN_SCHEMAS:
+        raise CheckpointError(f"{path}: schema={schema!r}, this SOLARIS reads schemas "
+                              f"{', '.join(map(str, KNOWN_SCHEMAS))} (upgrade SOLARIS or "
+                              "retrain)")
+    return m
+
+
+def _class_error(path: Path, e: ConfigError) -> CheckpointError:
+    return CheckpointError(f"{path}: {e}")
+
+
+def fm_from_checkpoint(ck: dict, where: str | Path) -> Any:
+    """The FM an ``fm.pt`` checkpoint describes, its weights loaded, in eval mode."""
+    meta = ck["meta"]
+    try:
+        cfg = config_from_dict({"fm": ck["config"]}).fm
+        fm = api.build_fm(cfg, FeatureSpec.from_dict(meta["spec"]), meta["num_users"],
+                          meta["num_items"], tuple(meta["tasks"]), meta["history_len"])
+    except ConfigError as e:
+        raise _class_error(Path(where), e) from e
+    api.load_weights(fm, ck["state_dict"], str(where))
+    return fm.eval()
+
+
+def vm_alone_from_checkpoint(ck: dict, where: str | Path = "") -> Any:
+    """The VM alone a VM checkpoint's config describes (weights not loaded): the model
+    itself, or the base inside a residual VM's checkpoint."""
+    meta = ck["meta"]
+    try:
+        cfg = config_from_dict({"vm": ck["config"]}).vm
+        return api.build_vm(cfg, FeatureSpec.from_dict(meta["spec"]), meta["num_users"],
+                            meta["num_items"], meta["slot_dim"])
+    except ConfigError as e:
+        raise _class_error(Path(where), e) from e
+
+
+@dataclass(frozen=True)
+class Artifacts:
+    """An artifact directory (``solaris train``): version, tasks, VM files, side tables, and
+    the loaders of its models."""
+
+    root: Path
+    version: str
+    tasks: tuple[str, ...]
+    vm_files: dict[str, str]  # task -> VM checkpoint file name
+    num_users: int
+    num_items: int
+    dim: int  # pair-embedding width
+    manifest: dict = field(repr=False, compare=False, default_factory=dict)
+
+    @classmethod
+    def open(cls, root: str | Path) -> "Artifacts":
+        root = Path(root)
+        m = read_manifest(root)
+        try:
+            vms = {t: v["file"] for t, v in m["vms"].items()}
+            return cls(root, str(m["version"]), tuple(m["tasks"]), vms,
+                       int(m["sizes"]["num_users"]), int(m["sizes"]["num_items"]),
+                       int(m["config"]["encoder"]["width"]), m)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise CheckpointError(f"{root / 'manifest.json'}: malformed manifest "
+                                  f"({type(e).__name__}: {e})") from e
+
+    @property
+    def config(self) -> SolarisConfig:
+        """The config the artifacts were trained with."""
+        return config_from_dict(self.manifest["config"])
+
+    def side_tables(self) -> SideTables:
+        return load_side_tables(self.root / self.manifest.get("side_tables", "side.npz"))
+
+    def fm(self) -> Any:
+        """The FM (``solaris.models.api.FMModel``), weights loaded, in eval mode."""
+        return self._fm()[0]
+
+    def _fm(self) -> tuple[Any, str]:
+        path = self.root / self.manifest.get("fm", "fm.pt")
+        ck = load_checkpoint(path, "fm")
+        return fm_from_checkpoint(ck, path), str(ck["meta"].get("version", ""))
+
+    def encoder(self) -> PairEncoder:
+        path = self.root / self.manifest.get("encoder", "encoder.pt")
+        ck = load_checkpoint(path, "encoder")
+        enc = PairEncoder(ck["meta"]["in_dim"], config_from_dict({"encoder": ck["config"]}).encoder)
+        api.load_weights(enc, ck["state_dict"], str(path))
+        enc.version = str(ck["meta"].get("version", ""))
+        return enc.eval()
+
+    def models(self) -> tuple[Any, PairEncoder, str]:
+        """(FM, encoder, their version); CheckpointError if the two versions differ."""
+        (fm, version), enc = self._fm(), self.encoder()
+        if enc.version != version:
+            raise CheckpointError(f"{self.root}: encoder version {enc.version!r} != FM "
+                                  f"version {version!r}")
+        return fm, enc, version
+
+    def vm(self, task: str) -> tuple[torch.nn.Module, torch.nn.Module, dict]:
+        """(served model, its VM alone, checkpoint meta) of ``task``: the residual VM
+        (``solaris.models.residual.ResidualVM``) around its VM alone."""
+        from solaris.errors import RequestError
+        from solaris.models.residual import ResidualVM
+
+        if task not in self.vm_files:
+            raise RequestError(f"task={task!r}: no VM for it (tasks: {', '.join(self.tasks)})")
+        path = self.root / self.vm_files[task]
+        ck = load_checkpoint(path, "vm")
+        meta = ck["meta"]
+        if not meta.get("residual", False):
+            raise CheckpointError(f"{path}: a jointly trained VM, a kind this SOLARIS no "
+                                  "longer serves (retrain with `solaris train`)")
+        base = vm_alone_from_checkpoint(ck, path)
+        model = ResidualVM(base, int(meta["slot_dim"]), int(meta["hidden"]),
+                           use_pair=bool(meta["use_pair"]), use_agg=bool(meta["use_agg"]),
+                           use_z=bool(meta.get("use_z", True)),
+                           imputed=bool(meta.get("imputed", False)))
+        state = ck["state_dict"]
+        if "present_affine" not in state:  # saved before the map existed
+            state = {**state, "present_affine": model.present_affine.clone()}
+        api.load_weights(model, state, str(path))
+        return model, base, meta
+
+    def vm_alone(self, task: str) -> tuple[torch.nn.Module, float, float]:
+        """(VM alone, its learning rate, its validation BCE) of ``task``."""
+        entry = self.manifest.get("baselines", {}).get(task)
+        if entry is None:
+            raise CheckpointError(f"{self.root}: no VM alone for task {task!r}")
+        path = self.root / entry["file"]
+        ck = load_checkpoint(path, "vm")
+        vm = vm_alone_from_checkpoint(ck, path)
+        api.load_weights(vm, ck["state_dict"], str(path))
+        return vm.eval(), float(entry["lr"]), float(entry["val_bce"])
+
+
+def load_models(root: str | Path) -> tuple[Any, PairEncoder, str]:
+    """(FM, encoder, version) of an artifact directory (``Artifacts.models``)."""
+    return Artifacts.open(root).models()
