@@ -1,0 +1,1 @@
+"""Plug-in examples: models outside ``solaris`` that SOLARIS builds by import path."""
