@@ -118,3 +118,30 @@ def test_an_imported_fm_gives_what_training_it_in_the_run_gives(art, tmp_path):
     missing = load_config(None, {**tiny.TINY, "fm.weights": str(tmp_path / "none.pt")})
     with pytest.raises(CheckpointError, match="none.pt'?: no such file"):
         train_artifacts(missing, load_dataset(missing.data), tmp_path / "x", seed=0)
+
+
+def test_nothing_outside_a_models_own_file_reads_its_layers():
+    """Every consumer reads the FM and the VM through the interfaces: no product file but the
+    model's own names a layer of the built-in FM or VM on anything but ``self``."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    fm = api.build_fm(SMALL_FM, TINY_SPEC, 7, 11, TASKS, 5)
+    vm = api.build_vm(VMConfig(emb_dim=4, hidden=(8,)), TINY_SPEC, 7, 11)
+    layers = {n for n, _ in fm.named_children()} | {n for n, _ in fm.named_parameters()
+                                                    if "." not in n}
+    layers |= {n for n, _ in vm.named_children()}
+    assert {"inter_proj", "item_emb", "task_heads", "user_emb", "mlp"} <= layers
+    own = {root / "solaris/models/fm.py", root / "solaris/models/vm.py"}
+    offenders = []
+    for top in ("solaris", "serve", "actors", "jobs"):
+        for path in sorted((root / top).rglob("*.py")):
+            if path in own:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if (isinstance(node, ast.Attribute) and node.attr in layers
+                        and not (isinstance(node.value, ast.Name) and node.value.id == "self")):
+                    offenders.append(f"{path.relative_to(root)}:{node.lineno} "
+                                     f"{ast.unparse(node)}")
+    assert not offenders, offenders
