@@ -340,6 +340,9 @@ class TrainConfig:
     """Optimisation shared by FM and VM training."""
 
     batch_size: int = 512  # rows per step
+    # where the FM trains: "auto" (a GPU where torch sees one, else the CPU), "cpu", "cuda";
+    # the FM is moved back to the CPU after, so what follows is the same code on any machine
+    device: str = "auto"
     fm_lr: float = 2e-3  # FM Adam learning rate
     fm_epochs: int = 12  # FM max epochs (early stopping on the FM's own held-out tail)
     vm_epochs: int = 25  # VM max epochs (early stopping on validation)
@@ -350,6 +353,8 @@ class TrainConfig:
     threads: int = 1
 
     def __post_init__(self) -> None:
+        _check(self.device in ("auto", "cpu", "cuda"), "train.device", self.device,
+               "must be 'auto', 'cpu' or 'cuda'")
         _check(self.batch_size >= 1, "train.batch_size", self.batch_size, "must be >= 1")
         _check(self.fm_lr > 0, "train.fm_lr", self.fm_lr, "must be > 0")
         _check(self.fm_epochs >= 1, "train.fm_epochs", self.fm_epochs, "must be >= 1")

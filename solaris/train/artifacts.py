@@ -147,7 +147,7 @@ def _train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed:
         "cuts": [int(c) for c in periods.cuts],  # first ts of the vm, val and test periods
         "baselines": baselines,
         "config": config_to_dict(cfg), "seed": seed, "seconds": round(time.perf_counter() - t0, 1),
-        "fm_imported": bool(cfg.fm.weights), "train_device": "cpu",
+        "fm_imported": bool(cfg.fm.weights), "train_device": teacher.device,
     }
     atomic.save_json(out / "manifest.json", manifest)  # last: a manifest means a whole set
     return manifest

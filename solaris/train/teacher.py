@@ -19,6 +19,7 @@ from solaris.config import EncoderConfig, FeatureConfig, FMConfig, TrainConfig
 from solaris.features import FeatureTables, aggregate_embeddings
 from solaris.models.api import FMModel, build_fm, shared_layer as fm_shared_layer
 from solaris.models.encoder import PairEncoder, encoder_loss
+from solaris.precompute.worker import describe_device
 from solaris.train.loop import FitResult, fit, predict_in_batches, seed_everything
 from solaris.train.vertical import SlotArrays, VMInputs
 
@@ -31,6 +32,7 @@ class Teacher:
     encoder: PairEncoder
     fm_fit: FitResult
     version: str  # FM + encoder version carried by every embedding they make
+    device: str = "cpu"  # where the FM trained (``describe_device``; imported: "cpu")
 
 
 def train_fm(tables: FeatureTables, rows: np.ndarray, cfg: FMConfig, train: TrainConfig,
@@ -42,17 +44,22 @@ def train_fm(tables: FeatureTables, rows: np.ndarray, cfg: FMConfig, train: Trai
     """
     seed_everything(seed)
     torch.set_num_threads(train.threads)
+    dev = training_device(train.device)
     rows = np.asarray(rows)
     cut = int(len(rows) * 0.9)
     tr, ho = rows[:cut], rows[cut:]
     model = build_fm(cfg, tables.spec, tables.num_users, tables.num_items, tables.tasks,
                      tables.history_len)
+    model.to(dev)
     mask = torch.tensor(task_mask if task_mask is not None else [True] * len(tables.tasks))
+    mask = mask.to(dev)
     y_all = torch.from_numpy(tables.labels)
 
     def loss_on(r: np.ndarray) -> torch.Tensor:
-        logits = model.heads(fm_shared_layer(model, tables.batch(r)))  # (B, T)
-        per = F.binary_cross_entropy_with_logits(logits, y_all[r], reduction="none")  # (B, T)
+        batch = {k: v.to(dev) for k, v in tables.batch(r).items()}
+        logits = model.heads(fm_shared_layer(model, batch))  # (B, T)
+        per = F.binary_cross_entropy_with_logits(logits, y_all[r].to(dev),
+                                                 reduction="none")  # (B, T)
         return per[:, mask].mean()
 
     def step(idx: np.ndarray, rng: np.random.Generator) -> torch.Tensor:
@@ -65,7 +72,17 @@ def train_fm(tables: FeatureTables, rows: np.ndarray, cfg: FMConfig, train: Trai
     res = fit(model, step, val, len(tr), lr=train.fm_lr, epochs=train.fm_epochs,
               patience=train.patience, batch_size=train.batch_size, seed=seed,
               weight_decay=train.weight_decay, progress=progress, name="fm")
-    return model, res
+    return model.cpu(), res
+
+
+def training_device(device: str) -> torch.device:
+    """``train.device`` resolved: "auto" is a GPU where torch sees one, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        from solaris.errors import ConfigError
+        raise ConfigError("train.device='cuda': torch sees no GPU here")
+    return torch.device(device)
 
 
 def import_fm(cfg: FMConfig, tables: FeatureTables) -> FMModel:
@@ -201,8 +218,10 @@ def build_teacher(tables: FeatureTables, fm_rows: np.ndarray, fm_cfg: FMConfig,
     if fm_cfg.weights:  # an already-trained FM: only the encoder (and the VMs) are fitted
         torch.set_num_threads(train.threads)
         fm, res = import_fm(fm_cfg, tables), FitResult(float("nan"), 0, 0)
+        device = "cpu"
     else:
         fm, res = train_fm(tables, fm_rows, fm_cfg, train, seed, task_mask, progress)
+        device = describe_device(training_device(train.device))
     version = f"{fm_cfg.version}+enc{enc_cfg.width}"
     enc = train_encoder(fm, tables, fm_rows, enc_cfg, seed, version)
-    return Teacher(fm=fm, encoder=enc, fm_fit=res, version=version)
+    return Teacher(fm=fm, encoder=enc, fm_fit=res, version=version, device=device)

@@ -115,6 +115,10 @@ def test_an_imported_fm_gives_what_training_it_in_the_run_gives(art, tmp_path):
         a = load_checkpoint(art / name, name.split("_")[0].split(".")[0])["state_dict"]
         b = load_checkpoint(out / name, name.split("_")[0].split(".")[0])["state_dict"]
         assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a), name
+    if not torch.cuda.is_available():  # no GPU here: auto trains on the CPU, cuda is refused
+        gpu = load_config(None, {**tiny.TINY, "train.device": "cuda"})
+        with pytest.raises(ConfigError, match="train.device='cuda'"):
+            train_artifacts(gpu, load_dataset(gpu.data), tmp_path / "gpu", seed=0)
     missing = load_config(None, {**tiny.TINY, "fm.weights": str(tmp_path / "none.pt")})
     with pytest.raises(CheckpointError, match="none.pt'?: no such file"):
         train_artifacts(missing, load_dataset(missing.data), tmp_path / "x", seed=0)
