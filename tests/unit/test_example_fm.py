@@ -12,21 +12,14 @@ from solaris.config import FMConfig, load_config
 from solaris.data.schema import FeatureSpec
 from solaris.errors import ConfigError
 from solaris.models.api import CANDIDATE_KEYS, REQUEST_KEYS, FMModel, build_fm, shared_layer
+from tests.unit.test_models import EMPTY_SPEC, TINY_SPEC
 
 ROOT = Path(__file__).resolve().parents[2]
 CLS = "examples.causal_fm:CausalTransformerFM"
 TASKS = ("click", "like")
 NUM_USERS, NUM_ITEMS, HIST = 7, 11, 5
 SMALL = {"dim": 8, "layers": 2, "heads": 2, "shared_dim": 16, "dropout": 0.1}
-SPEC = FeatureSpec(
-    user_categorical={"age": 3, "gender": 2},
-    user_continuous=("activity",),
-    item_categorical={"cat": 4, "brand": 5},
-    item_multihot={"tags": 6, "moods": 3},
-    item_continuous=("price", "len"),
-    num_surfaces=2,
-)
-EMPTY_SPEC = FeatureSpec(num_surfaces=1)  # no side feature at all
+SPEC = TINY_SPEC  # the built-in FM's tests' spec: every feature group present
 
 
 def make_fm(spec: FeatureSpec = SPEC, seed: int = 0, **kwargs):
