@@ -271,7 +271,23 @@ def rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConfi
             encoder_cpus: float = 1.0, use_gpu: bool | None = None, task_cpus: float = 1.0,
             version: str | None = None, all_users: bool = True) -> dict:
     """One rebuild against the connected Ray cluster; returns what was published
-    (``all_users``: see ``user_embeddings``)."""
+    (``all_users``: see ``user_embeddings``). The driver embeds and indexes on one torch
+    thread; the caller's thread count is restored after."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        return _rebuild(data, artifacts, out_uri, cfg, as_of=as_of, encoders=encoders,
+                        batch_size=batch_size, encoder_cpus=encoder_cpus, use_gpu=use_gpu,
+                        task_cpus=task_cpus, version=version, all_users=all_users)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConfig, *,
+             as_of: float | None, encoders: int, batch_size: int, encoder_cpus: float,
+             use_gpu: bool | None, task_cpus: float, version: str | None,
+             all_users: bool) -> dict:
     import torch
 
     from solaris.knn.tables import build_table, new_version, publish

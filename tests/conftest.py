@@ -7,9 +7,9 @@ perturbs training floats as another processor does; the suite must pass either w
 
 Two computations of the same floats in this process agree to the bit only at the same thread
 count (a matrix product or a reduction splits its sums by thread), so every test starts at
-``THREADS``, its fixtures included, whatever the code an earlier test ran left behind: the
-KNN job (``jobs/rebuild_knn.rebuild``, also run by an in-process replay) sets 1 for good, and
-``train_fm``/``train_vm``/``train_residual`` set their config's ``train.threads``.
+``THREADS``, its fixtures included, whatever the code an earlier test ran left behind:
+``train_fm``/``train_vm``/``train_residual`` set their config's ``train.threads`` (the KNN
+job, ``jobs/rebuild_knn.rebuild``, restores its caller's count).
 """
 
 from __future__ import annotations

@@ -70,8 +70,12 @@ def test_rebuild_twice_reader_sees_the_new_version(local_ray, world, tmp_path):
     uri = f"file://{tmp_path}/knn"
     cfg = KnnConfig(k=10, item_k=5, recall_queries=200)
     assert current_version(uri) is None
+    import torch
+
+    torch.set_num_threads(3)
     first = rebuild(data, art, uri, cfg, batch_size=64, encoder_cpus=0.5, use_gpu=False,
                     version="v1")
+    assert torch.get_num_threads() == 3  # the driver's count is restored after the build
     assert first["user"]["rows"] == users and first["item"]["rows"] == items
     assert first["user"]["recall_at_10"] >= cfg.min_recall
     v, table = load_current(uri)

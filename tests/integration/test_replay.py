@@ -146,9 +146,8 @@ def test_replay_is_independent_of_worker_count_and_matches_its_schedule(tmp_path
     # threads in both (this process: tests/conftest.py; the CLI's: OMP_NUM_THREADS), and one
     # computation at one thread count gives the same bits every time
     assert json.dumps(pred, sort_keys=True) == json.dumps(two["prediction"], sort_keys=True)
-    # the in-process replay's KNN build (jobs/rebuild_knn.rebuild) left this process on one
-    # thread; the prediction above ran on THREADS, and the FM's outputs round by the count
-    # (a few ulps in its BCE at 1 vs 2 threads): predict again on the same count
+    # the prediction above ran on THREADS, and the FM's outputs round by the count (a few
+    # ulps in its BCE at 1 vs 2 threads): predict again on the same count
     import torch
 
     torch.set_num_threads(THREADS)
