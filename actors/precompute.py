@@ -62,7 +62,7 @@ import warnings
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import ray
@@ -92,6 +92,18 @@ def worker_gpus(cfg: PrecomputeConfig) -> int:
     if cfg.device == "cuda":
         return 1
     return 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
+
+
+class _EncodeFault:
+    """The encoder's ``encode`` replaced by ``fire`` until ``remove``: a point inside the
+    worker's forward, after the FM's request part ran (whatever the FM's layers)."""
+
+    def __init__(self, encoder: Any, fire: Callable[[], None]) -> None:
+        self._encoder = encoder
+        encoder.encode = lambda *_a, **_k: fire()
+
+    def remove(self) -> None:
+        del self._encoder.encode  # the class's own method again
 
 
 # ---- the worker ------------------------------------------------------------------------------
@@ -169,8 +181,7 @@ class FMWorker:
             self._hook = None
         self._fault = fault
         if fault == "mid_forward":  # in the candidate blocks, after the request part ran
-            self._hook = self._worker.encoder.register_forward_hook(
-                lambda *_: self._exit("mid_forward"))
+            self._hook = _EncodeFault(self._worker.encoder, lambda: self._exit("mid_forward"))
 
     def _exit(self, where: str) -> None:
         log.warning("FM worker %d: fault %r armed, exiting", self._id, where)

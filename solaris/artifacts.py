@@ -153,28 +153,14 @@ class Artifacts:
 
     def fm(self) -> Any:
         """The FM (``solaris.models.api.FMModel``), weights loaded, in eval mode."""
-        return self._fm()[0]
-
-    def _fm(self) -> tuple[Any, str]:
-        path = self.root / self.manifest.get("fm", "fm.pt")
-        ck = load_checkpoint(path, "fm")
-        return fm_from_checkpoint(ck, path), str(ck["meta"].get("version", ""))
+        return _fm(self.root, self.manifest)[0]
 
     def encoder(self) -> PairEncoder:
-        path = self.root / self.manifest.get("encoder", "encoder.pt")
-        ck = load_checkpoint(path, "encoder")
-        enc = PairEncoder(ck["meta"]["in_dim"], config_from_dict({"encoder": ck["config"]}).encoder)
-        api.load_weights(enc, ck["state_dict"], str(path))
-        enc.version = str(ck["meta"].get("version", ""))
-        return enc.eval()
+        return _encoder(self.root, self.manifest)
 
     def models(self) -> tuple[Any, PairEncoder, str]:
         """(FM, encoder, their version); CheckpointError if the two versions differ."""
-        (fm, version), enc = self._fm(), self.encoder()
-        if enc.version != version:
-            raise CheckpointError(f"{self.root}: encoder version {enc.version!r} != FM "
-                                  f"version {version!r}")
-        return fm, enc, version
+        return _models(self.root, self.manifest)
 
     def vm(self, task: str) -> tuple[torch.nn.Module, torch.nn.Module, dict]:
         """(served model, its VM alone, checkpoint meta) of ``task``: the residual VM
@@ -213,6 +199,33 @@ class Artifacts:
         return vm.eval(), float(entry["lr"]), float(entry["val_bce"])
 
 
+def _fm(root: Path, manifest: dict) -> tuple[Any, str]:
+    path = root / manifest.get("fm", "fm.pt")
+    ck = load_checkpoint(path, "fm")
+    return fm_from_checkpoint(ck, path), str(ck["meta"].get("version", ""))
+
+
+def _encoder(root: Path, manifest: dict) -> PairEncoder:
+    path = root / manifest.get("encoder", "encoder.pt")
+    ck = load_checkpoint(path, "encoder")
+    enc = PairEncoder(ck["meta"]["in_dim"], config_from_dict({"encoder": ck["config"]}).encoder)
+    api.load_weights(enc, ck["state_dict"], str(path))
+    enc.version = str(ck["meta"].get("version", ""))
+    return enc.eval()
+
+
+def _models(root: Path, manifest: dict) -> tuple[Any, PairEncoder, str]:
+    (fm, version), enc = _fm(root, manifest), _encoder(root, manifest)
+    if enc.version != version:
+        raise CheckpointError(f"{root}: encoder version {enc.version!r} != FM version "
+                              f"{version!r}")
+    return fm, enc, version
+
+
 def load_models(root: str | Path) -> tuple[Any, PairEncoder, str]:
-    """(FM, encoder, version) of an artifact directory (``Artifacts.models``)."""
-    return Artifacts.open(root).models()
+    """(FM, encoder, version) of an artifact directory (``Artifacts.models``), or of a
+    directory holding only ``fm.pt`` and ``encoder.pt`` (what the FM workers and the KNN
+    job need)."""
+    root = Path(root)
+    manifest = read_manifest(root) if (root / "manifest.json").exists() else {}
+    return _models(root, manifest)
