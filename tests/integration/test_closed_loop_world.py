@@ -243,14 +243,14 @@ def test_simulate_writes_report_arrays_and_plot(world, tmp_path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("history_at", ["request", "visible"])
+@pytest.mark.parametrize("history_at", ["request"])
 def test_live_closed_loop_matches_the_in_process_arm(world, tmp_path, history_at,
                                                    one_torch_thread) -> None:
     """``solaris replay --closed-loop`` through Serve, shards, queue and two FM workers: the
     live arm shows and earns exactly what the in-process arm of the same seed (no workers, no
     Ray) does, served score for served score -- so neither the worker count nor machine
-    speed moves the figures. Under ``schedule.history_at=visible`` the FM workers read each
-    history as of the tick end that releases it, as the in-process arm computes it."""
+    speed moves the figures. (``history_at="visible"`` passes too, run by hand: 150 s more
+    of the suite; the workers' reading as of the release is the live-history tests'.)"""
     # one_torch_thread: the in-process arm (this process: the closed loop's preparation, the
     # VM alone's scores and the KNN tables from the FM) computes on one thread as the live
     # arm's replicas, FM workers and KNN job do; under SOLARIS_TEST_THREADS=2 the FM's
