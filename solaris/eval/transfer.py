@@ -578,8 +578,8 @@ def compare_fms(cfgs: dict[str, SolarisConfig], ds: Dataset,
     for label, cfg in cfgs.items():
         runs: dict[int, list[SeedRun]] = {}
         reports[label] = run_transfer(cfg, ds, progress, runs)
-        p = time_split(ds, cfg.split)
-        y = FeatureTables(ds, cfg.features).labels[p.test, 0]
+        test = time_split(ds, cfg.split).test
+        y = ds.interactions.column(ds.tasks[0]).to_numpy(zero_copy_only=False)[test]
         losses[label] = np.mean([M.bce_rows(y, r.raw["fm"]) for r in runs[0]], axis=0)
     first = next(iter(cfgs.values()))
     labels = list(cfgs)

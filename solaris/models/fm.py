@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from solaris.config import FMConfig
 from solaris.data.schema import FeatureSpec
+from solaris.models import api
 
 Tensor = torch.Tensor
 
@@ -238,9 +239,7 @@ class FoundationModel(nn.Module):
 
     def shared_layer(self, batch: dict[str, Tensor]) -> Tensor:
         """Last shared layer for a batch whose rows each carry their own request side."""
-        B = batch["item"].shape[0]
-        req_index = torch.arange(B, device=batch["item"].device)  # (B,)
-        return self.candidate_part(self.request_part(batch), batch, req_index)  # (B, S)
+        return api.shared_layer(self, batch)  # (B, S)
 
     def forward(self, batch: dict[str, Tensor]) -> Tensor:
         return self.heads(self.shared_layer(batch))  # (B, T)
