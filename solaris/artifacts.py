@@ -6,6 +6,8 @@ An artifact directory (``solaris.train.artifacts.train_artifacts`` writes it)::
     fm.pt                the FM: state dict + FMConfig (its class, ``cls``) + sizes   kind "fm"
     encoder.pt           the pair encoder: state dict + EncoderConfig + in_dim        kind "encoder"
     side.npz             side-feature tables by user / item id
+    ids/users.parquet    the deployment's id map (``solaris.ids``): raw ids in code order;
+    ids/items.parquet    absent in artifacts written before it (the identity)
     vm_<task>.pt         the served (residual) VM: its VM alone's config + corrections  kind "vm"
     vm_<task>_alone.pt   the VM alone                                                   kind "vm"
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +33,7 @@ import torch
 from solaris.config import SolarisConfig, config_from_dict
 from solaris.data.schema import FeatureSpec
 from solaris.errors import CheckpointError, ConfigError
+from solaris.ids import IdMap
 from solaris.models import api
 from solaris.models.encoder import PairEncoder
 from solaris.train.checkpoint import load_checkpoint
@@ -148,8 +152,33 @@ class Artifacts:
         """The config the artifacts were trained with."""
         return config_from_dict(self.manifest["config"])
 
+    @cached_property
+    def spec(self) -> FeatureSpec:
+        """The feature spec the models were trained on (as their checkpoints record it):
+        what a request's real-time features are checked and standardised against."""
+        files = [*self.vm_files.values()]
+        path = self.root / (files[0] if files else self.manifest.get("fm", "fm.pt"))
+        ck = load_checkpoint(path, "vm" if files else "fm")
+        try:
+            return FeatureSpec.from_dict(ck["meta"]["spec"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{path}: malformed feature spec ({type(e).__name__}: "
+                                  f"{e})") from e
+
     def side_tables(self) -> SideTables:
         return load_side_tables(self.root / self.manifest.get("side_tables", "side.npz"))
+
+    def ids(self) -> IdMap:
+        """The deployment's id map as of these artifacts (``solaris.ids``); artifacts written
+        before maps were saved code by the identity (the wire's integers are the codes)."""
+        m = IdMap.load(self.root)
+        if m is None:
+            return IdMap.identity(self.num_users, self.num_items)
+        if len(m.users) != self.num_users or len(m.items) != self.num_items:
+            raise CheckpointError(f"{self.root / 'ids'}: {len(m.users)} users and "
+                                  f"{len(m.items)} items, the models {self.num_users} and "
+                                  f"{self.num_items}")
+        return m
 
     def fm(self) -> Any:
         """The FM (``solaris.models.api.FMModel``), weights loaded, in eval mode."""

@@ -95,6 +95,9 @@ class DataConfig:
     dataset: str = "synthetic"  # synthetic | movielens | generic
     data_dir: str | None = None  # MovieLens dir, generated synthetic Parquet dir, or generic YAML
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    # the deployment's id map to extend (an artifacts directory or its ids/ folder): every id
+    # it holds keeps its code, new ids are appended (solaris/ids.py); None: a new deployment
+    ids: str | None = None
 
     def __post_init__(self) -> None:
         _check(self.dataset in ("synthetic", "movielens", "generic"), "data.dataset", self.dataset,

@@ -1,7 +1,8 @@
 """Column encoders shared by every loader, so each codes values the same way.
 
-Dense codes follow the sorted raw values (numeric order for integer ids, byte order for
-strings); numeric parsing, standardising and multi-hot building raise DataError naming the
+Feature values' dense codes follow the sorted raw values (numeric order for integers, byte
+order for strings); ids are coded in order of appearance (``appearance_vocab``,
+``extend_vocab``: what a deployment's id map appends); numeric parsing, standardising and multi-hot building raise DataError naming the
 file, the column and the first bad line.
 """
 
@@ -98,6 +99,30 @@ def sorted_vocab(values: pa.ChunkedArray | pa.Array) -> pa.Array:
         uniq = uniq.combine_chunks()
     uniq = pc.drop_null(uniq)
     return uniq.take(pc.sort_indices(uniq))
+
+
+def appearance_vocab(values: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """Distinct non-null values in order of first appearance: code k means ``vocab[k]``."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    values = pc.drop_null(values)
+    if not len(values):
+        return values
+    codes = pc.index_in(values, value_set=pc.unique(values)).to_numpy()
+    _, first = np.unique(codes, return_index=True)
+    return values.take(pa.array(np.sort(first)))
+
+
+def extend_vocab(known: pa.Array | None, values: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """``known`` (kept as it is) followed by the values of ``values`` it lacks, in order of
+    first appearance: an append-only vocabulary."""
+    new = appearance_vocab(values)
+    if known is None or not len(known):
+        return new
+    if not len(new):
+        return known
+    fresh = pc.invert(pc.is_in(new, value_set=known))
+    return pa.concat_arrays([known, new.filter(fresh)])
 
 
 def encode(values: pa.ChunkedArray | pa.Array, vocab: pa.Array, src: Source, column: str,

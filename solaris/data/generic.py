@@ -6,12 +6,15 @@ columns of the optional user / item tables become features. The column encoders 
 
 Conventions (besides those of ``solaris.data.schema``):
 
-* Dense codes follow the sorted raw values (numeric order for integer ids, byte order for
-  strings), so codes do not depend on row order.
+* Ids are coded in order of appearance, never by their values, so a re-keyed log (other
+  raw ids, the same rows) codes the same: the side table's row order where one is given, else
+  the log's first appearance in event order (ties by the ``order`` column, then file order).
+  Given a deployment's id map (``solaris.ids``), every id it holds keeps its code and the new
+  ones are appended in that order. Feature values' codes follow their sorted values.
 * A null in a categorical feature gets its own code, the last one; a null in a continuous
   feature becomes 0 after standardising (the mean); a null multi-hot value is an empty list.
-* Rows with equal timestamps are ordered by (user, item, surface, labels), i.e. by the sorted
-  raw ids; ``seq`` numbers that order. Rows equal in all of those keep file order.
+* Rows with equal timestamps are ordered by (user, item, surface, labels), i.e. by the
+  codes; ``seq`` numbers that order. Rows equal in all of those keep file order.
 * A label given as ``(column, threshold)`` is ``value >= threshold``; a label given as a bare
   column must already hold 0/1.
 """
@@ -29,12 +32,14 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from solaris.data.columns import (Source, align_id_types, categorical_codes, check_no_nulls,
-                                  encode, first_true, multihot_array, parse_numeric, raw_ids,
-                                  sorted_vocab, standardise)
+from solaris.data.columns import (Source, align_id_types, appearance_vocab, categorical_codes,
+                                  check_no_nulls, encode, extend_vocab, first_true,
+                                  multihot_array, parse_numeric, raw_ids, sorted_vocab,
+                                  standardise)
 from solaris.data.schema import (ITEM, RAW_ID, USER, Dataset, FeatureSpec, interaction_schema,
                                  request_schema)
 from solaris.errors import ConfigError, DataError
+from solaris.ids import IdMap
 
 log = logging.getLogger(__name__)
 
@@ -295,14 +300,29 @@ def _coded(arr: pa.Array, src: Source, column: str, n: int, multihot: bool
     return pa.array(v, pa.int64()), n
 
 
+def _known_ids(known: pa.Array | None, ids: pa.Array, src: Source, column: str
+               ) -> pa.Array | None:
+    """The id map's side, checked to hold the log's kind of ids."""
+    if known is None:
+        return None
+    if known.type != ids.type:
+        raise src.error(column, None, f"the id map holds {known.type} ids, the log {ids.type}: "
+                                      "a deployment keeps one kind of id")
+    return known
+
+
 def _side_table(path: str | Path | None, ids: pa.Array, inter_src: Source, id_column: str,
-                feats: FeatureColumns) -> tuple[pa.Table, np.ndarray, dict, tuple, dict]:
-    """Codes for ``ids`` plus the coded side table (or a bare id table when ``path`` is None)."""
+                feats: FeatureColumns, appear: np.ndarray, known: pa.Array | None
+                ) -> tuple[pa.Table, np.ndarray, dict, tuple, dict]:
+    """Codes for ``ids`` plus the coded side table (or a bare id table when ``path`` is
+    None). ``known``: the id map's raw ids of this side (kept, new ids appended); ``appear``:
+    the log's rows in event order (the order new ids are met in without a side table)."""
     if path is None:
         if feats.categorical or feats.continuous or feats.scaled or feats.multihot:
             raise DataError(f"{inter_src.path}: features for {id_column!r} are mapped "
                             "but no table was given")
-        vocab = sorted_vocab(ids)
+        known = _known_ids(known, ids, inter_src, id_column)
+        vocab = extend_vocab(known, ids.take(pa.array(appear)))
         codes = encode(ids, vocab, inter_src, id_column, "its own vocabulary")
         table = pa.table({RAW_ID: vocab})
         return table, codes, {}, (), {}
@@ -310,13 +330,26 @@ def _side_table(path: str | Path | None, ids: pa.Array, inter_src: Source, id_co
     key = feats.key or id_column
     keys = raw_ids(_column(table, src, key), src, key)
     keys, ids = align_id_types(keys, ids)
-    vocab = sorted_vocab(keys)
-    if len(vocab) != len(keys):
+    if len(sorted_vocab(keys)) != len(keys):
         counts = pc.value_counts(keys)
         dup = counts.filter(pc.greater(counts.field("counts"), 1))[0]["values"].as_py()
         raise src.error(key, None, f"id {dup!r} appears more than once")
+    known = _known_ids(known, keys, src, key)
+    vocab = extend_vocab(known, keys)  # the table's rows in order after the known ids
     codes = encode(ids, vocab, inter_src, id_column, f"{src.path.name} (column {key!r})")
-    order = pc.index_in(vocab, value_set=keys).to_numpy()  # side-table row of each code
+    # side-table row of each code; a known id the table no longer lists has null features
+    order = pc.index_in(vocab, value_set=keys)
+    gone = order.is_null().to_numpy(zero_copy_only=False)
+    if gone.any():
+        log.warning("%s: %d ids of the id map are not in the table; their features are null",
+                    src.path, int(gone.sum()))
+    rows = pc.fill_null(order, 0).to_numpy()
+
+    def numbers(c: str) -> np.ndarray:
+        v = _numbers(_column(table, src, c), src, c, required=False)[rows]
+        v[gone] = np.nan
+        return v
+
     cols: dict[str, pa.Array] = {RAW_ID: vocab}
     cat: dict[str, int] = {}
     for c in feats.categorical:
@@ -341,17 +374,17 @@ def _side_table(path: str | Path | None, ids: pa.Array, inter_src: Source, id_co
             raise src.error(c, None, f"expected a list column (or give a separator), found {arr.type}")
         cols[c], multi[c] = multihot_array(arr)
     for c in feats.continuous:
-        cols[c] = pa.array(standardise(_numbers(_column(table, src, c), src, c, required=False)[order]))
+        cols[c] = pa.array(standardise(numbers(c)))
     for c in feats.scaled:
-        v = _numbers(_column(table, src, c), src, c, required=False)[order]
+        v = numbers(c)
         cols[c] = pa.array(np.nan_to_num(v, nan=0.0).astype(np.float32))
     return pa.table(cols), codes, cat, (*feats.continuous, *feats.scaled), multi
 
 
 def load_generic(interactions: str | Path, mapping: ColumnMapping, users: str | Path | None = None,
-                 items: str | Path | None = None) -> Dataset:
+                 items: str | Path | None = None, ids: IdMap | None = None) -> Dataset:
     """Load an interaction or impression log (``.parquet``/``.csv``/``.tsv``) and optional
-    side tables.
+    side tables; ``ids``: the deployment's id map, extended (never renumbered) by the new ids.
 
     An impression log (``mapping.request`` set) has one row per (request, candidate): the
     shown rows become the interactions, and every request its candidate list (in file
@@ -374,9 +407,15 @@ def load_generic(interactions: str | Path, mapping: ColumnMapping, users: str | 
     if mapping.order is not None:
         tie = _numbers(_column(table, src, mapping.order), src, mapping.order, required=True)
 
-    user_tab, ucodes, ucat, ucont, _ = _side_table(users, user_raw, src, mapping.user, mapping.user_features)
-    item_tab, icodes, icat, icont, imulti = _side_table(items, item_raw, src, mapping.item,
-                                                         mapping.item_features)
+    # the rows in event order: ts, then the order column if given, then file order
+    appear = np.lexsort([np.arange(table.num_rows),
+                         *([] if tie is None else [tie]), ts])
+    user_tab, ucodes, ucat, ucont, _ = _side_table(
+        users, user_raw, src, mapping.user, mapping.user_features, appear,
+        None if ids is None else ids.users.raw)
+    item_tab, icodes, icat, icont, imulti = _side_table(
+        items, item_raw, src, mapping.item, mapping.item_features, appear,
+        None if ids is None else ids.items.raw)
     tasks = tuple(labels)
     rows = np.flatnonzero(shown)  # the interactions: shown rows
     n = len(rows)
@@ -394,7 +433,8 @@ def load_generic(interactions: str | Path, mapping: ColumnMapping, users: str | 
     }, schema=interaction_schema(tasks))
     requests = None
     if mapping.request is not None:
-        requests = _requests(table, src, mapping, ucodes, icodes, ts, surface, shown, labels)
+        requests = _requests(table, src, mapping, ucodes, icodes, ts, surface, shown, labels,
+                             appear)
     user_tab = pa.table({USER: np.arange(user_tab.num_rows, dtype=np.int64),
                          **{c: user_tab.column(c) for c in user_tab.column_names}})
     item_tab = pa.table({ITEM: np.arange(item_tab.num_rows, dtype=np.int64),
@@ -412,12 +452,14 @@ def load_generic(interactions: str | Path, mapping: ColumnMapping, users: str | 
 
 def _requests(table: pa.Table, src: Source, mapping: ColumnMapping, ucodes: np.ndarray,
               icodes: np.ndarray, ts: np.ndarray, surface: np.ndarray, shown: np.ndarray,
-              labels: dict[str, np.ndarray]) -> pa.Table:
-    """The impression log's requests (``request_schema``): ids coded by their sorted raw
-    values, in (ts, id) order; candidates in file order."""
+              labels: dict[str, np.ndarray], appear: np.ndarray) -> pa.Table:
+    """The impression log's requests (``request_schema``): ids coded in order of first
+    appearance in event order (``appear``), requests in (ts, id) order; candidates in file
+    order."""
     col = mapping.request
     rid = raw_ids(_column(table, src, col), src, col)
-    codes = encode(rid, sorted_vocab(rid), src, col, "its own vocabulary")
+    codes = encode(rid, appearance_vocab(rid.take(pa.array(appear))), src, col,
+                   "its own vocabulary")
     by = np.lexsort((np.arange(len(codes)), codes))  # by request, then file order
     c = codes[by]
     starts = np.r_[0, np.flatnonzero(np.diff(c)) + 1]
@@ -458,7 +500,7 @@ def _requests(table: pa.Table, src: Source, mapping: ColumnMapping, ucodes: np.n
     return pa.table(cols, schema=request_schema(tuple(labels)))
 
 
-def load_generic_yaml(path: str | Path) -> Dataset:
+def load_generic_yaml(path: str | Path, ids: IdMap | None = None) -> Dataset:
     """Load a generic log described by a YAML file (or a directory holding ``mapping.yaml``)::
 
         interactions: log.parquet   # paths relative to the YAML file
@@ -489,4 +531,4 @@ def load_generic_yaml(path: str | Path) -> Dataset:
         return None if value is None else path.parent / Path(value).expanduser()
 
     return load_generic(resolve("interactions"), ColumnMapping.from_dict(doc["mapping"]),
-                        users=resolve("users"), items=resolve("items"))
+                        users=resolve("users"), items=resolve("items"), ids=ids)

@@ -8,6 +8,7 @@ from pathlib import Path
 from solaris.config import DataConfig
 from solaris.data.schema import Dataset
 from solaris.errors import DataError
+from solaris.ids import IdMap
 
 log = logging.getLogger(__name__)
 
@@ -15,7 +16,15 @@ log = logging.getLogger(__name__)
 def load_dataset(cfg: DataConfig, fetch: bool = False) -> Dataset:
     """Synthetic (generated in memory, or read back from a generated Parquet dir), MovieLens-100K
     from ``data_dir`` (fetched into the cache when ``fetch`` and no dir is given), or a generic
-    log described by a YAML mapping file."""
+    log described by a YAML mapping file. ``cfg.ids``: the deployment's id map, which the
+    dataset's codes extend (a generic log's new ids are appended to it; any other loader's
+    codes must already extend it)."""
+    earlier = None
+    if cfg.ids is not None:
+        earlier = IdMap.load(cfg.ids)
+        if earlier is None:
+            raise DataError(f"data.ids={cfg.ids}: no id map there (ids/users.parquet, "
+                            "ids/items.parquet)")
     if cfg.dataset == "synthetic":
         if cfg.data_dir:
             from solaris.data.synthetic import load_parquet_dir
@@ -39,8 +48,10 @@ def load_dataset(cfg: DataConfig, fetch: bool = False) -> Dataset:
     else:
         from solaris.data.generic import load_generic_yaml
 
-        ds = load_generic_yaml(Path(cfg.data_dir))
+        ds = load_generic_yaml(Path(cfg.data_dir), ids=earlier)
     ds.validate()
+    if earlier is not None:  # the native loaders code by their own rules: check them
+        IdMap.from_dataset(ds).check_extends(earlier, f"data.ids={cfg.ids}")
     log.info("loaded %s: %d interactions, %d users, %d items", ds.name,
              ds.interactions.num_rows, ds.num_users, ds.num_items)
     return ds

@@ -29,6 +29,7 @@ from solaris.data.schema import Dataset
 from solaris.data.split import time_split
 from solaris.eval import metrics as M
 from solaris.features import FeatureTables
+from solaris.ids import IDS_DIR, IdMap
 from solaris.train.checkpoint import save_checkpoint
 from solaris.train.teacher import build_teacher, vm_inputs, z_at_age
 from solaris.simulate.schedule import simulated_presence, window_log
@@ -139,10 +140,17 @@ def _train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed:
             f, probs=probs.astype(np.float32), z=inputs.pair.numpy(), agg=inputs.agg.numpy(),
             agg_present=inputs.agg_present.numpy().astype(bool)))
     save_side_tables(out / "side.npz", SideTables.from_features(tables))
+    ids = IdMap.from_dataset(ds)
+    if base_dir is not None:  # a rollover: the new version codes every id as the last did
+        earlier = Artifacts.open(base_dir).ids()
+        ids.check_extends(earlier, str(out))
+    ids.save(out)
     manifest = {
         "schema": SCHEMA, "dataset": ds.name, "version": teacher.version, "tasks": list(ds.tasks),
         "sizes": {"num_users": ds.num_users, "num_items": ds.num_items},
         "side_tables": "side.npz",
+        "ids": {"dir": IDS_DIR, "users": len(ids.users), "items": len(ids.items),
+                "kind": "integer" if ids.users.is_int else "string"},
         "fm": "fm.pt", "encoder": "encoder.pt", "vms": vms, "periods": periods.as_dict(),
         "cuts": [int(c) for c in periods.cuts],  # first ts of the vm, val and test periods
         "baselines": baselines,

@@ -51,16 +51,17 @@ def write(tmp_path, table: pa.Table, fmt: str = "parquet"):
 
 def test_an_impression_log_gives_interactions_and_requests(tmp_path) -> None:
     ds = load_generic(write(tmp_path, impressions()), MAPPING)
-    assert ds.items.column("raw_id").to_pylist() == ["a", "b", "c"]
+    # items coded as first met in event order (ties by the order column): b, a, c
+    assert ds.items.column("raw_id").to_pylist() == ["b", "a", "c"]
     inter = ds.interactions.to_pydict()
     # the shown rows, by (ts, the order column): r1's b; r2's b (pos 1) then c (pos 2); r3's b
-    assert inter["item_id"] == [1, 1, 2, 1]
+    assert inter["item_id"] == [0, 0, 2, 0]
     assert inter["ts"] == [10, 20, 20, 30]
     assert inter["click"] == [1.0, 0.0, 1.0, 0.0]
     req = ds.requests.to_pydict()
-    assert req["request_id"] == [0, 1, 2]  # r1, r2, r3: sorted raw ids, in (ts, id) order
+    assert req["request_id"] == [0, 1, 2]  # r1, r2, r3: as first met, in (ts, id) order
     assert req["ts"] == [10, 20, 30] and req["user_id"] == [0, 1, 0]
-    assert req["candidates"] == [[1, 0], [2, 0, 1], [2, 1]]  # file order within a request
+    assert req["candidates"] == [[0, 1], [2, 1, 0], [2, 0]]  # file order within a request
     assert req["impressed"] == [[True, False], [True, False, True], [False, True]]
     lab = req["label_click"]
     assert lab[1][0] == 1.0 and math.isnan(lab[1][1]) and lab[1][2] == 0.0
@@ -76,7 +77,7 @@ def test_the_replay_reads_the_requests_as_logged(tmp_path) -> None:
     ds = load_generic(write(tmp_path, table), MAPPING)  # two candidates per request
     lg = build_request_log(ds, 0)
     assert lg.num_requests == 2 and lg.num_candidates == 2
-    assert lg.candidates.tolist() == [[1, 0], [2, 1]]
+    assert lg.candidates.tolist() == [[0, 1], [2, 0]]
     assert lg.labelled.tolist() == [[True, False], [False, True]]
     assert lg.labels[0, 0, 0] == 1.0 and lg.labels[1, 1, 0] == 0.0
     # requests of unequal length: the replay says so

@@ -297,13 +297,14 @@ def _with_mapping(paths: tuple[Path, Path, Path]) -> tuple:
 
 def test_generic_mapping_codes_labels_and_features(tmp_path):
     ds = load_generic(*_with_mapping(_write_generic(tmp_path, _log_table(), "parquet")))
-    assert column(ds.users, "raw_id") == ["u1", "u10", "u2", "u3"]  # string ids: byte order
-    assert column(ds.items, "raw_id") == ["a", "b", "c", "d"]
+    # ids coded in the side tables' row order, never by their values
+    assert column(ds.users, "raw_id") == ["u2", "u1", "u10", "u3"]
+    assert column(ds.items, "raw_id") == ["c", "a", "b", "d"]
     inter = ds.interactions
     users, items = column(ds.users, "raw_id"), column(ds.items, "raw_id")
     rows = [(t, users[u], items[i]) for t, u, i in zip(column(inter, "ts"), column(inter, "user_id"),
                                                          column(inter, "item_id"))]
-    assert rows[:3] == [(10, "u1", "b"), (10, "u10", "c"), (10, "u2", "a")]
+    assert rows[:3] == [(10, "u2", "a"), (10, "u1", "b"), (10, "u10", "c")]  # ties by code
     src = _log_table().to_pylist()
     by_key = {(r["t"], r["uid"], r["iid"]): r for r in src}
     labels = zip(column(inter, "like"), column(inter, "click"), column(inter, "surface"))
@@ -316,11 +317,11 @@ def test_generic_mapping_codes_labels_and_features(tmp_path):
     assert spec.user_categorical == {"country": 3} and spec.user_continuous == ("age",)
     assert spec.item_categorical == {"brand": 3}  # x, y, then null's own code
     assert spec.item_multihot == {"tags": 2, "tags_str": 2}
-    assert column(ds.items, "brand") == [2, 1, 0, 0]
-    assert column(ds.items, "tags") == column(ds.items, "tags_str") == [[], [0], [0, 1], []]
-    price = column(ds.items, "price")  # a=2, b=null, c=1, d=3
-    np.testing.assert_allclose(price, [0.0, 0.0, -np.sqrt(1.5), np.sqrt(1.5)], rtol=1e-6)  # null -> the mean
-    assert column(ds.users, "age")[0] == 0.0  # u1 has no age
+    assert column(ds.items, "brand") == [0, 2, 1, 0]  # c, a, b, d
+    assert column(ds.items, "tags") == column(ds.items, "tags_str") == [[0, 1], [], [0], []]
+    price = column(ds.items, "price")  # c=1, a=2, b=null, d=3
+    np.testing.assert_allclose(price, [-np.sqrt(1.5), 0.0, 0.0, np.sqrt(1.5)], rtol=1e-6)  # null -> the mean
+    assert column(ds.users, "age")[1] == 0.0  # u1 has no age
 
 
 def test_generic_shuffled_rows_give_identical_dataset(tmp_path):
