@@ -7,7 +7,9 @@ DESIGN.md step 7. Run it directly or through the job API (on a cluster or a loca
     ray job submit --working-dir . -- python jobs/rebuild_knn.py --data DATA \\
         --artifacts ARTIFACTS --out URI
 
-``DATA`` is what ``solaris data`` writes (``generate_to_parquet``: users, items and
+``DATA`` is a team's log through its mapping YAML (``solaris.data.generic``; the driver
+reads it, codes its ids with the artifacts' id map and hands the events to the workers through
+the object store), or what ``solaris data`` writes (``generate_to_parquet``: users, items and
 interaction Parquet files), a local directory or a ``pyarrow.fs`` URI that every node can
 read; ``ARTIFACTS`` a ``solaris train`` directory, read by the driver only (the FM travels
 to the encoder tasks through the object store); ``--train-if-missing`` trains them from a
@@ -44,6 +46,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import ray
 
@@ -92,6 +95,15 @@ class DataDir:
         with self.fs.open_input_file(self.path(name)) as f:
             return pq.ParquetFile(f).metadata
 
+    def num_rows(self) -> int:
+        return self.parquet_meta(INTERACTIONS).num_rows
+
+    def last_ts(self, events: Any) -> float:
+        return _last_ts(self.parquet_meta(INTERACTIONS), events)
+
+    def side_tables(self) -> Any:
+        return side_tables(self)
+
     def dataset(self, name: str, columns: list[str], num_cpus: float = 1.0) -> Any:
         # the named remote parameter where this Ray has it (``ray_remote_args`` is deprecated
         # and removed in Ray 2.64); older releases take it through ``ray_remote_args``
@@ -99,6 +111,72 @@ class DataDir:
         cpus = {"num_cpus": num_cpus} if named else {"ray_remote_args": {"num_cpus": num_cpus}}
         return ray.data.read_parquet(self.path(name), filesystem=self.fs, columns=columns,
                                      **cpus)
+
+
+class MappedLog:
+    """A team's own log through its mapping YAML (``solaris.data.generic``), read by the
+    driver and coded with the deployment's id map (the artifacts' ``ids/``), so its codes are
+    the ones serving translates the wire to; the interactions reach the workers through the
+    object store (no shared filesystem needed). The side tables are the artifacts' (what the
+    FM trained on) where saved; events of users or items the FM has no row for are left out
+    (their neighbours come from the router's cold-start path)."""
+
+    def __init__(self, mapping: str | Path, artifacts: str | Path) -> None:
+        from solaris.data.generic import load_generic_yaml
+        from solaris.ids import IdMap
+
+        self.uri = str(mapping)
+        root = Path(artifacts)
+        ids = IdMap.load(root)
+        ds = load_generic_yaml(mapping, ids=ids)
+        self.tasks = ds.tasks
+        self._side = None
+        if (root / "side.npz").is_file():
+            from solaris.artifacts import load_side_tables
+
+            self._side = load_side_tables(root / "side.npz")
+        users = len(self._side.user_cat) if self._side is not None else ds.num_users
+        items = len(self._side.item_cat) if self._side is not None else ds.num_items
+        inter = ds.interactions
+        keep = pc.and_(pc.less(inter.column("user_id"), users),
+                               pc.less(inter.column("item_id"), items))
+        self.events = inter.filter(keep)
+        if self.events.num_rows < inter.num_rows:
+            log.info("%s: %d of %d events name users or items the FM has no row for; left "
+                     "out", mapping, inter.num_rows - self.events.num_rows, inter.num_rows)
+        self._ds = ds
+
+    def meta(self) -> dict:
+        return {"tasks": list(self.tasks), "spec": self._ds.spec.to_dict()}
+
+    def num_rows(self) -> int:
+        return self.events.num_rows
+
+    def last_ts(self, events: Any) -> float:
+        ts = self.events.column("ts")
+        return float(pc.max(ts).as_py()) if len(ts) else 0.0
+
+    def dataset(self, name: str, columns: list[str], num_cpus: float = 1.0) -> Any:
+        return ray.data.from_arrow(self.events.select(columns))
+
+    def side_tables(self) -> Any:
+        from solaris.artifacts import SideTables
+        from solaris.config import FeatureConfig
+        from solaris.features import FeatureTables
+
+        if self._side is not None:
+            return self._side
+        return SideTables.from_features(FeatureTables(self._ds, FeatureConfig(history_len=1)))
+
+
+def open_data(data: str | Path, artifacts: str | Path) -> "DataDir | MappedLog":
+    """``--data``: a mapping YAML (a team's log, ``MappedLog``) or a ``solaris data``
+    directory / URI (``DataDir``)."""
+    text = str(data)
+    if text.endswith((".yaml", ".yml")) or (Path(text).is_dir()
+                                            and (Path(text) / "mapping.yaml").is_file()):
+        return MappedLog(data, artifacts)
+    return DataDir(data)
 
 
 def side_tables(data: DataDir) -> Any:
@@ -206,7 +284,7 @@ def _last_ts(md: pq.FileMetaData, events: Any) -> float:
     return float(events.max("ts"))
 
 
-def user_embeddings(data: DataDir, fm: Any, as_of: float | None, encoders: int,
+def user_embeddings(data: "DataDir | MappedLog", fm: Any, as_of: float | None, encoders: int,
                     batch_size: int, encoder_cpus: float, use_gpu: bool,
                     task_cpus: float = 1.0, all_users: bool = True
                     ) -> tuple[np.ndarray, np.ndarray, float]:
@@ -217,10 +295,9 @@ def user_embeddings(data: DataDir, fm: Any, as_of: float | None, encoders: int,
     tasks = tuple(data.meta()["tasks"])
     events = data.dataset(INTERACTIONS, ["seq", "user_id", "item_id", "ts", "surface", *tasks],
                           task_cpus)
-    md = data.parquet_meta(INTERACTIONS)
     if as_of is None:
-        as_of = _last_ts(md, events) + 1.0
-    tables = side_tables(data)
+        as_of = data.last_ts(events) + 1.0
+    tables = data.side_tables()
     if all_users:
         # one event-less row per user (ids are the user table's dense codes 0..n-1), so users
         # without events get an embedding too
@@ -228,7 +305,7 @@ def user_embeddings(data: DataDir, fm: Any, as_of: float | None, encoders: int,
         rows = events.union(ray.data.from_arrow(_placeholders({"user_id": users}, tasks)))
     else:  # a user with no event before as_of gets no row at all
         rows = events.filter(expr=f"ts < {float(as_of)!r}", num_cpus=task_cpus)
-    parts = max(2, min(64, md.num_rows // 500_000 + 1))  # Ray's default 200 is for big clusters
+    parts = max(2, min(64, data.num_rows() // 500_000 + 1))  # Ray's default 200 is for big clusters
     hist = rows.groupby("user_id", num_partitions=parts).map_groups(
         histories, fn_kwargs={"tasks": tasks, "as_of": as_of, "length": fm.history_len},
         batch_format="numpy", num_cpus=task_cpus)
@@ -305,7 +382,7 @@ def _rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConf
     out: dict[str, Any] = {"version": version, "fm_version": fm_version, "uri": out_uri}
 
     t = time.perf_counter()
-    users, uvec, as_of = user_embeddings(DataDir(data), fm, as_of, encoders, batch_size,
+    users, uvec, as_of = user_embeddings(open_data(data, artifacts), fm, as_of, encoders, batch_size,
                                          encoder_cpus, use_gpu, task_cpus, all_users)
     out["as_of"] = as_of
     out["embed_s"] = round(time.perf_counter() - t, 2)
@@ -328,7 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True,
-                   help="`solaris data` Parquet directory or pyarrow.fs URI (all nodes read it)")
+                   help="a team's log: its mapping YAML (read by the driver, coded with the "
+                   "artifacts' id map); or a `solaris data` Parquet directory or pyarrow.fs "
+                   "URI (all nodes read it)")
     p.add_argument("--artifacts", required=True, type=Path,
                    help="`solaris train` directory (read by the driver only)")
     p.add_argument("--out", help="pyarrow.fs URI or dir of the tables (default knn.table_uri)")

@@ -150,6 +150,9 @@ class LiveReplay:
         self.cfg, self.ds, self.out, self.opts, self.say = cfg, ds, Path(out), opts, say
         self.truth = truth  # the closed loop's MovieLens ground truth
         self.out.mkdir(parents=True, exist_ok=True)
+        from solaris.ids import IdMap
+
+        self.wire = IdMap.from_dataset(ds)  # codes -> the raw ids requests carry
 
     # -- preparation (no Ray)
     def prepare(self) -> dict[str, Any]:
@@ -395,7 +398,8 @@ class LiveReplay:
         def one(r: int) -> dict | None:
             """Rank request ``r``; its labels' ``/feedback`` body (None: nothing labelled)."""
             pos = np.flatnonzero(labelled[r])
-            body = {"user_id": int(lg.user[r]), "candidates": lg.candidates[r].tolist(),
+            body = {"user_id": self.wire.raw_user(lg.user[r]),
+                    "candidates": self.wire.raw_items(lg.candidates[r]),
                     "task": task, "surface": int(lg.surface[r]), "now": float(lg.ts[r]),
                     "request_id": f"r{r}", "features_for": pos.tolist()}
             got = client.post("/rank", body)
@@ -410,7 +414,8 @@ class LiveReplay:
                             np.asarray(f.get("user", []), np.float32))
             if not len(pos):
                 return None
-            return {"user_id": int(lg.user[r]), "items": lg.candidates[r, pos].tolist(),
+            return {"user_id": self.wire.raw_user(lg.user[r]),
+                    "items": self.wire.raw_items(lg.candidates[r, pos]),
                     "labels": lg.labels[r, pos].astype(int).tolist(), "now": float(lg.ts[r])}
 
         plan = Ticks.of(lg.ts, o.tick_s)
@@ -503,7 +508,8 @@ class LiveReplay:
                 self.loop, self.loop_opts, self.loop_truth, r, scores[r].astype(np.float64),
                 self.loop_explore[r])
             out.record(r, pos, prop, shown, scores[r], pc, click, conv, tiers[r], agg[r])
-            bodies.append({"user_id": int(lg.user[r]), "items": shown.tolist(),
+            bodies.append({"user_id": self.wire.raw_user(lg.user[r]),
+                           "items": self.wire.raw_items(shown),
                            "labels": np.stack([click, conv], 1).astype(int).tolist(),
                            "now": float(lg.ts[r])})
         post_feedback(client, pool, bodies)

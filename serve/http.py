@@ -2,16 +2,21 @@
 answers (a 4xx naming the field; the offending input is never echoed back) and the body-size
 limit, which refuses oversized bodies before they are parsed. No Ray import."""
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, StringConstraints
 
 from solaris.online.scales import PAIR_TIERS
 
-MAX_ID = 2**62  # ids are int64 on every path
+MAX_ID = 2**62  # codes are int64 on every path
+# a raw id as the deployment's log holds it (solaris/ids.py translates it): a JSON integer or
+# string, never coerced from one to the other (nor from a bool or a float)
+RawId = Annotated[StrictInt | Annotated[StrictStr, StringConstraints(min_length=1,
+                                                                     max_length=256)],
+                  Field(union_mode="left_to_right")]
 RETRY_AFTER_S = 2  # what a 503 asks the client to wait
 
 
@@ -19,16 +24,19 @@ class RankRequest(BaseModel):
     """One ranking request: a user and the candidates an earlier stage retrieved."""
 
     model_config = ConfigDict(extra="forbid")
-    user_id: int = Field(ge=0, le=MAX_ID, description="user id (unknown users are served)")
-    candidates: list[int] = Field(min_length=1, description="candidate item ids")
+    user_id: RawId = Field(description="the user's raw id, as the team's log holds it "
+                           "(an integer or a string; unknown users are served)")
+    candidates: list[RawId] = Field(min_length=1, description="candidate items' raw ids")
     task: str = Field(min_length=1, max_length=64, description="the VM's task, e.g. click")
     surface: int = Field(0, ge=0, le=1_000_000, description="surface code (feed, search, ...)")
     request_id: str | None = Field(None, max_length=128)
     now: float | None = Field(None, ge=0, allow_inf_nan=False,
                               description="replay profile only: event time in epoch seconds "
                               "(default and in the serving profiles: the server's wall time)")
-    features: dict[str, float] | None = Field(None, description="optional real-time features "
-                                              "(accepted; the shipped VMs read none)")
+    features: dict[str, float] | None = Field(
+        None, description="the request-time features the deployment's mapping declares "
+        "(request_features), name -> raw value; an absent one is served as its training "
+        "mean; an undeclared name or a non-finite value is refused (422)")
     mode: Literal["solaris", "vm", "inline"] | None = Field(
         None, description="replay profile only: override the app's mode for this request "
         "(benchmarks, debugging)")
@@ -57,8 +65,8 @@ class FeedbackRequest(BaseModel):
     """Labels for items shown to a user (0/1 per task, in the app's task order)."""
 
     model_config = ConfigDict(extra="forbid")
-    user_id: int = Field(ge=0, le=MAX_ID)
-    items: list[int] = Field(min_length=1)
+    user_id: RawId
+    items: list[RawId] = Field(min_length=1)
     labels: list[list[int]] = Field(min_length=1, description="(len(items), num_tasks) of 0/1")
     now: float | None = Field(None, ge=0, allow_inf_nan=False,
                               description="replay profile only: event time in epoch seconds")

@@ -23,7 +23,7 @@ from starlette.background import BackgroundTask
 
 from serve.auth import Credentials, operator_call, read_call, service_call
 from serve.backend import QUIET, Backend, Unavailable, knn_tables
-from serve.http import (MAX_ID, RETRY_AFTER_S, FeedbackRequest, RankRequest, RankResponse,
+from serve.http import (RETRY_AFTER_S, FeedbackRequest, RankRequest, RankResponse,
                         ScaleRequest, api, problem)
 from solaris.online import verifier
 from solaris.cache.query import Slots
@@ -32,9 +32,12 @@ from solaris.config import SolarisConfig, config_to_dict, load_config
 from solaris.online.rollout import RolloutPolicy
 from solaris.online.scales import ScaleError, ScaleTable
 from solaris.artifacts import Artifacts
+from solaris.errors import RequestError
+from solaris.ids import deployment_ids
 from solaris.online.scoring import (InlineFM, PackedSlots, ResidualHead,
                                     ScoreRequest, decode_scores, encode_score_request)
 from solaris.knn.neighbours import NeighbourTable
+from solaris.online.scoring import request_vector
 from solaris.online.serving import AfterAnswer, ColdStartMemo, is_cold
 from solaris.tiers import LABELS as TIER_LABELS
 from solaris.tiers import NUM_TIERS, Tier
@@ -58,6 +61,8 @@ class LookupRouter:
         self.precompute = precompute  # Precompute's handle, or None (no FM workers)
         arts = [Artifacts.open(d) for d in settings["artifact_dirs"]]
         self.arts = {a.version: a for a in arts}
+        # the wire's raw ids -> codes, one map for every version served
+        self.ids = deployment_ids([(str(a.root), a.ids()) for a in arts])
         self.tasks = sorted({t for a in arts for t in a.tasks})
         # the VMs' scales, live: a tier at 0 in every VM of a version is not looked up
         self.scales = ScaleTable({a.version: a.manifest for a in arts})
@@ -244,6 +249,15 @@ class LookupRouter:
             return self._error(422, "now", str(e))
         return float(body.now)
 
+    def _request_features(self, body: RankRequest, version: str) -> np.ndarray | JSONResponse:
+        """The request's real-time ``features`` standardised as ``version``'s VMs were trained
+        (``request_vector``; a declared feature it does not carry reads its mean); a 422
+        naming a feature the deployment's mapping did not declare or a non-finite value."""
+        try:
+            return request_vector(self.arts[version].spec, body.features)
+        except RequestError as e:
+            return self._error(422, "features", str(e))
+
     @api.post("/rank", response_model=RankResponse, dependencies=[Depends(service_call)],
               responses={401: {"description": "the service token is missing or wrong"},
                          413: {"description": "body too large"},
@@ -261,13 +275,17 @@ class LookupRouter:
         if len(body.candidates) > self.cfg.serve.max_candidates:
             return self._error(422, "candidates", f"{len(body.candidates)} candidates; the limit "
                                f"is {self.cfg.serve.max_candidates}")
-        items = np.asarray(body.candidates, np.int64)
-        if items.min() < 0 or items.max() > MAX_ID:
-            return self._error(422, "candidates", "ids must be in [0, 2**62]")
+        coded = self._codes(body, "candidates")  # raw ids -> the deployment's codes
+        if isinstance(coded, JSONResponse):
+            return coded
+        body, items = coded
         if body.features_for is not None and any(
                 not 0 <= i < len(items) for i in body.features_for):
             return self._error(422, "features_for", f"positions must be in [0, {len(items)})")
         version = self.policy.active[body.task]
+        feats = self._request_features(body, version)
+        if isinstance(feats, JSONResponse):
+            return feats
         loop = asyncio.get_running_loop()
         slots: Slots | None = None
         steps: dict[str, float] = {}
@@ -276,8 +294,8 @@ class LookupRouter:
         alone = None
         if head is not None:  # the VM alone's forward runs while the lookup round does
             alone = asyncio.ensure_future(self._score(
-                body.task, version, ScoreRequest(body.user_id, items, body.surface, None),
-                "base"))
+                body.task, version, ScoreRequest(body.user_id, items, body.surface, None,
+                                                 features=feats), "base"))
         try:
             if mode == "solaris":
                 slots = await self._lookup(body.user_id, items, now, version, body.surface,
@@ -301,7 +319,7 @@ class LookupRouter:
             else:
                 req = ScoreRequest(body.user_id, items, body.surface,
                                    PackedSlots.pack(slots) if slots is not None else None,
-                                   self.scales.array(version, body.task))
+                                   self.scales.array(version, body.task), feats)
                 probs, base = await self._score(body.task, version, req)
         except Unavailable as e:
             return self._error(503, "task", str(e),
@@ -461,9 +479,10 @@ class LookupRouter:
             return problem(422, "labels", f"expected {n} rows (one per item) of {t} values "
                             "in {0, 1}")
         y = np.asarray(body.labels, np.float64)
-        items = np.asarray(body.items, np.int64)
-        if items.min() < 0 or items.max() > MAX_ID:
-            return problem(422, "items", "ids must be in [0, 2**62]")
+        coded = self._codes(body, "items")
+        if isinstance(coded, JSONResponse):
+            return coded
+        body, items = coded
         self.backend.record_labels(body.user_id, items, y, now)
         return {"ok": True, "labels": n}
 
@@ -520,6 +539,17 @@ class LookupRouter:
             except Exception as e:
                 out["precompute"] = {"error": type(e).__name__}
         return out
+
+    def _codes(self, body: Any, field: str) -> tuple[Any, np.ndarray] | JSONResponse:
+        """The request with its user's code for ``user_id`` and the codes of its items
+        (``field``), from the deployment's id map; a 422 naming the field for an id of the
+        wrong kind."""
+        try:
+            user = int(self.ids.users.codes([body.user_id], "user_id")[0])
+            items = self.ids.items.codes(getattr(body, field), field)
+        except RequestError as e:
+            return self._error(422, str(e).split(":", 1)[0], str(e))
+        return body.model_copy(update={"user_id": user}), items
 
     def _error(self, status: int, field: str, msg: str,
                headers: dict | None = None) -> JSONResponse:

@@ -172,6 +172,14 @@ class IdMap:
             raise ValueError(f"side={name!r}: one of {SIDES}")
         return getattr(self, name)
 
+    def raw_user(self, code: int) -> int | str:
+        """The raw id of a known user code (what a client sends)."""
+        return self.users.raw_of(np.array([code]))[0]
+
+    def raw_items(self, codes: np.ndarray) -> list:
+        """The raw ids of known item codes."""
+        return self.items.raw_of(codes)
+
     def check_extends(self, older: "IdMap", where: str) -> None:
         self.users.check_extends(older.users, where)
         self.items.check_extends(older.items, where)
@@ -209,3 +217,15 @@ class IdMap:
         """The map of artifacts written without one: the wire's integers are the codes."""
         return cls.of(pa.array(np.arange(num_users, dtype=np.int64)),
                       pa.array(np.arange(num_items, dtype=np.int64)))
+
+
+def deployment_ids(maps: Sequence[tuple[str, IdMap]]) -> IdMap:
+    """The one map of a deployment serving several versions (oldest first): the newest,
+    after checking it extends every earlier one (else a DataError: codes would change
+    hands between versions)."""
+    if not maps:
+        raise ValueError("maps: need at least one (where, IdMap)")
+    where, newest = maps[-1]
+    for _, older in maps[:-1]:
+        newest.check_extends(older, where)
+    return newest

@@ -106,3 +106,60 @@ def test_missing_artifacts_is_a_clear_error(local_ray, world, tmp_path, capsys):
     assert main(["--data", str(data), "--artifacts", str(tmp_path / "none"),
                  "--out", str(tmp_path / "knn")]) == 2
     assert "--train-if-missing" in capsys.readouterr().err
+
+
+def rekeyed_export(data: Path, art: Path, out: Path) -> tuple[Path, Path]:
+    """The world's data as a team's log (``solaris export``'s layout) whose user and item
+    ids are strings in an order unlike the codes', and a copy of the artifacts holding the
+    matching id map: what a deployment trained on that log has."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import yaml
+
+    from solaris.data.export import export_generic
+    from solaris.data.synthetic import load_parquet_dir
+    from solaris.ids import IdMap
+
+    ds = load_parquet_dir(data)
+    mapping = yaml.safe_load(export_generic(ds, out).read_text())
+
+    def rekey(prefix: str, ids: list) -> dict:
+        return {k: f"{prefix}{(k * 7919) % 100003:06d}" for k in ids}
+
+    users = rekey("user-", ds.users.column("raw_id").to_pylist())
+    items = rekey("item-", ds.items.column("raw_id").to_pylist())
+    for name, col, key in ((mapping["interactions"], "user", users),
+                           (mapping["interactions"], "item", items),
+                           ("users.parquet", "raw_id", users), ("items.parquet", "raw_id", items)):
+        t = pq.read_table(out / name)
+        j = t.column_names.index(col)
+        t = t.set_column(j, col, pa.array([key[v] for v in t.column(col).to_pylist()]))
+        pq.write_table(t, out / name)
+    raw_users = [users[v] for v in ds.users.column("raw_id").to_pylist()]
+    assert raw_users != sorted(raw_users)  # the codes do not follow the strings' order
+    art2 = out / "artifacts"
+    shutil.copytree(art, art2)
+    IdMap.of(pa.array(raw_users),
+             pa.array([items[v] for v in ds.items.column("raw_id").to_pylist()])).save(art2)
+    return out / "mapping.yaml", art2
+
+
+@pytest.mark.slow  # two Ray Data rebuilds
+def test_the_job_reads_a_teams_log_through_its_mapping(local_ray, world, tmp_path):
+    """``--data mapping.yaml``: the log read by the driver with the artifacts' id map gives
+    the very tables the same events give from a ``solaris data`` directory."""
+    data, art, users, items = world
+    mapping, art2 = rekeyed_export(data, art, tmp_path / "log")
+    cfg = KnnConfig(k=10, item_k=5, recall_queries=200)
+    a = rebuild(data, art, f"file://{tmp_path}/a", cfg, batch_size=64, encoder_cpus=0.5,
+                use_gpu=False, version="v1")
+    b = rebuild(mapping, art2, f"file://{tmp_path}/b", cfg, batch_size=64,
+                encoder_cpus=0.5, use_gpu=False, version="v1")
+    assert b["as_of"] == a["as_of"] and b["user"]["rows"] == users
+    for kind in ("user", "item"):
+        _, ta = load_current(f"file://{tmp_path}/a", kind)
+        _, tb = load_current(f"file://{tmp_path}/b", kind)
+        np.testing.assert_array_equal(tb.ids, ta.ids)
+        np.testing.assert_allclose(tb.sims, ta.sims, rtol=1e-5, atol=1e-6)
