@@ -40,7 +40,8 @@ log = logging.getLogger(__name__)
 
 _MIN_SLOTS = 64
 _MAX_TASKS = 15  # label bits live in an int32 action code
-_COUNTERS = ("impressions", "labels_matched", "labels_appended", "overwritten", "users_evicted")
+_COUNTERS = ("impressions", "labels_matched", "labels_appended", "overwritten", "users_evicted",
+             "seed_present")
 _COLUMNS = ("user", "item", "ts", "surface", "bits", "labelled", "seq", "active")
 
 
@@ -162,16 +163,27 @@ class HistoryStore:
     def replay_log(self, users: np.ndarray, items: np.ndarray, surfaces: np.ndarray,
                    labels: np.ndarray, ts: np.ndarray) -> None:
         """Feed a logged interaction log (event order; one request per (user, ts)): each
-        request's impressions, then its labels at the same event time."""
+        request's impressions, then its labels at the same event time. Idempotent: an event
+        the user's history already holds (same item at the same time) is not added again
+        (``seed_present``), so a seeding run that is repeated or resumed adds nothing twice."""
         if len(ts):  # the whole log or none of it
             self.guard.check(check_times(np.asarray(ts, np.float64), len(ts)), "ts")
         key = np.stack([np.asarray(users), np.asarray(ts)], 1)
         _, start, count = np.unique(key, axis=0, return_index=True, return_counts=True)
         for s, c in zip(start.tolist(), count.tolist()):
-            r = slice(s, s + c)
+            rows = np.arange(s, s + c)
             u, t = int(users[s]), float(ts[s])
-            self.record_impressions(u, items[r], surfaces[r], t)
-            self.record_labels(u, items[r], labels[r], t, ts=np.asarray(ts[r], dtype=float))
+            slot = self._slot.get(u)
+            if slot is not None:
+                held = (self._seq[slot] >= 0) & (self._ts[slot] == t)
+                if held.any():
+                    rows = rows[~np.isin(items[rows], self._item[slot][held])]
+                    self.counters["seed_present"] += c - len(rows)
+                    if not len(rows):
+                        continue
+            self.record_impressions(u, items[rows], surfaces[rows], t)
+            self.record_labels(u, items[rows], labels[rows], t,
+                               ts=np.asarray(ts[rows], dtype=float))
 
     def record_labels(self, user: int, items: np.ndarray, labels: np.ndarray, now: float,
                       ts: np.ndarray | None = None,
@@ -386,12 +398,16 @@ def request_inputs(window: dict[str, np.ndarray], users: np.ndarray, now: np.nda
         raise RequestError(f"users: id {int(users.max())} outside the user table "
                            f"({len(user_cat)} users)")
     item = np.where(v, window["item"], 0)  # (R, L)
-    if v.any() and item.max() >= len(item_cat):
-        raise RequestError(f"history item {int(item.max())} outside the item table "
-                           f"({len(item_cat)} items)")
-    age_h = (now[:, None] - window["ts"]) / 3600.0  # (R, L)
-    bits = np.asarray(window["bits"]).astype(np.int64)
+    ts, bits = np.asarray(window["ts"]), np.asarray(window["bits"]).astype(np.int64)
     surf_h = np.asarray(window["surface"]).astype(np.int64)
+    unknown = v & (item >= len(item_cat))  # items the FM has no row for (served as unknown)
+    if unknown.any():  # left out, the rest moved up: the window the FM would have seen
+        v = v & ~unknown
+        order = np.argsort(~v, axis=1, kind="stable")  # (R, L) valid events first, in order
+        v, item, ts, bits, surf_h = (np.take_along_axis(a, order, 1)
+                                     for a in (v, item, ts, bits, surf_h))
+        item = np.where(v, item, 0)
+    age_h = (now[:, None] - ts) / 3600.0  # (R, L)
     return {
         "user": users.copy(),
         "surface": surf,

@@ -17,6 +17,7 @@ from solaris.config import SolarisConfig
 from solaris.data.schema import ITEM, SURFACE, TS, USER, Dataset
 from solaris.data.split import Periods, time_split
 from solaris.errors import DataError
+from solaris.seeding import seed_history  # noqa: F401  (the replay's seeding is the product's)
 
 
 def window(ds: Dataset, cfg: SolarisConfig) -> tuple[Periods, int]:
@@ -48,24 +49,3 @@ def write_data_dir(ds: Dataset, out: str | Path) -> Path:
             "interactions": ds.interactions.num_rows}
     atomic.save_json(out / "meta.json", meta)
     return out
-
-
-def seed_history(ds: Dataset, start_ts: int, max_events: int
-                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(users, items, surfaces, labels (n, T), ts) of each user's last ``max_events``
-    interactions before ``start_ts``, in event order: the history store's state when the
-    window opens."""
-    t = ds.interactions
-    ts = t.column(TS).to_numpy()
-    n = int(np.searchsorted(ts, start_ts, side="left"))
-    users = t.column(USER).to_numpy()[:n]
-    # keep each user's last max_events rows: rank rows from the end within each user
-    order = np.lexsort((-np.arange(n), users))  # by user, latest first
-    u_sorted = users[order]
-    first = np.r_[0, np.flatnonzero(np.diff(u_sorted)) + 1]
-    rank = np.arange(n) - np.repeat(first, np.diff(np.r_[first, n]))
-    keep = np.sort(order[rank < max_events])
-    labels = np.stack([t.column(c).to_numpy()[:n][keep] for c in ds.tasks], 1)
-    return (users[keep].astype(np.int64), t.column(ITEM).to_numpy()[:n][keep].astype(np.int64),
-            t.column(SURFACE).to_numpy()[:n][keep].astype(np.int32),
-            labels.astype(np.float64), ts[keep].astype(np.float64))
