@@ -159,7 +159,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from solaris.data.export import export_generic
 
     ds = _load(_config(args), getattr(args, "fetch", False))
-    path = export_generic(ds, args.out)
+    path = export_generic(ds, args.out, string_ids=args.string_ids)
     kind = "impression" if ds.requests is not None else "interaction"
     print(f"wrote {ds.name} as a generic {kind} log: {path} "
           f"({ds.interactions.num_rows} interactions"
@@ -350,6 +350,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "interactions, side tables, mapping.yaml)")
     common(ex)
     ex.add_argument("--out", required=True, type=Path)
+    ex.add_argument("--string-ids", action="store_true",
+                    help="user and item ids as opaque strings whose order is not the codes' "
+                    "(what a team's log often holds); the rows and codes are the same")
     ex.set_defaults(fn=cmd_export)
 
     rp = sub.add_parser("replay", help="event-time replay of a log through the live system "

@@ -11,6 +11,7 @@ is the mapping's ``order``), side features (already coded and scaled: the mappin
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +26,9 @@ from solaris.errors import DataError
 REQUEST, SHOWN = "request_id", "shown"
 
 
-def _side(table: pa.Table, categorical: dict[str, int], continuous: tuple[str, ...],
-          multihot: dict[str, int]) -> tuple[pa.Table, dict]:
-    cols = {RAW_ID: table.column(RAW_ID)}
+def _side(table: pa.Table, raw: np.ndarray, categorical: dict[str, int],
+          continuous: tuple[str, ...], multihot: dict[str, int]) -> tuple[pa.Table, dict]:
+    cols = {RAW_ID: pa.array(raw.tolist())}
     for c in (*categorical, *continuous, *multihot):
         cols[c] = table.column(c)
     feats: dict = {"key": RAW_ID}
@@ -47,15 +48,29 @@ def _label_col(task: str) -> str:
     return f"label_{task}"
 
 
-def export_generic(ds: Dataset, out: str | Path) -> Path:
-    """Write ``ds`` as a generic log directory; returns the path of its ``mapping.yaml``."""
+def opaque_ids(raw: np.ndarray, prefix: str) -> np.ndarray:
+    """Raw ids as strings ``prefix`` + 12 hex digits of a hash: distinct, stable, and in an
+    order unrelated to the raw ids' (a re-key that does not preserve order)."""
+    out = np.array([prefix + hashlib.blake2b(str(x).encode(), digest_size=6).hexdigest()
+                    for x in raw.tolist()], dtype=object)
+    if len(set(out.tolist())) != len(out):
+        raise DataError(f"{prefix}: two ids hash alike; export without string ids")
+    return out
+
+
+def export_generic(ds: Dataset, out: str | Path, string_ids: bool = False) -> Path:
+    """Write ``ds`` as a generic log directory; returns the path of its ``mapping.yaml``.
+    ``string_ids``: the user and item ids as ``opaque_ids`` (the log reads back with the
+    same codes: the side tables list ids in code order)."""
     import yaml
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     inter = ds.interactions
-    user_raw = ds.users.column(RAW_ID).to_numpy()
-    item_raw = ds.items.column(RAW_ID).to_numpy()
+    user_raw = ds.users.column(RAW_ID).to_numpy(zero_copy_only=False)
+    item_raw = ds.items.column(RAW_ID).to_numpy(zero_copy_only=False)
+    if string_ids:
+        user_raw, item_raw = opaque_ids(user_raw, "user-"), opaque_ids(item_raw, "item-")
     u = inter.column(USER).to_numpy()
     i = inter.column(ITEM).to_numpy()
     ts = inter.column(TS).to_numpy()
@@ -78,9 +93,9 @@ def export_generic(ds: Dataset, out: str | Path) -> Path:
     name = f"{ds.name}.parquet"
     pq.write_table(pa.table(cols), out / name)
     spec = ds.spec
-    users, mapping["user_features"] = _side(ds.users, spec.user_categorical,
+    users, mapping["user_features"] = _side(ds.users, user_raw, spec.user_categorical,
                                             spec.user_continuous, {})
-    items, mapping["item_features"] = _side(ds.items, spec.item_categorical,
+    items, mapping["item_features"] = _side(ds.items, item_raw, spec.item_categorical,
                                             spec.item_continuous, spec.item_multihot)
     pq.write_table(users, out / "users.parquet")
     pq.write_table(items, out / "items.parquet")
