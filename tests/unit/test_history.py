@@ -85,6 +85,49 @@ def test_replaying_a_log_gives_the_offline_history(tables):
     assert hs.counters["labels_matched"] == ft.num_rows
 
 
+def test_replaying_a_log_twice_or_in_overlapping_parts_adds_nothing_twice(tables):
+    """Seeding is idempotent: the whole log again, or a resumed run re-sending a part, leaves
+    every window as one replay left it (``seed_present`` counts the skipped events)."""
+    ft = tables
+    per_user = int(np.bincount(ft.user).max())
+    once = HistoryStore(HistoryConfig(max_events=per_user, max_users=1000))
+    once.replay_log(ft.user, ft.item, ft.surface, ft.labels, ft.ts)
+    again = HistoryStore(HistoryConfig(max_events=per_user, max_users=1000))
+    half = ft.num_rows // 2
+    again.replay_log(*(a[:half + 100] for a in (ft.user, ft.item, ft.surface, ft.labels,
+                                                  ft.ts)))
+    again.replay_log(ft.user, ft.item, ft.surface, ft.labels, ft.ts)
+    assert again.counters["seed_present"] == half + 100
+    assert again.counters["impressions"] == once.counters["impressions"] == ft.num_rows
+    users, now = np.unique(ft.user), np.full(len(np.unique(ft.user)), 1e12)
+    a, b = once.window(users, now, per_user), again.window(users, now, per_user)
+    for k in WINDOW_KEYS:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_history_items_the_fm_lacks_are_left_out_of_its_inputs(tables):
+    """An item with no row in the FM's tables (a provisional code: never seen in training)
+    in a user's window is dropped and the rest move up: the inputs equal those of the window
+    without it, instead of the request failing."""
+    ft = tables
+    hs = HistoryStore(HistoryConfig(max_events=16, max_users=10))
+    hs.record_impressions(7, np.array([3, 5]), 0, 100.0)
+    plain = hs.batch(np.array([7]), np.array([300.0]), np.array([0]), L, ft.item_cat,
+                     ft.user_cat, ft.user_cont)
+    hs.record_impressions(7, np.array([2**61 + 5]), 1, 150.0)  # unknown to the FM
+    hs.record_impressions(7, np.array([4]), 0, 200.0)
+    got = hs.batch(np.array([7]), np.array([300.0]), np.array([0]), L, ft.item_cat,
+                   ft.user_cat, ft.user_cont)
+    ref = HistoryStore(HistoryConfig(max_events=16, max_users=10))
+    ref.record_impressions(7, np.array([3, 5]), 0, 100.0)
+    ref.record_impressions(7, np.array([4]), 0, 200.0)
+    want = ref.batch(np.array([7]), np.array([300.0]), np.array([0]), L, ft.item_cat,
+                     ft.user_cat, ft.user_cont)
+    for k in REQUEST_KEYS:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    assert int((got["hist_item"] > 0).sum()) == 3 == int((plain["hist_item"] > 0).sum()) + 1
+
+
 def test_windows_split_by_shard_merge_into_the_whole_batch(tables):
     """What a cache shard returns (``window``, raw events) merged across shards and turned
     into inputs by the worker (``request_inputs``) equals the store's own ``batch``."""
