@@ -38,7 +38,7 @@ from solaris.online.scoring import (InlineFM, PackedSlots, ResidualHead,
                                     ScoreRequest, decode_scores, encode_score_request)
 from solaris.knn.neighbours import NeighbourTable
 from solaris.online.scoring import request_vector
-from solaris.online.serving import AfterAnswer, ColdStartMemo, is_cold
+from solaris.online.serving import AfterAnswer, ColdStartMemo, cold_start_inputs, is_cold
 from solaris.tiers import LABELS as TIER_LABELS
 from solaris.tiers import NUM_TIERS, Tier
 
@@ -190,9 +190,8 @@ class LookupRouter:
                     fm, _, _ = load_models(art.root)
                     self._user_enc = (UserEncoder(fm), art.side_tables(), fm.history_len)
             enc, side, hlen = self._user_enc
-            req = self.backend.history_provider(self._history_timeout_s).batch(
-                np.array([user], np.int64), np.array([now]), np.array([surface], np.int64), hlen,
-                side.item_cat, side.user_cat, side.user_cont)
+            req = cold_start_inputs(self.backend.history_provider(self._history_timeout_s),
+                                    user, now, surface, hlen, side)
             probe = self.cfg.enrich.user_knn_probe + 1
 
             def query() -> tuple[np.ndarray, np.ndarray]:

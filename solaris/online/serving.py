@@ -176,6 +176,26 @@ class ColdStartMemo:
                 "entries": len(self._memo) if self._memo is not None else 0}
 
 
+def cold_start_inputs(history: Any, user: int, now: float, surface: int, history_len: int,
+                      side: Any) -> dict[str, np.ndarray]:
+    """The FM's request inputs of one user as of ``now`` for the cold-start query, from the
+    live ``history`` (a ``HistoryProvider``) and the side tables. A user the FM has no row
+    for (arrived after it was trained: an appended or provisional code) reads its history
+    with zero side features, as the VM reads such a user; the FM's user vectors do not read
+    the user id."""
+    users, at = np.array([user], np.int64), np.array([now], np.float64)
+    surfaces = np.array([surface], np.int64)
+    if user < len(side.user_cat):
+        return history.batch(users, at, surfaces, history_len, side.item_cat, side.user_cat,
+                             side.user_cont)
+    from solaris.history import request_inputs
+
+    win = history.fetch(users, at, history_len)
+    return request_inputs(win, np.zeros(1, np.int64), at, surfaces, side.item_cat,
+                          np.zeros((1, side.user_cat.shape[1]), np.int64),
+                          np.zeros((1, side.user_cont.shape[1]), np.float32))
+
+
 def is_cold(table: Any, user: int) -> bool:
     """Whether ``table`` (a NeighbourTable or None) has no neighbour for ``user``."""
     return table is None or not table.has(user)

@@ -1,7 +1,8 @@
 """A second FM of another architecture (examples/causal_fm.py: a causal transformer over the
 behaviour sequence), plugged in by import path through the config alone, through every step:
 training, the transfer report beside the built-in FM on the same seeds, the FM workers, the
-KNN job and the replay's live serving (Ray Serve over HTTP)."""
+KNN job and the replay's live serving (Ray Serve over HTTP) of the log as a team's, with
+string ids on the wire."""
 
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ def test_the_example_fm_runs_through_every_step(tmp_path):
     from jobs.replay import ReplayOptions, replay
     from solaris.artifacts import Artifacts
     from solaris.config import load_config
+    from solaris.data.export import export_generic
+    from solaris.data.generic import load_generic_yaml
     from solaris.data.load import load_dataset
     from solaris.eval.transfer import compare_fms
     from solaris.models.api import FMModel
@@ -44,10 +47,18 @@ def test_the_example_fm_runs_through_every_step(tmp_path):
     assert "pair_100" in b["tr"] and "kd" in b["tr"]
     assert set(rep["fm_bce_difference"]) == {"fm-v1 - causal-v1"}
 
-    # training, the FM workers, the KNN job and serving: the replay through the live system
+    # training, the FM workers, the KNN job and serving: the replay through the live system,
+    # of the same log as a team's with opaque string ids (the same rows and codes): /rank and
+    # /feedback carry those strings, the router translates them with the artifacts' id map
+    team = load_generic_yaml(export_generic(ds, tmp_path / "log", string_ids=True))
+    assert team.interactions.equals(ds.interactions)
+    raw = team.users.column("raw_id").to_pylist()
+    assert all(isinstance(u, str) for u in raw) and raw != sorted(raw)
     opts = ReplayOptions(workers=1, max_requests=60, knn_every_h=6.0, port=free_port(),
                          progress=False, num_cpus=3, predict=False)
-    out = replay(cfg, ds, tmp_path / "causal", opts, say=lambda m: None)
+    out = replay(cfg, team, tmp_path / "causal", opts, say=lambda m: None)
+    art_ids = Artifacts.open(tmp_path / "causal" / "artifacts").ids()
+    assert art_ids.users.raw.to_pylist() == raw and not art_ids.users.identity
     art = Artifacts.open(tmp_path / "causal" / "artifacts")
     fm, _, version = art.models()
     assert type(fm).__module__ == "examples.causal_fm" and isinstance(fm, FMModel)

@@ -142,3 +142,32 @@ def test_after_answer_counts_requests_without_impressions():
     assert b.add(2, np.array([3]), 0, 2.0, {}) and len(b) == 2
     impressions, picks = b.drain()
     assert [r[0] for r in impressions] == [2] and picks == {} and len(b) == 0
+
+
+def test_cold_start_inputs_serve_a_user_the_fm_lacks_from_its_history() -> None:
+    """A known user's inputs are the store's own batch; a user past the FM's table (arrived
+    after training) reads its live history with zero side features instead of failing."""
+    import numpy as np
+
+    from solaris.artifacts import SideTables
+    from solaris.config import HistoryConfig
+    from solaris.history import HistoryStore
+    from solaris.online.serving import cold_start_inputs
+    from solaris.precompute.worker import WindowHistory
+
+    side = SideTables(user_cat=np.array([[1, 2], [3, 0]]), user_cont=np.ones((2, 1), np.float32),
+                      item_cat=np.arange(10).reshape(5, 2), item_mh=np.zeros((5, 1, 1), np.int64),
+                      item_cont=np.zeros((5, 0), np.float32))
+    store = HistoryStore(HistoryConfig(max_events=8, max_users=10))
+    new = 2**61 + 17  # a provisional code
+    for user in (1, new):
+        store.record_impressions(user, np.array([4, 2]), 0, 100.0)
+    history = WindowHistory(store.window)
+    known = cold_start_inputs(history, 1, 200.0, 1, 4, side)
+    want = store.batch(np.array([1]), np.array([200.0]), np.array([1]), 4, side.item_cat,
+                       side.user_cat, side.user_cont)
+    for k in want:
+        np.testing.assert_array_equal(known[k], want[k], err_msg=k)
+    cold = cold_start_inputs(history, new, 200.0, 1, 4, side)
+    np.testing.assert_array_equal(cold["hist_item"], known["hist_item"])  # its own events
+    assert not cold["user_cat"].any() and not cold["user_cont"].any()
