@@ -47,6 +47,12 @@ class SyntheticConfig:
     session_intent: float = 1.0  # pull of in-session clicked items on the user's interest
     surface_spread: float = 0.5  # scale of per-user, per-surface interest offsets (0 = none)
     requests_per_session: float = 3.0  # mean requests per session (geometric-ish, >= 1)
+    # emit a second user continuous feature, "bias_hint": the user's click-logit term
+    # (user_bias) plus as much independent noise, standardised (correlation ~0.7), drawn from
+    # a stream of its own, so every other byte of the data is the same as without it; off
+    # (the default): the users table and spec are unchanged. ``activity`` alone carries
+    # little of user_bias (0.15 of it); this gives a feature a VM can read signal from
+    user_bias_feature: bool = False
 
     def __post_init__(self) -> None:
         _check(self.num_users >= 2, "synthetic.num_users", self.num_users, "need at least 2 users")

@@ -19,6 +19,7 @@ import torch
 from solaris.config import FeatureConfig
 from solaris.data.requests import request_times
 from solaris.data.schema import ITEM, SURFACE, TS, USER, Dataset
+from solaris.errors import DataError
 
 
 def _int_matrix(table: pa.Table, cols: list[str]) -> np.ndarray:
@@ -44,6 +45,21 @@ def _multihot(table: pa.Table, cols: list[str]) -> np.ndarray:
             if vals:
                 out[i, j, : len(vals)] = np.asarray(vals, dtype=np.int64) + 1
     return out
+
+
+def request_matrix(ds: Dataset) -> np.ndarray:
+    """(N, n_rq) float32: each interaction row's request-time features
+    (``spec.request_continuous``, standardised columns of the interaction table). A table
+    without rows may lack the columns (side tables built without the log)."""
+    cols = list(ds.spec.request_continuous)
+    inter = ds.interactions
+    missing = [c for c in cols if c not in inter.column_names]
+    if missing and inter.num_rows:
+        raise DataError(f"{ds.name}: interactions lack the request feature columns "
+                        f"{missing!r} the spec declares")
+    if missing:
+        return np.zeros((0, len(cols)), np.float32)
+    return _float_matrix(inter, cols)
 
 
 def _before(gid: np.ndarray, sts: np.ndarray, sreq: np.ndarray) -> np.ndarray:
@@ -112,6 +128,7 @@ class FeatureTables:
         self.item_cat = _int_matrix(items, list(ds.spec.item_categorical))
         self.item_mh = _multihot(items, list(ds.spec.item_multihot))
         self.item_cont = _float_matrix(items, list(ds.spec.item_continuous))
+        self.request_cont = request_matrix(ds)  # (N, n_rq) by interaction row
         # the time each row is served at: its request's (DESIGN.md, one request definition);
         # a dataset with a request log has it on every row, any other is bucketed as the
         # replay buckets it

@@ -38,6 +38,7 @@ from solaris.data.columns import (Source, align_id_types, appearance_vocab, cate
                                   standardise)
 from solaris.data.schema import (ITEM, RAW_ID, USER, Dataset, FeatureSpec, interaction_schema,
                                  request_schema)
+from solaris.data import request_features
 from solaris.errors import ConfigError, DataError
 from solaris.ids import IdMap
 
@@ -115,6 +116,10 @@ class ColumnMapping:
     request: str | None = None  # request id column; None = an interaction log
     shown: str | None = None  # 0/1: the candidate was shown (labelled); None = every row
     order: str | None = None  # numbers ordering rows of equal timestamps (e.g. a sequence)
+    # numeric columns known when the request is served, one value per request (rows of one
+    # request, or of one user and timestamp in an interaction log, share them):
+    # standardised, read by the VM (solaris.data.request_features)
+    request_features: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("user", "item", "timestamp"):
@@ -137,6 +142,8 @@ class ColumnMapping:
         rules = self.label_rules()  # checks each entry
         if not rules:
             raise ConfigError(f"mapping.labels={self.labels!r}: need at least one task")
+        object.__setattr__(self, "request_features", request_features.check_names(
+            self.request_features, [task for task, _, _ in rules]))
         if self.user_features.multihot:
             raise ConfigError(f"mapping.user_features.multihot={self.user_features.multihot!r}: "
                               "multi-hot features are supported on items only")
@@ -169,7 +176,7 @@ class ColumnMapping:
         """
         d = dict(d)
         known = {"user", "item", "timestamp", "labels", "surface", "user_features", "item_features",
-                 "request", "shown", "order"}
+                 "request", "shown", "order", "request_features"}
         unknown = set(d) - known
         if unknown:
             raise ConfigError(f"mapping fields={sorted(unknown)!r}: unknown "
@@ -182,7 +189,7 @@ class ColumnMapping:
             labels = {k: tuple(v) if isinstance(v, list) else v for k, v in labels.items()}
         return cls(user=d["user"], item=d["item"], timestamp=d["timestamp"], labels=labels,
                    surface=d.get("surface"), request=d.get("request"), shown=d.get("shown"),
-                   order=d.get("order"),
+                   order=d.get("order"), request_features=d.get("request_features") or (),
                    user_features=FeatureColumns.from_dict(d.get("user_features")),
                    item_features=FeatureColumns.from_dict(d.get("item_features")))
 
@@ -431,16 +438,19 @@ def load_generic(interactions: str | Path, mapping: ColumnMapping, users: str | 
         "seq": np.arange(n, dtype=np.int64), USER: ucodes[order], ITEM: icodes[order], "ts": ts[order],
         "surface": surface[order].astype(np.int32), **{t: labels[t][order] for t in tasks},
     }, schema=interaction_schema(tasks))
+    rq, rq_mean, rq_std = _request_features(table, src, mapping, ucodes, ts)
+    inter = request_features.with_columns(inter, {c: v[order] for c, v in rq.items()})
     requests = None
     if mapping.request is not None:
         requests = _requests(table, src, mapping, ucodes, icodes, ts, surface, shown, labels,
-                             appear)
+                             appear, rq)
     user_tab = pa.table({USER: np.arange(user_tab.num_rows, dtype=np.int64),
                          **{c: user_tab.column(c) for c in user_tab.column_names}})
     item_tab = pa.table({ITEM: np.arange(item_tab.num_rows, dtype=np.int64),
                          **{c: item_tab.column(c) for c in item_tab.column_names}})
     spec = FeatureSpec(user_categorical=ucat, user_continuous=ucont, item_categorical=icat,
-                       item_multihot=imulti, item_continuous=icont, num_surfaces=num_surfaces)
+                       item_multihot=imulti, item_continuous=icont, num_surfaces=num_surfaces,
+                       request_continuous=tuple(rq), request_mean=rq_mean, request_std=rq_std)
     ds = Dataset(name=path.stem, interactions=inter, users=user_tab, items=item_tab, tasks=tasks,
                  spec=spec, requests=requests)
     ds.validate()
@@ -452,10 +462,11 @@ def load_generic(interactions: str | Path, mapping: ColumnMapping, users: str | 
 
 def _requests(table: pa.Table, src: Source, mapping: ColumnMapping, ucodes: np.ndarray,
               icodes: np.ndarray, ts: np.ndarray, surface: np.ndarray, shown: np.ndarray,
-              labels: dict[str, np.ndarray], appear: np.ndarray) -> pa.Table:
+              labels: dict[str, np.ndarray], appear: np.ndarray,
+              features: dict[str, np.ndarray]) -> pa.Table:
     """The impression log's requests (``request_schema``): ids coded in order of first
     appearance in event order (``appear``), requests in (ts, id) order; candidates in file
-    order."""
+    order; then a column per request feature (``features``: name -> (N,) by log row)."""
     col = mapping.request
     rid = raw_ids(_column(table, src, col), src, col)
     codes = encode(rid, appearance_vocab(rid.take(pa.array(appear))), src, col,
@@ -497,7 +508,27 @@ def _requests(table: pa.Table, src: Source, mapping: ColumnMapping, ucodes: np.n
             "candidates": lists(item[take].astype(np.int64), pa.int64()),
             "impressed": lists(shown[by][take], pa.bool_()),
             **{f"label_{t}": lists(labels[t][by][take], pa.float32()) for t in labels}}
-    return pa.table(cols, schema=request_schema(tuple(labels)))
+    return request_features.with_columns(
+        pa.table(cols, schema=request_schema(tuple(labels))),
+        {name: v[by][starts][order] for name, v in features.items()})
+
+
+def _request_features(table: pa.Table, src: Source, mapping: ColumnMapping,
+                      ucodes: np.ndarray, ts: np.ndarray
+                      ) -> tuple[dict[str, np.ndarray], tuple[float, ...], tuple[float, ...]]:
+    """The mapping's request features, each (N,) float32 by log row, standardised over the
+    requests, with their raw means and stds (``request_features.standardised``). A request
+    is a request id of an impression log, else one user at one timestamp."""
+    if not mapping.request_features:
+        return {}, (), ()
+    if mapping.request is not None:
+        rid = raw_ids(_column(table, src, mapping.request), src, mapping.request)
+        groups = pc.dictionary_encode(rid).indices.to_numpy(zero_copy_only=False)
+    else:
+        groups = np.unique(np.stack([ucodes, ts], 1), axis=0, return_inverse=True)[1]
+    values = {c: _numbers(_column(table, src, c), src, c, required=False)
+              for c in mapping.request_features}
+    return request_features.standardised(values, np.ravel(groups), src, mapping.request)
 
 
 def load_generic_yaml(path: str | Path, ids: IdMap | None = None) -> Dataset:

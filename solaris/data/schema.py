@@ -11,6 +11,9 @@ Conventions shared by all loaders (synthetic, MovieLens, generic):
   tie-breaker so equal timestamps always order the same way.
 * Categorical feature columns hold dense ``int64`` codes ``0..card-1``; multi-hot columns hold
   ``list<int64>`` codes ``0..vocab-1``; continuous columns are standardised ``float32``.
+* Request-time features (``FeatureSpec.request_continuous``) are standardised ``float32``
+  columns of the interaction table (and of the request table, where there is one), named as
+  declared; every row of one request holds the same values.
 """
 
 from __future__ import annotations
@@ -71,6 +74,24 @@ class FeatureSpec:
     item_multihot: dict[str, int] = field(default_factory=dict)  # column -> vocabulary size
     item_continuous: tuple[str, ...] = ()
     num_surfaces: int = 1
+    # request-time features: numeric columns of the log, one value per request, standardised
+    # float32 columns of the interaction (and request) table; the raw value's training mean
+    # and std, per column, standardise a served request's value the same way
+    request_continuous: tuple[str, ...] = ()
+    request_mean: tuple[float, ...] = ()
+    request_std: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("user_continuous", "item_continuous", "request_continuous",
+                     "request_mean", "request_std"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        n = len(self.request_continuous)
+        if len(self.request_mean) != n or len(self.request_std) != n:
+            raise ValueError(f"request_mean={self.request_mean!r}, request_std="
+                             f"{self.request_std!r}: need one value per request feature "
+                             f"({list(self.request_continuous)!r})")
+        if any(not s > 0 for s in self.request_std):
+            raise ValueError(f"request_std={self.request_std!r}: must be > 0")
 
     def to_dict(self) -> dict:
         return {
@@ -80,10 +101,15 @@ class FeatureSpec:
             "item_multihot": dict(self.item_multihot),
             "item_continuous": list(self.item_continuous),
             "num_surfaces": self.num_surfaces,
+            "request_continuous": list(self.request_continuous),
+            "request_mean": list(self.request_mean),
+            "request_std": list(self.request_std),
         }
 
     @classmethod
     def from_dict(cls, d: dict) -> "FeatureSpec":
+        """The spec ``to_dict`` wrote; one written before request-time features existed
+        has none."""
         return cls(
             user_categorical=dict(d["user_categorical"]),
             user_continuous=tuple(d["user_continuous"]),
@@ -91,6 +117,9 @@ class FeatureSpec:
             item_multihot=dict(d["item_multihot"]),
             item_continuous=tuple(d["item_continuous"]),
             num_surfaces=int(d["num_surfaces"]),
+            request_continuous=tuple(d.get("request_continuous", ())),
+            request_mean=tuple(float(v) for v in d.get("request_mean", ())),
+            request_std=tuple(float(v) for v in d.get("request_std", ())),
         )
 
 

@@ -28,6 +28,8 @@ DAY = 86_400
 
 USER_CATEGORICAL = {"age_bucket": 6, "region": 8, "device": 3}
 USER_CONTINUOUS = ("activity",)
+BIAS_HINT = "bias_hint"  # the opt-in user feature correlated with user_bias
+BIAS_HINT_STREAM = 0xB1A5  # its noise's generator: seeded (cfg.seed, this)
 ITEM_CONTINUOUS = ("log_price",)
 MAX_TAGS = 4  # tags per item: 1..MAX_TAGS
 ACTIVITY_SIGMA = 1.0  # log-normal spread of per-user session rates (heavy tail)
@@ -175,6 +177,12 @@ def build_world(cfg: SyntheticConfig) -> World:
         "device": pa.array(device.astype(np.int64)),
         "activity": pa.array(activity.astype(np.float32)),
     })
+    user_continuous = USER_CONTINUOUS
+    if cfg.user_bias_feature:  # its own stream: the draws above and below stay as they are
+        noise = np.random.default_rng([cfg.seed, BIAS_HINT_STREAM]).standard_normal(n_u)
+        hint = _standardise(_standardise(user_bias) + noise)
+        users = users.append_column(BIAS_HINT, pa.array(hint.astype(np.float32)))
+        user_continuous = (*USER_CONTINUOUS, BIAS_HINT)
     items = pa.table({
         ITEM: pa.array(np.arange(n_i, dtype=np.int64)),
         RAW_ID: pa.array(np.arange(n_i, dtype=np.int64)),
@@ -184,7 +192,7 @@ def build_world(cfg: SyntheticConfig) -> World:
     })
     spec = FeatureSpec(
         user_categorical=dict(USER_CATEGORICAL),
-        user_continuous=USER_CONTINUOUS,
+        user_continuous=user_continuous,
         item_categorical={"category": k_cat},
         item_multihot={"tags": cfg.num_tags},
         item_continuous=ITEM_CONTINUOUS,

@@ -24,8 +24,11 @@ KEYS: dict[str, type] = {
     "item": np.int64,  # (B,) item id
     "surface": np.int64,  # (B,) surface code
     "user_cat": np.int64,  # (B, n_uc) the user's categorical codes
+    "user_cont": np.float32,  # (B, n_ud) the user's continuous features (standardised)
     "item_cat": np.int64,  # (B, n_ic) the item's categorical codes
+    "item_mh": np.int64,  # (B, n_mh, M) the item's multi-hot codes + 1, 0 = pad
     "item_cont": np.float32,  # (B, n_id) the item's continuous features
+    "request_cont": np.float32,  # (B, n_rq) the request-time features (standardised)
     "pair_emb": np.float32,  # (B, d) the pair slot (anything where absent)
     "pair_present": np.float32,  # (B,) 1.0 where the pair slot is present
     "pair_tier": np.int64,  # (B,) ``Tier`` code of the pair slot (NONE where absent)
@@ -42,8 +45,13 @@ BASE_KEYS: dict[str, type] = {k: t for k, t in KEYS.items() if k not in SLOT_KEY
 
 def vm_batch(user: np.ndarray, item: np.ndarray, surface: np.ndarray, user_cat: np.ndarray,
              item_cat: np.ndarray, item_cont: np.ndarray, slots: Slots | None = None, *,
+             user_cont: np.ndarray, item_mh: np.ndarray, request_cont: np.ndarray,
              dim: int | None = None, read_ttl_s: float | None = None) -> dict[str, Tensor]:
     """The VM's input batch (``KEYS``) for B rows whose ids the model knows.
+
+    ``user_cont``, ``item_mh`` (the side tables' padded multi-hot codes, ``SideTables``) and
+    ``request_cont`` are required by name: every path hands the VM every declared feature
+    (a table without such columns has width 0).
 
     ``slots``: the rows' two SOLARIS inputs as looked up, passed as given (an absent slot
     may hold anything, NaN included: the models mask with ``where``); None: both absent --
@@ -54,17 +62,20 @@ def vm_batch(user: np.ndarray, item: np.ndarray, surface: np.ndarray, user_cat: 
     A tensor may share memory with the array it came from.
     """
     cols = {"user": user, "item": item, "surface": surface, "user_cat": user_cat,
-            "item_cat": item_cat, "item_cont": item_cont}
+            "user_cont": user_cont, "item_cat": item_cat, "item_mh": item_mh,
+            "item_cont": item_cont, "request_cont": request_cont}
     cols.update(_slot_cols(len(user), slots, dim, read_ttl_s))
     return _tensors(cols, KEYS, len(user))
 
 
 def base_batch(user: np.ndarray, item: np.ndarray, surface: np.ndarray, user_cat: np.ndarray,
-               item_cat: np.ndarray, item_cont: np.ndarray) -> dict[str, Tensor]:
+               item_cat: np.ndarray, item_cont: np.ndarray, *, user_cont: np.ndarray,
+               item_mh: np.ndarray, request_cont: np.ndarray) -> dict[str, Tensor]:
     """The keys of ``vm_batch`` a VM alone reads (``BASE_KEYS``), built the same way, without
     the slots' columns: what a residual VM's base runs on (``VMScorer.base_logits``)."""
     cols = {"user": user, "item": item, "surface": surface, "user_cat": user_cat,
-            "item_cat": item_cat, "item_cont": item_cont}
+            "user_cont": user_cont, "item_cat": item_cat, "item_mh": item_mh,
+            "item_cont": item_cont, "request_cont": request_cont}
     return _tensors(cols, BASE_KEYS, len(user))
 
 

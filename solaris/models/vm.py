@@ -1,7 +1,10 @@
 """A small vertical model (VM) with the two SOLARIS input slots.
 
-The VM sees only what serving has in real time: ids, a few side features, the surface, and
-(optionally) the looked-up pair slot and user slot. It never reads the behaviour history.
+The VM sees only what serving has in real time: ids, every side feature the spec declares
+(each categorical column through an embedding, each item multi-hot column as the mean of its
+codes' embeddings, the user's and the item's continuous columns as they are), the surface,
+the request-time features, and (optionally) the looked-up pair slot and user slot. It never
+reads the behaviour history.
 Each slot enters twice: through a small projection into the MLP, and through a direct linear
 term on the logit so an FM-quality signal can be read straight off the embedding.
 Absent slots (presence 0) are zeroed before use, so their embedding values never matter.
@@ -23,7 +26,11 @@ from solaris.tiers import NUM_TIERS
 
 Tensor = torch.Tensor
 
-MAX_CAT = 3  # categorical columns read per side (the first ones, in spec order)
+# categorical columns a side may declare: each is an embedding table and E inputs of the MLP,
+# so past this a spec is more likely a mapping error (an id or free text listed as a
+# category) than a model; refused, never truncated (a column the VM ignored would be a
+# feature its team believes it serves)
+MAX_CAT_COLUMNS = 32
 
 
 class VerticalModel(nn.Module):
@@ -54,13 +61,31 @@ class VerticalModel(nn.Module):
         self.user_emb = nn.Embedding(num_users, E)
         self.item_emb = nn.Embedding(num_items, E)
         self.surface_emb = nn.Embedding(spec.num_surfaces, E)
-        user_cards = list(spec.user_categorical.values())[:MAX_CAT]
-        item_cards = list(spec.item_categorical.values())[:MAX_CAT]
+        for side, cats in (("user", spec.user_categorical), ("item", spec.item_categorical)):
+            if len(cats) > MAX_CAT_COLUMNS:
+                raise ValueError(f"spec.{side}_categorical: {len(cats)} columns "
+                                 f"({', '.join(cats)}); the built-in VM reads at most "
+                                 f"{MAX_CAT_COLUMNS} per side")
+        user_cards = list(spec.user_categorical.values())
+        item_cards = list(spec.item_categorical.values())
         self.user_cat_emb = nn.ModuleList(nn.Embedding(c, E) for c in user_cards)
         self.item_cat_emb = nn.ModuleList(nn.Embedding(c, E) for c in item_cards)
         n_id = len(spec.item_continuous)
-
         in_dim = E * (3 + len(user_cards) + len(item_cards)) + n_id
+        # built only where the spec declares them, so a spec without these features builds
+        # the same parameters in the same order
+        self.item_mh_emb: nn.ModuleList | None = None
+        if spec.item_multihot:
+            # codes + 1, 0 = pad (``SideTables.item_mh``): the mean over a row's codes; an
+            # item without any (or unknown to serving: all pad) reads zeros
+            self.item_mh_emb = nn.ModuleList(nn.EmbeddingBag(v + 1, E, mode="mean",
+                                                             padding_idx=0)
+                                             for v in spec.item_multihot.values())
+            in_dim += E * len(spec.item_multihot)
+        # continuous inputs, read as they are (standardised by the loader / request_vector)
+        self.n_user_cont = len(spec.user_continuous)
+        self.n_request_cont = len(spec.request_continuous)
+        in_dim += self.n_user_cont + self.n_request_cont
         if cfg.use_pair:
             # [z * present, present, one-hot tier, age * present]
             self.pair_proj = nn.Linear(slot_dim + 1 + NUM_TIERS + 1, cfg.slot_hidden)
@@ -106,6 +131,13 @@ class VerticalModel(nn.Module):
         parts += [emb(user_cat[:, j]) for j, emb in enumerate(self.user_cat_emb)]  # (B, E) each
         parts += [emb(item_cat[:, j]) for j, emb in enumerate(self.item_cat_emb)]  # (B, E) each
         parts.append(batch["item_cont"])  # (B, n_id)
+        if self.item_mh_emb is not None:
+            item_mh = batch["item_mh"]  # (B, n_mh, M)
+            parts += [emb(item_mh[:, j]) for j, emb in enumerate(self.item_mh_emb)]  # (B, E) each
+        if self.n_user_cont:  # keys of features the spec lacks need not be in the batch
+            parts.append(batch["user_cont"])  # (B, n_ud)
+        if self.n_request_cont:
+            parts.append(batch["request_cont"])  # (B, n_rq)
         direct = None
         if self.cfg.use_pair:
             present = batch["pair_present"].unsqueeze(-1)  # (B, 1)

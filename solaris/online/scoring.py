@@ -8,14 +8,17 @@ shared), the pair slot filled for every known candidate with age 0.
 
 Ids the models never saw are served, never refused: an unknown user or item reads an
 out-of-vocabulary embedding (the mean of the trained rows) and zero side features, and in
-the inline FM an unknown item's pair slot is absent.
+the inline FM an unknown item's pair slot is absent. A request's real-time features
+(``ScoreRequest.features``, standardised by ``request_vector``) reach every candidate's row;
+a feature the request does not carry reads its training mean (0).
 """
 
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -102,6 +105,9 @@ class ScoreRequest:
     slots: Slots | PackedSlots | None  # None: no SOLARIS inputs (the VM alone)
     # (2, 4) the router's live scales for this VM (``solaris/online/scales.py``); None: the VM's own
     scales: np.ndarray | None = None
+    # (n_rq,) float32 the request-time features, standardised (``request_vector``); None:
+    # none carried, each at its training mean (0)
+    features: np.ndarray | None = None
 
 
 # rows per VM forward (solaris.models.blocks): a 500-candidate request is one block, one
@@ -120,17 +126,41 @@ def encode_score_request(version: str, req: ScoreRequest) -> bytes:
         slots = PackedSlots.pack(slots)
     packed = ([None] * len(_PACKED) if slots is None
               else [getattr(slots, f) for f in _PACKED])
+    features = None if req.features is None else np.asarray(req.features, np.float32)
     return wire.encode("score_request", [str(version), int(req.user),
                                          np.asarray(req.items, np.int64), int(req.surface),
-                                         req.scales, slots is not None, *packed])
+                                         req.scales, features, slots is not None, *packed])
 
 
 def decode_score_request(buf: bytes) -> tuple[str, ScoreRequest]:
     """(version, ScoreRequest) from an ``encode_score_request`` frame."""
-    version, user, items, surface, scales, has_slots, *packed = wire.decode(
-        buf, "score_request", 6 + len(_PACKED))
+    version, user, items, surface, scales, features, has_slots, *packed = wire.decode(
+        buf, "score_request", 7 + len(_PACKED))
     slots = PackedSlots(*packed) if has_slots else None
-    return version, ScoreRequest(user, items, surface, slots, scales)
+    return version, ScoreRequest(user, items, surface, slots, scales, features)
+
+
+def request_vector(spec: FeatureSpec, features: Mapping[str, float] | None) -> np.ndarray:
+    """(n_rq,) float32: a request's real-time features ``name -> raw value`` standardised
+    with the training mean and std (``spec.request_continuous``); a declared feature the
+    request does not carry is 0 (its mean: the loader's convention for nulls).
+    ``RequestError`` naming the feature: a name the spec does not declare, or a value that
+    is not a finite number."""
+    names = spec.request_continuous
+    out = np.zeros(len(names), np.float32)
+    if not features:
+        return out
+    index = {n: j for j, n in enumerate(names)}
+    for name, value in features.items():
+        if name not in index:
+            raise RequestError(f"feature {name!r} is not declared (request features: "
+                               f"{', '.join(names) if names else 'none'})")
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
+                or not math.isfinite(float(value)):
+            raise RequestError(f"feature {name!r}: must be a finite number")
+        j = index[name]
+        out[j] = (float(value) - spec.request_mean[j]) / spec.request_std[j]
+    return out
 
 
 def encode_scores(scores: np.ndarray) -> bytes:
@@ -164,35 +194,56 @@ class VMScorer:
         self.version = str(meta.get("version", ""))
         self.dim = int(meta["slot_dim"])
         self.num_users, self.num_items = int(meta["num_users"]), int(meta["num_items"])
-        self.num_surfaces = FeatureSpec.from_dict(meta["spec"]).num_surfaces
+        self.spec = FeatureSpec.from_dict(meta["spec"])
+        self.num_surfaces = self.spec.num_surfaces
         self.side = side
         self.read_ttl_s = float(read_ttl_s)
 
     def batch_rows(self, user: np.ndarray, item: np.ndarray, surface: np.ndarray,
-                   slots: Slots | PackedSlots | None = None, base_only: bool = False
-                   ) -> dict[str, Tensor]:
+                   slots: Slots | PackedSlots | None = None, base_only: bool = False,
+                   request_cont: np.ndarray | None = None) -> dict[str, Tensor]:
         """The VM's input batch for rows (user, item, surface), each (B,), as served: an id
         the VM never saw reads the out-of-vocabulary row and zero side features, a surface
         outside the vocabulary the nearest one; ``slots`` (B rows) as the router looked
         them up (a tier the VM did not train on has scale 0); None: no SOLARIS inputs.
-        ``base_only``: only the keys a VM alone reads (``base_batch``; slots ignored)."""
+        ``base_only``: only the keys a VM alone reads (``base_batch``; slots ignored).
+        ``request_cont``: (n_rq,) one request's standardised real-time features for every
+        row, or (B, n_rq) per row; None: each at its training mean (0)."""
         user, item = np.asarray(user, np.int64), np.asarray(item, np.int64)
         known_u = (0 <= user) & (user < self.num_users)
         known_i = item < self.num_items
         s = self.side
-        user_cat = np.zeros((len(user), s.user_cat.shape[1]), np.int64)
-        user_cat[known_u] = s.user_cat[user[known_u]]
-        item_cat = np.zeros((len(item), s.item_cat.shape[1]), np.int64)
-        item_cat[known_i] = s.item_cat[item[known_i]]
-        item_cont = np.zeros((len(item), s.item_cont.shape[1]), np.float32)
-        item_cont[known_i] = s.item_cont[item[known_i]]
+
+        def side(table: np.ndarray, known: np.ndarray, ids: np.ndarray) -> np.ndarray:
+            out = np.zeros((len(ids), *table.shape[1:]), table.dtype)  # unknown: zeros
+            out[known] = table[ids[known]]
+            return out
+
+        feats = dict(user_cont=side(s.user_cont, known_u, user),
+                     item_mh=side(s.item_mh, known_i, item),
+                     request_cont=self._request_rows(len(user), request_cont))
+        user_cat = side(s.user_cat, known_u, user)
+        item_cat = side(s.item_cat, known_i, item)
+        item_cont = side(s.item_cont, known_i, item)
         ids = (np.where(known_u, user, self.num_users), np.where(known_i, item, self.num_items),
                np.clip(np.asarray(surface, np.int64), 0, self.num_surfaces - 1))
         if base_only:
-            return base_batch(*ids, user_cat, item_cat, item_cont)
+            return base_batch(*ids, user_cat, item_cat, item_cont, **feats)
         z = slots.unpack() if isinstance(slots, PackedSlots) else slots
         return vm_batch(*ids, user_cat, item_cat, item_cont, z, dim=self.dim,
-                        read_ttl_s=self.read_ttl_s)
+                        read_ttl_s=self.read_ttl_s, **feats)
+
+    def _request_rows(self, n: int, request_cont: np.ndarray | None) -> np.ndarray:
+        """(n, n_rq) float32 of ``batch_rows``'s ``request_cont``; RequestError if its width
+        is not the VM's."""
+        width = len(self.spec.request_continuous)
+        if request_cont is None:
+            return np.zeros((n, width), np.float32)
+        r = np.asarray(request_cont, np.float32)
+        if r.shape[-1:] != (width,) or r.ndim not in (1, 2):
+            raise RequestError(f"request features of shape {r.shape}: the VM reads {width} "
+                               f"({', '.join(self.spec.request_continuous) or 'none'})")
+        return np.broadcast_to(r, (n, width))
 
     def batch(self, requests: Sequence[ScoreRequest], base_only: bool = False
               ) -> dict[str, Tensor]:
@@ -200,7 +251,7 @@ class VMScorer:
         ``score`` runs the VM on; ``base_only``: what its VM alone runs on)."""
         parts = [self.batch_rows(np.full(len(r.items), r.user, np.int64), r.items,
                                  np.full(len(r.items), r.surface, np.int64), r.slots,
-                                 base_only)
+                                 base_only, r.features)
                  for r in requests]
         return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}
 

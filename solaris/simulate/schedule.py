@@ -27,16 +27,24 @@ from solaris.simulate.log import row_index
 
 @torch.no_grad()
 def candidate_scores(model: VerticalModel, tables: FeatureTables, users: np.ndarray,
-                     items: np.ndarray, surfaces: np.ndarray, batch: int = 8192) -> np.ndarray:
+                     items: np.ndarray, surfaces: np.ndarray, batch: int = 8192,
+                     request_cont: np.ndarray | None = None) -> np.ndarray:
     """Probabilities (N,) of a VM alone for arbitrary (user, item, surface) triples (ids the
-    model knows), from the side-feature tables."""
+    model knows), from the side-feature tables. ``request_cont`` (N, n_rq): the triples'
+    standardised request-time features; None: none given, each at its training mean (0), as
+    serving reads a request that carries none (the replay's request log holds no request
+    features)."""
     model.eval()
     out = np.empty(len(users), np.float64)
+    if request_cont is None:
+        request_cont = np.zeros((len(users), tables.request_cont.shape[1]), np.float32)
     for lo in range(0, len(users), batch):
         u = np.asarray(users[lo:lo + batch], np.int64)
         i = np.asarray(items[lo:lo + batch], np.int64)
         b = vm_batch(u, i, surfaces[lo:lo + batch], tables.user_cat[u], tables.item_cat[i],
-                     tables.item_cont[i], dim=model.slot_dim)  # both slots absent
+                     tables.item_cont[i], user_cont=tables.user_cont[u],
+                     item_mh=tables.item_mh[i], request_cont=request_cont[lo:lo + batch],
+                     dim=model.slot_dim)  # both slots absent
         out[lo:lo + batch] = torch.sigmoid(model(b)).numpy()
     return out
 

@@ -158,7 +158,9 @@ class ServedSlots:
         r = self.rows[idx]
         u, i = tables.user[r], tables.item[r]
         return vm_batch(u, i, tables.surface[r], tables.user_cat[u], tables.item_cat[i],
-                        tables.item_cont[i], self.slots(idx, tiers, agg), read_ttl_s=read_ttl_s)
+                        tables.item_cont[i], self.slots(idx, tiers, agg),
+                        user_cont=tables.user_cont[u], item_mh=tables.item_mh[i],
+                        request_cont=tables.request_cont[r], read_ttl_s=read_ttl_s)
 
 
 def select_slots(tier: np.ndarray, pair_emb: np.ndarray, age_s: np.ndarray,

@@ -98,7 +98,8 @@ class VMInputs:
         tb = self.tables
         u, i = tb.user[r], tb.item[r]
         return vm_batch(u, i, tb.surface[r], tb.user_cat[u], tb.item_cat[i], tb.item_cont[i],
-                        slots, read_ttl_s=self.read_ttl_s)
+                        slots, user_cont=tb.user_cont[u], item_mh=tb.item_mh[i],
+                        request_cont=tb.request_cont[r], read_ttl_s=self.read_ttl_s)
 
 
 @dataclass

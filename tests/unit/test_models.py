@@ -91,6 +91,7 @@ def make_batch(spec: FeatureSpec, B: int = 6, L: int = 5, *, num_users: int = 7,
     batch["pair_present"][:2] = torch.tensor([1.0, 0.0])  # both cases always present
     batch["agg_present"][:2] = torch.tensor([1.0, 0.0])
     batch["pair_tier"] = batch["pair_tier"] * batch["pair_present"].long()
+    batch["request_cont"] = floats(B, len(spec.request_continuous))
     return batch
 
 

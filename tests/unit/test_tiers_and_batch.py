@@ -44,8 +44,13 @@ def _ids(n: int) -> tuple[np.ndarray, ...]:
             np.ones((n, 3), np.int64), np.ones((n, 1), np.float32))
 
 
+def _feats(n: int) -> dict[str, np.ndarray]:
+    return dict(user_cont=np.ones((n, 2), np.float32), item_mh=np.ones((n, 1, 3), np.int64),
+                request_cont=np.zeros((n, 0), np.float32))
+
+
 def test_vm_batch_without_slots_has_both_slots_absent():
-    b = vm_batch(*_ids(5), dim=4)
+    b = vm_batch(*_ids(5), dim=4, **_feats(5))
     assert list(b) == list(KEYS)
     for k, dtype in KEYS.items():
         assert b[k].dtype == torch.from_numpy(np.zeros(1, dtype)).dtype and len(b[k]) == 5, k
@@ -54,9 +59,13 @@ def test_vm_batch_without_slots_has_both_slots_absent():
     assert (b["pair_tier"] == Tier.NONE).all() and not b["pair_age"].any()
     assert not b["pair_emb"].any() and not b["agg_emb"].any()
     with pytest.raises(ValueError, match="dim"):
-        vm_batch(*_ids(5))
+        vm_batch(*_ids(5), **_feats(5))
     with pytest.raises(ValueError, match="item_cont: 4 rows"):
-        vm_batch(*_ids(5)[:5], np.zeros((4, 1), np.float32), dim=4)
+        vm_batch(*_ids(5)[:5], np.zeros((4, 1), np.float32), dim=4, **_feats(5))
+    with pytest.raises(ValueError, match="request_cont: 4 rows"):
+        vm_batch(*_ids(5), dim=4, **{**_feats(5), "request_cont": np.zeros((4, 1), np.float32)})
+    with pytest.raises(TypeError, match="user_cont"):  # every feature is passed by name
+        vm_batch(*_ids(5), dim=4)
 
 
 def test_vm_batch_reads_the_tier_and_age_only_with_a_read_ttl():
@@ -65,10 +74,10 @@ def test_vm_batch_reads_the_tier_and_age_only_with_a_read_ttl():
               pair_tier=np.array([Tier.PAIR, Tier.ITEM_NEIGHBOUR, Tier.NONE]),
               pair_age_s=np.array([0.0, 1800.0, 0.0]), agg_emb=np.zeros((3, 2), np.float32),
               agg_present=np.zeros(3, bool), missing=~present)
-    aware = vm_batch(*_ids(3), z, read_ttl_s=3600.0)
+    aware = vm_batch(*_ids(3), z, read_ttl_s=3600.0, **_feats(3))
     assert aware["pair_tier"].tolist() == [1, 3, 0]
     assert aware["pair_age"].tolist() == [0.0, 0.5, 0.0]
-    blind = vm_batch(*_ids(3), z)  # a VM trained offline: tier PAIR where present, age 0
+    blind = vm_batch(*_ids(3), z, **_feats(3))  # a VM trained offline: tier PAIR where present, age 0
     assert blind["pair_tier"].tolist() == [1, 1, 0] and not blind["pair_age"].any()
     assert aware["pair_present"].tolist() == blind["pair_present"].tolist() == [1.0, 1.0, 0.0]
 
