@@ -578,6 +578,9 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
                                        save_feature_log, served_rows, served_scores, take_rows,
                                        transfer_from_log)
 
+    from solaris.replay.prepare import check_no_request_features
+
+    check_no_request_features(ds, "the replay")
     out = Path(out)
     lr = LiveReplay(cfg, ds, out, opts, say, truth)
     prep = lr.prepare()

@@ -107,8 +107,10 @@ def predict(art_dir: str | Path, ds: Dataset, *, start_ts: int | None = None,
     period is exactly the validation period) and serves the validation period with those,
     as a replay of it would: nothing they chose was chosen on it.
     """
-    from solaris.replay.prepare import check_trained_before
+    from solaris.replay.prepare import check_no_request_features, check_trained_before
     from solaris.online.scoring import Artifacts
+
+    check_no_request_features(ds, "the prediction")
 
     say = say or (lambda _m: None)
     art_dir = Path(art_dir)

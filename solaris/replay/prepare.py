@@ -26,6 +26,17 @@ def window(ds: Dataset, cfg: SolarisConfig) -> tuple[Periods, int]:
     return periods, int(periods.cuts[2])
 
 
+def check_no_request_features(ds: Dataset, what: str) -> None:
+    """The replay, the prediction and the closed loop do not send a log's request-time
+    features yet: refuse such a log rather than serve its VM inputs it did not train on
+    (every request at the features' mean)."""
+    if ds.spec.request_continuous:
+        raise DataError(f"{ds.name}: the mapping declares request features "
+                        f"{list(ds.spec.request_continuous)}; {what} does not send them yet "
+                        "(serving does: /rank's features). Drop them from the mapping to "
+                        f"run {what}.")
+
+
 def check_trained_before(manifest: dict, start_ts: int) -> None:
     """Every period the artifacts trained or validated on ends before ``start_ts``."""
     for name in ("fm", "vm", "val"):

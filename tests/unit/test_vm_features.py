@@ -239,3 +239,17 @@ def test_the_mapping_checks_its_request_features(names, match):
     with pytest.raises(ConfigError, match=match):
         ColumnMapping.from_dict({"user": "uid", "item": "iid", "timestamp": "t",
                                  "labels": {"click": "click"}, "request_features": names})
+
+
+def test_the_replay_and_the_prediction_refuse_a_log_with_request_features(tmp_path):
+    """They do not send request features yet: a log declaring some is refused by name
+    rather than served at the features' mean, inputs its VM did not train on."""
+    from solaris.replay.prepare import check_no_request_features
+
+    path = tmp_path / "log.parquet"
+    pq.write_table(_log([3.0, 3.0, 9.0, 9.0, 9.0, 4.0]), path)
+    with pytest.raises(DataError, match="request features \\['hour'\\]; the replay does not"):
+        check_no_request_features(load_generic(path, MAPPING), "the replay")
+    plain = ColumnMapping.from_dict({"user": "uid", "item": "iid", "timestamp": "t",
+                                     "labels": {"click": "click"}, "request": "req"})
+    check_no_request_features(load_generic(path, plain), "the replay")  # nothing declared
