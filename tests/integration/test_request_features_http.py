@@ -1,5 +1,7 @@
-"""Request-time features over real HTTP: a generic impression log whose mapping declares one
-(``request_features: [hour]``), trained with the tiny settings and served on a local Ray;
+"""A team's log over real HTTP: a generic impression log with opaque string ids whose mapping
+declares a request-time feature (``request_features: [hour]``), trained with the tiny
+settings and served on a local Ray. ``/rank`` and ``/feedback`` take the raw string ids (an
+unknown one is served through the fallbacks; an integer is a 422 naming the field);
 ``/rank``'s ``features`` reach the VM (another value, other scores), in the default path
 (the router's corrections over the replica's VM alone, ``serve.overlap``) and in the
 VM replica's own (mode ``vm``); an undeclared name or a non-finite value is a 422 naming it;
@@ -41,7 +43,7 @@ def _generic_log_with_hour(root: Path) -> Path:
     from solaris.data.load import load_dataset
 
     cfg = load_config(None, TINY)
-    path = export_generic(load_dataset(cfg.data), root)
+    path = export_generic(load_dataset(cfg.data), root, string_ids=True)
     doc = yaml.safe_load(path.read_text())
     log = pq.read_table(root / doc["interactions"])
     rid = log.column("request_id").to_numpy()
@@ -72,11 +74,14 @@ def app(tmp_path_factory):
     with local_serve(free_port()) as base:
         serve.run(serve_app.build_app({"artifacts": str(art), "config": str(conf),
                                        "app_id": "rqfeat"}), blocking=False)
-        yield {"base": base, "spec": ds.spec}
+        yield {"base": base, "spec": ds.spec, "ds": ds,
+               "users": ds.users.column("raw_id").to_pylist(),
+               "items": ds.items.column("raw_id").to_pylist()}
 
 
 def _rank(app, **kw) -> requests.Response:
-    body = {"user_id": 3, "candidates": list(range(40)), "task": "click", "now": T0}
+    body = {"user_id": app["users"][3], "candidates": app["items"][:40], "task": "click",
+            "now": T0}
     body.update(kw)
     return requests.post(app["base"] + "/rank", json=body, timeout=TIMEOUT_S)
 
@@ -107,10 +112,36 @@ def test_an_undeclared_feature_is_a_422_naming_it(app):
 
 @pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
 def test_a_non_finite_feature_is_refused(app, value):
-    raw = ('{"user_id": 3, "candidates": [1, 2], "task": "click", "now": %r, '
-           '"features": {"hour": %s}}' % (T0, value))
+    raw = ('{"user_id": "%s", "candidates": ["%s"], "task": "click", "now": %r, '
+           '"features": {"hour": %s}}' % (app["users"][3], app["items"][1], T0, value))
     r = requests.post(app["base"] + "/rank", data=raw, timeout=TIMEOUT_S,
                       headers={"content-type": "application/json"})
     assert r.status_code == 422, r.text
     assert "features" in r.text and "hour" in r.text
     assert _rank(app, features={"hour": 5.0}).status_code == 200  # still serving
+
+
+def test_rank_and_feedback_take_the_logs_raw_string_ids(app):
+    """The router translates the raw ids with the artifacts' id map: a known user's request
+    is scored as that user (another user's scores differ), its labels reach its history;
+    an id never seen is served through the fallbacks; an integer id here is a 422."""
+    users, items = app["users"], app["items"]
+    assert all(isinstance(u, str) for u in users) and users != sorted(users)
+    a = _rank(app, user_id=users[3], features={"hour": 5.0})
+    b = _rank(app, user_id=users[4], features={"hour": 5.0})
+    assert a.status_code == b.status_code == 200, a.text
+    assert a.json()["scores"] != b.json()["scores"]
+    r = requests.post(app["base"] + "/feedback", timeout=TIMEOUT_S, json={
+        "user_id": users[3], "items": items[:2], "labels": [[1, 0], [0, 0]], "now": T0 + 1})
+    assert r.status_code == 200 and r.json()["labels"] == 2, r.text
+    new = _rank(app, user_id="a-user-never-seen", candidates=["an-item-never-seen", items[0]],
+                features={"hour": 5.0})
+    assert new.status_code == 200, new.text
+    assert new.json()["tiers"][0] == "none" and len(new.json()["scores"]) == 2
+    for body, field in (({"user_id": 3}, "user_id"), ({"candidates": [items[0], 7]},
+                                                       "candidates")):
+        bad = _rank(app, **body)
+        assert bad.status_code == 422 and field in json.dumps(bad.json()["detail"]), bad.text
+    r = requests.post(app["base"] + "/feedback", timeout=TIMEOUT_S, json={
+        "user_id": users[3], "items": [5], "labels": [[1, 0]], "now": T0 + 2})
+    assert r.status_code == 422 and "items" in r.text
