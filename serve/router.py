@@ -63,6 +63,8 @@ class LookupRouter:
         self.arts = {a.version: a for a in arts}
         # the wire's raw ids -> codes, one map for every version served
         self.ids = deployment_ids([(str(a.root), a.ids()) for a in arts])
+        for a in arts:  # each version's feature spec (request features), read here once
+            _ = a.spec
         self.tasks = sorted({t for a in arts for t in a.tasks})
         # the VMs' scales, live: a tier at 0 in every VM of a version is not looked up
         self.scales = ScaleTable({a.version: a.manifest for a in arts})
