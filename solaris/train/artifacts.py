@@ -26,6 +26,7 @@ from solaris import atomic
 from solaris.artifacts import SCHEMA, SIDE_KEYS, Artifacts, SideTables
 from solaris.config import SolarisConfig, config_to_dict
 from solaris.data.schema import Dataset
+from solaris.errors import ConfigError
 from solaris.data.split import time_split
 from solaris.eval import metrics as M
 from solaris.features import FeatureTables
@@ -68,6 +69,9 @@ def _train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed:
     t0 = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    ids = IdMap.from_dataset(ds)
+    if base_dir is not None:
+        check_keeps(Artifacts.open(base_dir), ds, ids, out)
     periods = time_split(ds, cfg.split)
     tables = FeatureTables(ds, cfg.features)
     say("training FM + encoder")
@@ -140,10 +144,6 @@ def _train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed:
             f, probs=probs.astype(np.float32), z=inputs.pair.numpy(), agg=inputs.agg.numpy(),
             agg_present=inputs.agg_present.numpy().astype(bool)))
     save_side_tables(out / "side.npz", SideTables.from_features(tables))
-    ids = IdMap.from_dataset(ds)
-    if base_dir is not None:  # a rollover: the new version codes every id as the last did
-        earlier = Artifacts.open(base_dir).ids()
-        ids.check_extends(earlier, str(out))
     ids.save(out)
     manifest = {
         "schema": SCHEMA, "dataset": ds.name, "version": teacher.version, "tasks": list(ds.tasks),
@@ -159,6 +159,17 @@ def _train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed:
     }
     atomic.save_json(out / "manifest.json", manifest)  # last: a manifest means a whole set
     return manifest
+
+
+def check_keeps(base: Artifacts, ds: Dataset, ids: IdMap, out: Path) -> None:
+    """A version keeping ``base``'s VMs alone codes every id as ``base`` did and holds no id
+    they lack a row for (else a ``ConfigError`` saying so)."""
+    ids.check_extends(base.ids(), str(out))
+    if (ds.num_users, ds.num_items) != (base.num_users, base.num_items):
+        raise ConfigError(f"base_dir={base.root}: its VMs alone have rows for {base.num_users} "
+                          f"users and {base.num_items} items, the data {ds.num_users} and "
+                          f"{ds.num_items} (ids arrived since): train new VMs alone (drop "
+                          "--keep-vm-alone)")
 
 
 def served_unlike_trained(manifest: dict, cfg: SolarisConfig) -> str | None:

@@ -155,3 +155,26 @@ def test_an_exported_dataset_reads_back_with_its_codes(tmp_path) -> None:
     back = load_generic_yaml(path)
     assert back.interactions.equals(ds.interactions)
     assert back.users.column("raw_id").equals(ds.users.column("raw_id"))
+
+
+def test_keeping_an_earlier_versions_vms_needs_its_codes_and_no_new_ids(tmp_path) -> None:
+    """``--keep-vm-alone``: the kept VMs alone have rows for the earlier version's ids only,
+    so a log whose map renumbers them, or that brought new ids, is refused before training."""
+    from types import SimpleNamespace
+
+    from solaris.errors import ConfigError
+    from solaris.train.artifacts import check_keeps
+
+    m1 = IdMap.from_dataset(load_generic(write(tmp_path, log_table(range(0, 10)), "v1"),
+                                         MAPPING))
+    base = SimpleNamespace(root=tmp_path / "v1", ids=lambda: m1, num_users=len(m1.users),
+                           num_items=len(m1.items))
+    same = load_generic(write(tmp_path, log_table(range(3, 12)), "same"), MAPPING, ids=m1)
+    check_keeps(base, same, IdMap.from_dataset(same), tmp_path / "v2")  # no new ids: kept
+    grown = load_generic(write(tmp_path, log_table(range(5, 15), new_from=8), "v2"), MAPPING,
+                         ids=m1)
+    with pytest.raises(ConfigError, match="rows for 6 users and 5 items, the data 8 and 6"):
+        check_keeps(base, grown, IdMap.from_dataset(grown), tmp_path / "v2")
+    fresh = load_generic(write(tmp_path, log_table(range(5, 15)), "v3"), MAPPING)
+    with pytest.raises(DataError, match="codes would change hands"):
+        check_keeps(base, fresh, IdMap.from_dataset(fresh), tmp_path / "v3")
