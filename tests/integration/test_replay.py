@@ -6,6 +6,7 @@ and the report carries every figure the protocol defines."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -109,8 +110,10 @@ def test_replay_is_independent_of_worker_count_and_matches_its_schedule(tmp_path
         for v in rep["calibration_slope"].values():
             if v["slope"] is not None:
                 assert v["ci_low"] < v["ci_high"]
+                # the slope refitted on the window's second half: a number (its sign is a
+                # statistic of this small window's one run, not a property of the design)
                 half = v["base_calibrated_second_half"]["slope"]
-                assert half is None or half > 0
+                assert half is None or math.isfinite(half)
                 # and the band a calibrated model's slope would fall in on the same rows
                 band = v["if_calibrated"]
                 assert band["ci_low"] < band["ci_high"] and 0.0 <= band["p_value"] <= 1.0
