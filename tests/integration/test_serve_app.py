@@ -382,14 +382,27 @@ def test_replay_profile_refuses_a_time_beyond_the_skew(app):
     """Runs last: the router's reference is the latest event time it has accepted (T0 + 300
     by now); one far-future request is a 422 naming ``now`` and moves nothing."""
     refused = requests.get(app["base"] + "/stats", timeout=TIMEOUT_S).json()["clock"]
-    before = _rank(app, user_id=7, candidates=list(range(100, 160)), now=T0 + 300).json()
+    # no FM worker writes between the probes: the workers stop after their current step, and
+    # the probe is read until a write still in flight has landed
+    serve.get_deployment_handle("Precompute", app_name="default").pause.remote().result()
+
+    def probe() -> dict:
+        got = _rank(app, user_id=7, candidates=list(range(100, 160)), now=T0 + 300).json()
+        return {"tiers": got["tiers"], "ages_s": got["ages_s"]}
+
+    before, again = None, probe()
+    for _ in range(20):
+        if again == before:
+            break
+        before = again
+        time.sleep(0.5)
+        again = probe()
     for path, body in (("/rank", {"user_id": 7, "candidates": [1], "task": "click",
                                   "now": 1e11}),
                        ("/feedback", {"user_id": 7, "items": [1], "labels": [[1, 0]],
                                       "now": 1e11})):
         r = requests.post(app["base"] + path, json=body, timeout=TIMEOUT_S)
         assert r.status_code == 422 and "now" in r.text and "max_skew_s" in r.text, r.text
-    after = _rank(app, user_id=7, candidates=list(range(100, 160)), now=T0 + 300).json()
-    assert after["tiers"] == before["tiers"] and after["ages_s"] == before["ages_s"]
+    assert probe() == before
     stats = requests.get(app["base"] + "/stats", timeout=TIMEOUT_S).json()
     assert stats["clock"]["clock_refused"] == refused["clock_refused"] + 2  # (the fuzz's too)
