@@ -410,6 +410,9 @@ class CacheConfig:
     deadline_ms: float = 25.0  # a lookup round waits this long; late shards read as misses
     snapshot_uri: str | None = None  # pyarrow.fs URI or local dir of shard snapshots
     snapshot_every_s: float = 60.0  # wall-clock seconds between shard snapshots
+    # change records each store keeps for the routers' read replicas (solaris/cache/journal.py;
+    # a replica further behind reads the whole store); 0: no journal, no replica can follow
+    journal_records: int = 100_000
 
     def __post_init__(self) -> None:
         _check(self.dim >= 1, "cache.dim", self.dim, "must be >= 1")
@@ -426,6 +429,8 @@ class CacheConfig:
         _check(self.deadline_ms > 0, "cache.deadline_ms", self.deadline_ms, "must be > 0")
         _check(self.snapshot_every_s > 0, "cache.snapshot_every_s", self.snapshot_every_s,
                "must be > 0")
+        _check(self.journal_records >= 0, "cache.journal_records", self.journal_records,
+               "must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,9 @@ KINDS = {  # name -> code; a code is never reused for another meaning
     "evaluated": 11,  # FM worker -> ledger
     "picks": 12,  # router -> queue: the verifier's picks
     "lease": 13,  # queue -> FM worker
+    # router's read replica <-> shard (solaris.cache.replica): a pull of the changes since a
+    # sequence, the changes, and the reads the replica made, sent back
+    "changes_query": 14, "changes": 15, "reads": 16,
 }
 _NAMES = {v: k for k, v in KINDS.items()}
 # append only: a dtype's code is its position

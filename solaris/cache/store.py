@@ -40,6 +40,7 @@ from solaris.cache import answer as _answer
 from solaris.cache import snapshot as _snap
 from solaris.cache.codec import Codec
 from solaris.cache.index import key_hash
+from solaris.cache.journal import Changes, Journal
 from solaris.cache.inputs import (check_ids, check_query, check_time, check_times,
                                   check_version)
 from solaris.cache.query import ShardAnswer, ShardQuery
@@ -55,6 +56,8 @@ _COUNTERS = ("pair_hits", "pair_misses", "pair_stale", "pair_other_version", "nb
              "nbr_hits", "inbr_probes", "inbr_hits", "agg_requests", "agg_present",
              "evictions", "expired", "expired_unread", "dropped_on_put", "replaced",
              "replaced_read", "duplicates", "evicted_live", "evicted_read", "dropped_on_restore")
+# what reads count (answer.py): a read replica counts them and sends them back to the shard
+READ_COUNTERS = _COUNTERS[:10]
 
 
 def lowest(score: np.ndarray, written: np.ndarray, k: int) -> np.ndarray:
@@ -77,13 +80,22 @@ class PairStore:
     """Pair embeddings of one shard: batch put / get / aggregate / holders / answer.
 
     Not thread-safe: one call at a time (the shard actor serialises its calls).
+
+    Every change to the entries is journalled (``journal``; ``cache.journal_records``, 0:
+    none) for the routers' read replicas: ``changes`` answers a replica's pull,
+    ``apply_reads`` takes back the read marks and read counts it made.
     """
 
-    def __init__(self, cfg: CacheConfig, clock: EventClock | None = None) -> None:
+    table_class = SlotTable
+
+    def __init__(self, cfg: CacheConfig, clock: EventClock | None = None,
+                 journal: bool = True) -> None:
         self.cfg = cfg
         self.guard = SkewGuard(clock)  # the app's actors pass its clock; None: any time
         self.codec = Codec(cfg.codec, cfg.dim)
-        self.table = SlotTable(self.codec, cfg.capacity)
+        self.table = self.table_class(self.codec, cfg.capacity)
+        self.journal = (Journal(cfg.journal_records, self.codec.row_bytes)
+                        if journal and cfg.journal_records > 0 else None)
         self._sums = UserSums(cfg.dim)
         self._vid: dict[str, int] = {}  # version -> id (1..65535); ids are never reused
         self._vnames: list[str] = [""]
@@ -160,6 +172,8 @@ class PairStore:
     def _remove(self, slots: np.ndarray) -> None:
         """Free these live slots: table, running sums, bucket and version counts."""
         m, vectors = self.table.free(slots)
+        if self.journal is not None:
+            self.journal.removes(m["user"], m["item"], m["vid"])
         self._sums.add(m["user"], m["vid"], vectors, -1)
         self._bucket_add(m["written"], -1)
         for v, c in zip(*np.unique(m["vid"], return_counts=True)):
@@ -227,6 +241,9 @@ class PairStore:
             self._bucket_add(t.meta["written"][s], -1)
             self._bucket_add(written[old], +1)
             t.overwrite(s, written[old], sc[old], read[old], rows[old])
+            if self.journal is not None:
+                self.journal.upserts(users[old], items[old], vid, written[old], sc[old],
+                                     rows[old])
         new = np.flatnonzero(slot < 0)
         stored = len(old)
         over = self.live + len(new) - self.cfg.capacity
@@ -235,6 +252,9 @@ class PairStore:
         if len(new):
             t.insert(users[new], items[new], vid, written[new], sc[new], read[new], rows[new],
                      h[new])
+            if self.journal is not None:
+                self.journal.upserts(users[new], items[new], vid, written[new], sc[new],
+                                     rows[new])
             self._sums.add(users[new], np.full(len(new), vid), dec[new], +1)
             self._bucket_add(written[new], +1)
             self._vcount[vid] = self._vcount.get(vid, 0) + len(new)
@@ -307,6 +327,53 @@ class PairStore:
         return _answer.answer_query(self._view, vid, now, items, user, item_nbrs,
                                     bool(q.aggregate), nbr_users, bool(q.nbr_all))
 
+    # ---------------------------------------------------------------- read replicas
+    def changes(self, epoch: str, seq: int) -> tuple[str, int, bool, list[str], Changes]:
+        """What a replica at (``epoch``, ``seq``) needs to catch up: (epoch, sequence now,
+        whole, version names by id, changes). ``whole``: the replica follows another
+        incarnation or fell behind the journal, so the changes are every live entry as an
+        upsert and it starts over from them."""
+        if self.journal is None:
+            raise RequestError("cache.journal_records=0: this store keeps no journal for "
+                               "read replicas")
+        j = self.journal
+        got = j.since(int(seq)) if epoch == j.epoch else None
+        if got is None:
+            live = self.table.live_slots()
+            m = self.table.records(live)
+            got = Changes(np.zeros(len(live), np.int8), m["user"].copy(), m["item"].copy(),
+                          m["vid"].astype(np.int32), m["written"].copy(), m["score"].copy(),
+                          self.table.rows.take(live, axis=0))
+            return j.epoch, j.seq, True, list(self._vnames), got
+        return j.epoch, j.seq, False, list(self._vnames), got
+
+    def apply_reads(self, users: np.ndarray, items: np.ndarray, versions: list[str],
+                    vix: np.ndarray, written: np.ndarray, counts: dict[str, int],
+                    max_now: float | None) -> int:
+        """A replica's reads, sent back: mark read the entries it served as their user's own
+        pair (key and written-at time: an entry rewritten since is not marked), add its read
+        counts (``pair_hits``, ``nbr_probes``, ...) and expire up to the latest event time it
+        read at, as the reads would have here. Returns the entries marked."""
+        for k, v in counts.items():
+            if k in self.counters and k in READ_COUNTERS:
+                self.counters[k] += int(v)
+        marked = 0
+        if len(users):
+            vids = np.array([self._vid.get(v, 0) for v in versions], np.int64)[vix]
+            ok = vids > 0
+            slot, _ = self.table.lookup(users[ok], items[ok], vids[ok])
+            found = slot >= 0
+            same = np.zeros(len(slot), bool)
+            same[found] = self.table.meta["written"][slot[found]] == written[ok][found]
+            self.table.mark_read(slot[same])
+            marked = int(np.count_nonzero(same))
+        if max_now is not None and math.isfinite(max_now):
+            try:
+                self._advance(float(max_now))
+            except RequestError:  # a time this store's clock refuses: counted by its guard
+                pass
+        return marked
+
     # ---------------------------------------------------------------- state
     def metrics(self) -> dict:
         """Entries, bytes and counters (hits / misses by tier, expiry, evictions)."""
@@ -338,6 +405,7 @@ class PairStore:
         clock by more than its skew is reported: it does not set the expiry time, and its
         entries written after the clock are dropped (``dropped_on_restore``)."""
         store = cls(cfg, clock)
+        journal, store.journal = store.journal, None  # a new epoch: replicas read it whole
         e = _snap.from_table(table, store.codec)
         keep = np.ones(len(e.users), bool)
         if e.max_now is not None:
@@ -360,6 +428,7 @@ class PairStore:
             store._sums.sums[r] = e.sums
         store.counters.update({k: v for k, v in e.counters.items() if k in store.counters})
         store.counters["dropped_on_restore"] += int(np.count_nonzero(~keep))
+        store.journal = journal
         return store
 
 
