@@ -317,9 +317,11 @@ class CacheGroup:
     def _send(self, user: int, method: str, frame: bytes) -> None:
         self._send_to(int(self.shard_of(np.array([user]))[0]), method, frame)
 
-    def _send_to(self, s: int, method: str, frame: bytes) -> None:
+    def _send_to(self, s: int, method: str, *frames_: Any) -> None:
+        """A fire-and-forget call of ``method`` on shard ``s`` (tracked as a history write:
+        ``flush_records`` waits for it, a failure is counted)."""
         try:
-            ref = getattr(self.shards[s], method).remote(frame)
+            ref = getattr(self.shards[s], method).remote(*frames_)
         except Exception as exc:  # e.g. a handle of a shard killed for good
             log.warning("cache shard %d: %s not sent: %s", s, method, type(exc).__name__)
             with self._counts_lock:

@@ -35,6 +35,7 @@ import ray
 
 from actors import names
 from solaris import wire as frames
+from solaris.cache import replica as _replica
 from solaris.cache import wire
 from solaris.cache.snapshot import snapshot_location
 from solaris.cache.store import PairStore
@@ -83,6 +84,7 @@ class CacheShard:
         # answer calls, thread CPU seconds and wall seconds inside the actor, for queries with
         # the user's part and for neighbour probes only (where a lookup round's time goes)
         self._answer_stats = {"user": [0, 0.0, 0.0], "probe_only": [0, 0.0, 0.0]}
+        self._export_stats = [0, 0.0, 0]  # replica pulls: calls, thread CPU s, bytes sent
         with warnings.catch_warnings():  # Ray's property reads a deprecated attribute inside
             warnings.simplefilter("ignore", DeprecationWarning)
             self._restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
@@ -122,6 +124,33 @@ class CacheShard:
             stats[1] += time.thread_time() - c0
             stats[2] += time.perf_counter() - t0
         return out
+
+    # -- the routers' read replicas (solaris.cache.replica)
+    def changes(self, query: bytes) -> bytes:
+        """A replica's pull: a ``changes_query`` frame (its epoch and sequence of this shard)
+        -> a ``changes`` frame of what it lacks (``PairStore.changes``)."""
+        epoch, seq = _replica.decode_changes_query(query)
+        c0 = time.thread_time()
+        with self._lock:
+            out = _replica.encode_changes(*self._store.changes(epoch, seq))
+            self._export_stats[0] += 1
+            self._export_stats[1] += time.thread_time() - c0
+            self._export_stats[2] += len(out)
+        return out
+
+    @ray.method(concurrency_group=HISTORY_GROUP)
+    def after_answers(self, impressions: bytes | None, reads: bytes | None) -> int:
+        """A router's after-answer flush to this shard in one call: an ``impressions``
+        frame (``record_impressions``) and a ``reads`` frame (its replica's read marks and
+        counts: ``PairStore.apply_reads``), either None; returns the events recorded."""
+        done = 0
+        if reads is not None:
+            users, items, names, vix, written, counts, max_now = _replica.decode_reads(reads)
+            with self._lock:
+                self._store.apply_reads(users, items, names, vix, written, counts, max_now)
+        if impressions is not None:
+            done = self._record_impressions(frames.decode_impressions(impressions))
+        return done
 
     @ray.method(max_task_retries=2)
     def put(self, users: np.ndarray, items: np.ndarray, vectors: np.ndarray, version: str,
@@ -202,6 +231,11 @@ class CacheShard:
             m = dict(self._store.metrics())
             m["answers"] = {k: dict(calls=v[0], cpu_s=v[1], wall_s=v[2])
                             for k, v in self._answer_stats.items()}
+            c, cpu, nbytes = self._export_stats
+            m["replica_pulls"] = {"calls": c, "cpu_s": cpu, "bytes": nbytes}
+            if self._store.journal is not None:
+                j = self._store.journal
+                m["journal"] = {"seq": j.seq, "kept": j.seq - j.low, "bytes": j.nbytes}
         with self._hist_lock:
             m["history"] = self._history.metrics()
         m.update(shard=self._shard, group=self._group_id, pid=os.getpid(),

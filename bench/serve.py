@@ -68,8 +68,11 @@ class Client:
         import aiohttp
 
         self.tick += 1
+        mode, _, reads = mode.partition(":")  # "solaris:shards": the lookup path too
         body = {"user_id": user, "candidates": cands, "task": "click", "mode": mode,
                 "now": T0 + self.tick}
+        if reads:
+            body["reads"] = reads
         retries, status, out = 0, 0, {}
         t = time.perf_counter()
         for attempt in (0, 1):

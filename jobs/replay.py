@@ -22,7 +22,8 @@ Ray. The protocol (README, "Replay"):
    (``--budget``, B per event-hour; 0: no limit); the FM workers run until nothing is
    leasable (``Precompute.step_until``). Written pairs carry their request's event time;
    the workers read each request's history as of that time, or as of T + tick, the write's
-   release (``schedule.history_at``: request / visible).
+   release (``schedule.history_at``: request / visible). The router's read replica then
+   pulls what they wrote (``LookupRouter.refresh_now``), so the next tick reads it.
    What is computed depends on the queue's order only, so coverage does not depend on
    machine speed or on how many workers share the queue.
 4. The KNN job rebuilds the user and item tables every ``--knn-every-h`` event hours as of
@@ -78,6 +79,8 @@ class ReplayOptions:
     knn_every_h: float = 72.0  # KNN rebuild period in event hours (0: only the initial build)
     num_candidates: int = 100  # candidates per request of logs without candidate lists
     max_requests: int | None = None  # replay only the first N requests (tests, quick looks)
+    # the read replica pulls at each tick's barrier (exact); false: on its own timer only
+    refresh_barrier: bool = True
     concurrency: int = 4  # client threads sending a tick's requests
     port: int = 8000  # Serve's HTTP port on loopback
     num_cpus: int = 4  # logical CPUs of the local Ray
@@ -217,6 +220,8 @@ class LiveReplay:
             "verifier.budget_per_s": 0.0,  # the replay's budget is the queue's allowance
             "queue.capacity": 10_000_000, "queue.lease_timeout_s": 3600.0,
             "cache.deadline_ms": 5000.0,  # a loaded machine must not turn into misses
+            # nor a read replica pulled late: the barrier pulls before every tick
+            "serve.replica_stale_s": 1e9,
             "cache.snapshot_uri": None, "queue.snapshot_uri": None,
             **o.extra}
         self.app_cfg = with_overrides(cfg, overrides)
@@ -477,6 +482,11 @@ class LiveReplay:
                     knn_runs.append(run)
                     self._wait_knn(run["version"])
                     next_knn += knn_every
+                # the router's read replica takes what the FM workers wrote before the
+                # next tick's requests read it (serve.cache_reads: replica); without the
+                # barrier it pulls on its own timer, as in live serving
+                if o.refresh_barrier:
+                    router.refresh_now.remote().result()
                 k = plan.next(k, eligible=q["eligible"], depth=q["depth"],
                               oldest_pending=q["oldest_pending"], lag_s=o.lag_s,
                               read_ttl_s=self.app_cfg.cache.read_ttl_s)
@@ -737,6 +747,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    f"{SHOWN['synthetic']}, movielens {SHOWN['movielens']})")
     p.add_argument("--explore", type=int, default=d.explore)
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-refresh-barrier", action="store_true",
+                   help="the router's read replica pulls on its own timer only "
+                   "(serve.replica_refresh_s), not at each tick's barrier: what a live "
+                   "replica's staleness costs (coverage, duplicate FM evaluations)")
     p.add_argument("--no-predict", action="store_true",
                    help="skip the prediction from the data before the window")
     p.add_argument("--evaluate-only", action="store_true",
@@ -750,6 +764,7 @@ def options_from_args(args: argparse.Namespace) -> ReplayOptions:
                          rollover_at=args.rollover_at, progress=not args.no_progress,
                          closed_loop=args.closed_loop, explore=args.explore,
                          predict=not args.no_predict, verbose=getattr(args, "verbose", False),
+                         refresh_barrier=not getattr(args, "no_refresh_barrier", False),
                          shown=args.shown if args.shown is not None else SHOWN.get(args.dataset, 10),
                          # in a closed loop the KNN job reads the arm's own interactions
                          knn_every_h=args.knn_every_h)

@@ -43,6 +43,10 @@ class RankRequest(BaseModel):
     features_for: list[int] | None = Field(
         None, max_length=1000, description="replay profile only: positions in candidates "
         "whose served SOLARIS inputs (pair and user slot vectors) come back in features")
+    reads: Literal["replica", "shards"] | None = Field(
+        None, description="replay profile only: answer this request's lookups from the "
+        "router's read replica or by a round of cache-shard calls (an A/B of the two paths "
+        "in one app; default: serve.cache_reads)")
 
 
 class RankResponse(BaseModel):

@@ -44,7 +44,7 @@ from solaris.tiers import NUM_TIERS, Tier
 
 log = logging.getLogger("solaris.serve")
 
-DEBUG_FIELDS = ("now", "mode", "features_for")  # request fields of the replay profile only
+DEBUG_FIELDS = ("now", "mode", "features_for", "reads")  # request fields of the replay profile only
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=64,
@@ -81,6 +81,15 @@ class LookupRouter:
             self.heads = {(a.version, t): ResidualHead(a, t, cfg.cache.read_ttl_s)
                           for a in arts for t in a.tasks}
         self.backend = Backend(cfg, settings)
+        # the lookups' read replica of the cache shards (serve.cache_reads: replica), pulled
+        # once here so the first request reads the shards as they are
+        self.replica = None
+        if cfg.serve.cache_reads == "replica":
+            from actors.replica import ReplicaClient
+
+            self.replica = ReplicaClient(self.backend.group, cfg.serve.replica_refresh_s,
+                                         cfg.serve.replica_stale_s)
+            self.replica.refresh()
         self.knn = knn_tables(cfg, settings["app_id"])
         self._knn_poll: Any = None  # the pointer poll running on a thread, if any
         if self.knn is not None:
@@ -148,15 +157,21 @@ class LookupRouter:
             return None
 
     async def _lookup(self, user: int, items: np.ndarray, now: float, version: str,
-                      surface: int = 0, phases: dict[str, float] | None = None) -> Slots:
-        """Both SOLARIS slots in one awaited round of shard calls (cold-start neighbours,
-        which run the user encoder, on a thread first)."""
+                      surface: int = 0, phases: dict[str, float] | None = None,
+                      reads: str | None = None) -> Slots:
+        """Both SOLARIS slots: from the read replica (no call), or in one awaited round of
+        shard calls (cold-start neighbours, which run the user encoder, on a thread first)."""
         knn = self._knn_now()
         users = knn.users if knn else None
         if knn is not None and knn.live is not None and is_cold(users, user):
             cold = await asyncio.get_running_loop().run_in_executor(
                 self._io, self._cold_neighbours, user, now, surface, knn)
             users = cold or users
+        if self.replica is not None and reads != "shards":
+            return self.replica.lookup(user, items, now, version, users,
+                                       knn.items if knn else None,
+                                       self.scales.enrich_for(version, self.cfg.enrich),
+                                       phases=phases)
         return await self.backend.group.lookup_async(user, items, now, version, users,
                                                      knn.items if knn else None,
                                                      self.scales.enrich_for(version,
@@ -270,6 +285,9 @@ class LookupRouter:
         if isinstance(now, JSONResponse):
             return now
         mode = body.mode or self.cfg.serve.mode
+        if body.reads == "replica" and self.replica is None:
+            return self._error(422, "reads", "this app reads the shards "
+                               "(serve.cache_reads=shards): it has no read replica")
         if body.task not in self.vms:
             return self._error(422, "task", f"{body.task!r} is not served (tasks: "
                                f"{', '.join(self.tasks)})")
@@ -300,7 +318,7 @@ class LookupRouter:
         try:
             if mode == "solaris":
                 slots = await self._lookup(body.user_id, items, now, version, body.surface,
-                                           steps)
+                                           steps, body.reads)
             elif mode == "inline":
                 slots = await loop.run_in_executor(self._io, self._inline_slots, body.user_id,
                                                    items, body.surface, now)
@@ -420,7 +438,10 @@ class LookupRouter:
         try:
             impressions, picks = self.buffer.drain()
             self._after_calls["flushes"] += 1
-            self.backend.record_impressions_many(impressions)
+            if self.replica is not None:  # with the replica's reads, a call per shard
+                self.replica.flush(impressions)
+            else:
+                self.backend.record_impressions_many(impressions)
             for version, (users, its, prios, nows, surfaces) in picks.items():
                 refs.append(self.backend.queue.put(users, its, prios, nows, surfaces, version))
                 self._after_calls["queue_calls"] += 1
@@ -456,6 +477,14 @@ class LookupRouter:
             self._io, self.backend.group.flush_records, max(0.0, deadline - time.monotonic()))
         return {"requests": self._requests, "after_pending": self._after_pending,
                 "records_outstanding": left}
+
+    async def refresh_now(self, timeout_s: float = 60.0) -> dict[str, Any]:
+        """The replay's second barrier, after the FM workers wrote: pull every shard's
+        changes into the read replica now and return once applied (no replica: nothing)."""
+        if self.replica is None:
+            return {"applied": 0, "failed": []}
+        return await asyncio.get_running_loop().run_in_executor(
+            self._io, self.replica.refresh, timeout_s)
 
     async def _shadow(self, body: RankRequest, items: np.ndarray, now: float,
                       pending: str) -> None:
@@ -520,6 +549,8 @@ class LookupRouter:
         out: dict[str, Any] = {"rollout": self.policy.state(), "mode": self.cfg.serve.mode,
                                "phases_p50": phases,
                                "cache_client": self.backend.group.client_counts(),
+                               "cache_replica": (self.replica.metrics()
+                                                 if self.replica is not None else None),
                                # the after-answer work: requests, flushes and their actor
                                # calls (history writes: cache_client.history_writes.sent)
                                "after_answer": {"requests": self._requests,

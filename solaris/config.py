@@ -671,10 +671,25 @@ class ServeConfig:
     # a store refuses an event time more than this far ahead of its reference (counted as
     # clock_refused); the replay widens it to its log's longest gap between requests
     max_skew_s: float = 300.0
+    # where a request's cache lookups are answered: replica -- a read replica of the shards in
+    # each router replica (solaris/cache/replica.py), pulled every replica_refresh_s; a
+    # request makes no cache-shard call; shards -- one round of calls to the shards per
+    # request (each shard that holds a key of the request)
+    cache_reads: str = "replica"
+    replica_refresh_s: float = 1.0  # wall seconds between a replica's pulls of its shards
+    # a shard not pulled successfully for this long reads as misses (as a late shard does)
+    replica_stale_s: float = 10.0
 
     def __post_init__(self) -> None:
         _check(self.mode in ("solaris", "vm", "inline"), "serve.mode", self.mode,
                "must be one of solaris, vm, inline")
+        _check(self.cache_reads in ("replica", "shards"), "serve.cache_reads",
+               self.cache_reads, "must be one of replica, shards")
+        _check(self.replica_refresh_s > 0, "serve.replica_refresh_s", self.replica_refresh_s,
+               "must be > 0")
+        _check(self.replica_stale_s >= self.replica_refresh_s, "serve.replica_stale_s",
+               self.replica_stale_s,
+               f"must be >= serve.replica_refresh_s={self.replica_refresh_s}")
         _check(self.profile in PROFILES, "serve.profile", self.profile,
                f"must be one of {', '.join(PROFILES)}")
         _check(self.max_skew_s > 0, "serve.max_skew_s", self.max_skew_s, "must be > 0")

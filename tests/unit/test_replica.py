@@ -143,6 +143,20 @@ def test_journal_keeps_the_last_records_and_says_when_a_reader_fell_behind():
     assert j.since(j.low) is not None
 
 
+def test_a_journal_holds_at_most_its_record_limit():
+    cfg = _cfg(100_000, "int8", 1, journal=5_000)
+    store = PairStore(cfg)
+    rng = np.random.default_rng(0)
+    for b in range(40):
+        n = 1000
+        store.put(rng.integers(0, 500, n), rng.integers(0, 10**6, n),
+                  rng.normal(size=(n, D)), "v", T0 + 60 * b)
+    j = store.journal
+    assert j.seq >= 40_000 and j.seq - j.low <= 5_000
+    per_upsert = 8 + 8 + 4 + 8 + 4 + store.codec.row_bytes  # key, vid, written, score, row
+    assert j.nbytes <= 5_000 * per_upsert
+
+
 def test_a_restarted_shard_is_read_whole_and_a_stale_one_reads_as_misses():
     cfg = _cfg(1000, "fp32", 1)
     clock = [100.0]
