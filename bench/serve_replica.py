@@ -197,6 +197,9 @@ async def _one(args: argparse.Namespace) -> dict[str, Any]:
     written = [sum(s1.get("journal", {}).get("seq", 0) for s1 in shards1),
                sum(s0.get("journal", {}).get("seq", 0) for s0 in shards0)]
     out["shard_changes_in_trials"] = written[0] - written[1]
+    # the router's median split per mode (solaris:replica, solaris:shards, vm) over its last
+    # 2,000 requests of each: where the router's time goes
+    out["router_phases_p50_ms"] = after.get("phases_p50")
     out["trials_seconds"] = round(t_trials, 1)
     return out
 

@@ -222,6 +222,8 @@ class LiveReplay:
             "cache.deadline_ms": 5000.0,  # a loaded machine must not turn into misses
             # nor a read replica pulled late: the barrier pulls before every tick
             "serve.replica_stale_s": 1e9,
+            # a rollover switches at a tick's barrier, whatever the requests' interleaving
+            "serve.rollout_at_barrier": True,
             "cache.snapshot_uri": None, "queue.snapshot_uri": None,
             **o.extra}
         self.app_cfg = with_overrides(cfg, overrides)
@@ -331,6 +333,25 @@ class LiveReplay:
                                    "artifacts": ",".join(str(d) for d in dirs)})
         serve.run(app, name="replay", route_prefix="/", blocking=False)
         self._wait_healthy()
+        self._wait_replaced()
+
+    def _wait_replaced(self, timeout_s: float = 300.0) -> None:
+        """Until every replica of the app is of this deployment and running (a redeploy's
+        old router gone): the barrier's calls and the requests then reach one router, and
+        no request is answered by the version being replaced."""
+        from ray import serve
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            app = serve.status().applications.get("replay")
+            deps = app.deployments if app is not None else {}
+            if app is not None and str(app.status).endswith("RUNNING") and deps and all(
+                    set(d.replica_states) <= {"RUNNING"} for d in deps.values()):
+                return
+            if time.monotonic() > deadline:
+                raise SolarisError(f"replay: the app's replicas were not all replaced in "
+                                   f"{timeout_s} s")
+            time.sleep(0.2)
 
     def _wait_healthy(self, timeout_s: float = 300.0) -> dict:
         import requests

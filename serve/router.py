@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 import uuid
+import zlib
 from collections import defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -112,6 +113,12 @@ class LookupRouter:
         # round's own steps) -- where the time goes
         self._phases: dict[str, deque] = defaultdict(lambda: deque(maxlen=2000))
         self._shadow_every = int(settings.get("shadow_every", 4))
+        # serve.rollout_at_barrier (the replay sets it): rollouts are decided at the barrier,
+        # the tick's coverage observations applied in event-time order, shadows chosen by
+        # request id, so a replay's switch does not depend on how its concurrent requests
+        # interleaved
+        self._at_barrier = cfg.serve.rollout_at_barrier
+        self._observed: list[tuple[float, str, str, int, int]] = []
         self._requests = 0
         self._budget = verifier.BudgetController(cfg.verifier, time.monotonic)
         api.state.max_body_bytes = cfg.serve.max_body_bytes
@@ -368,7 +375,8 @@ class LookupRouter:
         t3 = time.perf_counter()
         # with serve.overlap, "vm" is the wait for the VM alone after the lookup round plus
         # the corrections ("head", also on its own)
-        self._phases[mode].append({"enrich": t1 - t0, "vm": t2 - t1, "answer": t3 - t2, **extra,
+        # (a request that chose its lookup path, replay profile: timed apart)
+        self._phases[mode if body.reads is None else f"{mode}:{body.reads}"].append({"enrich": t1 - t0, "vm": t2 - t1, "answer": t3 - t2, **extra,
                                    **{f"lookup_{k}": v for k, v in steps.items()}})
         self._m_latency.observe((t3 - t0) * 1000.0,
                                 tags={"mode": mode, "task": body.task})
@@ -390,7 +398,7 @@ class LookupRouter:
             self._agg_count += int(np.count_nonzero(slots.agg_present))
             found = slots.pair_tier == Tier.PAIR
             version = self.policy.active[body.task]
-            self.policy.observe(version, int(found.sum()), len(items))
+            self._observe(now, body, version, int(found.sum()), len(items))
             picks = verifier.choose(base, items, found, slots.pair_age_s,
                                     np.zeros(len(items), bool), self.cfg.verifier,
                                     self.cfg.cache.read_ttl_s, self._budget.fraction)
@@ -403,7 +411,7 @@ class LookupRouter:
             pending = self.policy.pending(body.task)
             if pending is not None:
                 versions.append(pending)
-                if self._requests % self._shadow_every == 0:
+                if self._shadow_due(body):
                     self._spawn(self._shadow(body, items, now, pending))
             # what the user is shown: the top of the ranking (serve.impressions_top_k)
             k = min(self.cfg.serve.impressions_top_k, len(items))
@@ -473,6 +481,8 @@ class LookupRouter:
             await asyncio.gather(*list(self._after), return_exceptions=True)
         for ref in refs:
             await ref
+        if self._at_barrier:
+            self._decide_rollouts()
         left = await asyncio.get_running_loop().run_in_executor(
             self._io, self.backend.group.flush_records, max(0.0, deadline - time.monotonic()))
         return {"requests": self._requests, "after_pending": self._after_pending,
@@ -486,13 +496,41 @@ class LookupRouter:
         return await asyncio.get_running_loop().run_in_executor(
             self._io, self.replica.refresh, timeout_s)
 
+    def _shadow_due(self, body: RankRequest) -> bool:
+        """Whether this request also looks up the pending version: every ``shadow_every``-th
+        request served, or (``serve.rollout_at_barrier``) every request whose id hashes to 0
+        modulo it."""
+        if self._at_barrier and body.request_id:
+            return zlib.crc32(body.request_id.encode()) % self._shadow_every == 0
+        return self._requests % self._shadow_every == 0
+
+    def _observe(self, now: float, body: RankRequest, version: str, hits: int,
+                 lookups: int) -> None:
+        """A lookup's pair hits for the rollout policy: at once, or
+        (``serve.rollout_at_barrier``) kept for the barrier (``_decide_rollouts``)."""
+        if self._at_barrier:
+            self._observed.append((now, body.request_id or "", version, hits, lookups))
+        else:
+            self.policy.observe(version, hits, lookups)
+
+    def _decide_rollouts(self) -> None:
+        """The replay's barrier: the tick's observations in event-time order (then request
+        id), then each task's switch decision."""
+        seen, self._observed = self._observed, []
+        for _, _, version, hits, lookups in sorted(seen):
+            self.policy.observe(version, hits, lookups)
+        for task in self.tasks:
+            self.policy.maybe_switch(task)
+
     async def _shadow(self, body: RankRequest, items: np.ndarray, now: float,
                       pending: str) -> None:
         """Look up the pending version (never sent to a VM) to measure its coverage."""
         try:
             shadow = await self._lookup(body.user_id, items, now, pending, body.surface)
-            self.policy.observe(pending, int((shadow.pair_tier == Tier.PAIR).sum()), len(items))
-            self.policy.maybe_switch(body.task)
+            self._observe(now, body, pending, int((shadow.pair_tier == Tier.PAIR).sum()),
+                          len(items))
+            if not self._at_barrier:
+                self.policy.maybe_switch(body.task)
         except Exception:
             log.exception("shadow lookup of %s failed", pending)
 

@@ -45,9 +45,10 @@ def _run(out: Path, workers: int, cfg, ds):
 
 
 def _run_cli(out: Path, workers: int) -> tuple[dict, str]:
-    """The same replay through ``solaris replay`` in its own process: (replay.json, the
-    console it printed)."""
-    sets = [a for k, v in {**TINY, "cache.dim": 16}.items()
+    """The same replay through ``solaris replay`` in its own process, its lookups answered
+    by a round of cache-shard calls (the other run reads the router's replica, the
+    default): (replay.json, the console it printed)."""
+    sets = [a for k, v in {**TINY, "cache.dim": 16, "serve.cache_reads": "shards"}.items()
             for a in ("--set", f"{k}={json.dumps(v)}")]
     cmd = [sys.executable, "-m", "solaris.cli", "replay", "--dataset", "synthetic",
            "--out", str(out), "--workers", str(workers), "--max-requests", str(REQUESTS),
@@ -126,13 +127,19 @@ def test_replay_is_independent_of_worker_count_and_matches_its_schedule(tmp_path
             assert lo <= hi and rep["tr_online_sd"] >= 0.0
             assert 0.0 <= rep["tr_online_within_bar_share"] <= 1.0
 
-    # one worker or two: the same pairs, served with the same tiers
+    # one worker on the router's replica or two on the shard calls: the same pairs, served
+    # with the same tiers and the same scores, and the same speculation counted on the shards
     a = np.load(tmp_path / "w1" / "served.npz")
     b = np.load(tmp_path / "w2" / "served.npz")
     assert np.array_equal(a["tiers"], b["tiers"])
     assert np.array_equal(a["agg"], b["agg"])
+    assert np.array_equal(a["scores"], b["scores"])
     assert one["coverage"] == two["coverage"]
     assert one["fm_evals"] == two["fm_evals"]
+    counted = [k for k in one["speculation"] if k.startswith("shard_")] + [
+        "ended", "ended_read", "duplicates", "speculation_precision"]
+    assert {k: one["speculation"][k] for k in counted} == \
+        {k: two["speculation"][k] for k in counted}
     # the live queue followed the schedule the key-level simulation applies to the same scores
     sim = one["schedule_check"]
     assert sim["pair_simulated_with_served_scores"] == pytest.approx(one["coverage"]["pair"],
