@@ -543,14 +543,22 @@ def step_workers(workers: list[Any], naive: bool = False) -> list[dict[str, Any]
 
 
 def drain_workers(workers: list[Any], queue: Any, timeout_s: float = 60.0,
-                  idle_wait_s: float = 0.05) -> list[dict[str, Any] | None]:
+                  idle_wait_s: float = 0.05,
+                  by_version: list[list[Any]] | None = None) -> list[dict[str, Any] | None]:
     """Step ``workers`` (of any versions, sharing ``queue``) until nothing is leasable or
-    leased; the step reports, in order. TimeoutError past ``timeout_s``."""
+    leased; the step reports, in order. TimeoutError past ``timeout_s``.
+
+    ``by_version``: the workers as one list per version (``workers`` is then ignored). Each
+    round steps one version's workers after the other's, in this order: each version's
+    workers lease only its groups, so versions stepped at once would race for the queue's
+    allowance and what is computed would depend on which leased first; one version at a
+    time, it depends on the queue's order alone (as with one version's workers at once)."""
     queue = QueueClient.of(queue)
     deadline = time.monotonic() + timeout_s
     reports: list[dict[str, Any] | None] = []
+    groups = [g for g in by_version if g] if by_version is not None else [workers]
     while True:
-        got = step_workers(workers)
+        got = [r for g in groups for r in step_workers(g)]
         reports += got
         if any(r is not None and r["lease"] is not None for r in got):
             continue

@@ -62,19 +62,18 @@ OFF_PATH = ("client", "fm_workers", "precompute")
 SIZE = 500
 
 
-def _shard_metrics(app_id: str) -> list[dict]:
+def _shard_metrics(app_id: str, n: int) -> list[dict]:
+    """Every shard's metrics (the ``n`` shards of the app's group, found by name)."""
     import ray
 
-    from actors.shard import shard_name
+    from actors.cache import CacheGroup
+    from solaris.config import CacheConfig
 
-    out, s = [], 0
-    while True:
-        try:
-            shard = ray.get_actor(shard_name(app_id, s))
-        except ValueError:
-            return out
-        out.append(ray.get(shard.metrics.remote(), timeout=30))
-        s += 1
+    got = CacheGroup.connect(CacheConfig(num_shards=n), app_id).metrics(timeout_s=60)
+    down = [s["shard"] for s in got["shards"] if not s["up"]]
+    if down:
+        raise RuntimeError(f"cache shards {down} did not answer their metrics call")
+    return got["shards"]
 
 
 async def _one(args: argparse.Namespace) -> dict[str, Any]:
@@ -109,7 +108,7 @@ async def _one(args: argparse.Namespace) -> dict[str, Any]:
                                    for m in ("replica", "shards")}
         out["offered_rps"] = rate
         before = requests.get(stats_url, timeout=30).json()
-        shards0 = _shard_metrics("bench")
+        shards0 = _shard_metrics("bench", args.one)
         per: dict[str, list] = {m: [] for m in MODES}
         t_trials = time.perf_counter()
         for trial in range(-args.warmup_trials, args.trials):
@@ -123,7 +122,7 @@ async def _one(args: argparse.Namespace) -> dict[str, Any]:
                              args.one, trial, m, r["p50"], r["p99"], r["errors"])
         t_trials = time.perf_counter() - t_trials
         after = requests.get(stats_url, timeout=30).json()
-        shards1 = _shard_metrics("bench")
+        shards1 = _shard_metrics("bench", args.one)
     n_req = (args.trials + args.warmup_trials) * args.requests
     out["latency_ms"] = {m: {q: float(np.median([r[q] for r in rs])) for q in ("p50", "p99")}
                          for m, rs in per.items()}
@@ -200,6 +199,12 @@ async def _one(args: argparse.Namespace) -> dict[str, Any]:
     # the router's median split per mode (solaris:replica, solaris:shards, vm) over its last
     # 2,000 requests of each: where the router's time goes
     out["router_phases_p50_ms"] = after.get("phases_p50")
+    # shard-path answers that missed the deadline or failed, per shard, and calls the shards
+    # refused for an event time beyond the skew (the bench's clock is its own: none expected)
+    out["shard_path_late_failed"] = {k: [a - b for a, b in zip(after["cache_client"][k],
+                                                               before["cache_client"][k])]
+                                     for k in ("late", "failed")}
+    out["clock_refused"] = sum(s.get("clock_refused", 0) for s in shards1)
     out["trials_seconds"] = round(t_trials, 1)
     return out
 
@@ -213,8 +218,11 @@ def run_one(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     tmp = tempfile.TemporaryDirectory(prefix="solaris-bench-replica-")
     cfg = Path(tmp.name) / "shards.yaml"
+    # the requests' event time advances a second per request whatever the mode, so a shard
+    # the replica mode does not call sees time jump: the skew guard is the bench's own clock
     cfg.write_text(json.dumps({"cache": {"num_shards": args.one},
-                               "serve": {"replica_refresh_s": args.refresh_s},
+                               "serve": {"replica_refresh_s": args.refresh_s,
+                                         "max_skew_s": 1e7},
                                "verifier": {"budget_per_s": args.budget_per_s}}))
     ray.init(address="local", num_cpus=args.num_cpus, object_store_memory=300 * 1024**2,
              include_dashboard=False, logging_level="warning", log_to_driver=False,

@@ -107,8 +107,9 @@ class Precompute:
         if not self._paused:
             self.pause()
         self.backend.queue.set_gate(until, allowance, read_at)
-        reports = drain_workers([w for p in self.pools.values() for w in p.workers],
-                                self.backend.queue, timeout_s)
+        reports = drain_workers([], self.backend.queue, timeout_s,
+                                by_version=[list(self.pools[v].workers)
+                                            for v in sorted(self.pools)])
         return {"pairs": sum(r["pairs"] for r in reports if r),
                 "queue": self.backend.queue.metrics()}
 
