@@ -52,6 +52,7 @@ REFUSED = [
     ("mode vm", "post", "/rank", {**PROBE, "mode": "vm"}, {}, 422, "mode"),
     ("features_for", "post", "/rank", {**PROBE, "features_for": [0, 1]}, {}, 422,
      "features_for"),
+    ("reads shards", "post", "/rank", {**PROBE, "reads": "shards"}, {}, 422, "reads"),
     ("feedback now", "post", "/feedback", {"user_id": 5, "items": [20], "labels": [[1, 0]],
                                            "now": FUTURE}, {}, 422, "now"),
     ("nan id", "post", "/rank", '{"user_id": 5, "candidates": [NaN], "task": "click"}', JSON,
