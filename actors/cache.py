@@ -299,9 +299,16 @@ class CacheGroup:
                                 ) -> None:
         """``record_impressions`` of many requests ``(user, items, surfaces, now)`` (e.g. a
         router's last few milliseconds), one call per shard involved; not waited on."""
-        if not records:
-            return
+        for s, recs in self.impressions_by_shard(records).items():
+            self._send_to(s, "record_impressions", frames.encode_impressions(recs))
+
+    def impressions_by_shard(self, records: Sequence[tuple[int, np.ndarray, Any, float]]
+                             ) -> dict[int, list]:
+        """Requests' impressions ``(user, items, surfaces, now)``, checked (RequestError
+        naming a bad field) and grouped by the shard that owns each user."""
         by_shard: dict[int, list] = {}
+        if not records:
+            return by_shard
         users = np.array([check_user(r[0]) for r in records], np.int64)
         for rec, s in zip(records, self.shard_of(users).tolist()):
             user, items, surfaces, now = rec
@@ -311,8 +318,7 @@ class CacheGroup:
                 raise RequestError(f"surfaces: expected a code or {len(items)} codes, got "
                                    f"shape {surf.shape}")
             by_shard.setdefault(int(s), []).append((int(user), items, surf, check_time(now)))
-        for s, recs in by_shard.items():
-            self._send_to(s, "record_impressions", frames.encode_impressions(recs))
+        return by_shard
 
     def _send(self, user: int, method: str, frame: bytes) -> None:
         self._send_to(int(self.shard_of(np.array([user]))[0]), method, frame)

@@ -19,11 +19,9 @@ import numpy as np
 
 from actors.cache import CacheGroup, collect
 from solaris import wire as frames
-from solaris.cache.inputs import check_ids, check_time, check_user
 from solaris.cache.query import Slots
 from solaris.cache.replica import ReadReplica
 from solaris.config import EnrichConfig
-from solaris.errors import RequestError
 from solaris.knn.neighbours import NeighbourTable
 from solaris.online import enrich
 
@@ -105,18 +103,7 @@ class ReplicaClient:
         """The after-answer flush: per shard, the impressions of the requests buffered and
         the replica's reads since the last flush, in one ``after_answers`` call (not waited
         on; tracked as the group's history writes, so ``flush_records`` waits for them)."""
-        by_shard: dict[int, list] = {}
-        if impressions:
-            users = np.array([check_user(r[0]) for r in impressions], np.int64)
-            for rec, s in zip(impressions, self.group.shard_of(users).tolist()):
-                user, items, surfaces, now = rec
-                items = check_ids(items, "items")
-                surf = np.asarray(surfaces)
-                if surf.ndim > 1 or (surf.ndim == 1 and len(surf) != len(items)):
-                    raise RequestError(f"surfaces: expected a code or {len(items)} codes, "
-                                       f"got shape {surf.shape}")
-                by_shard.setdefault(int(s), []).append((int(user), items, surf,
-                                                        check_time(now)))
+        by_shard = self.group.impressions_by_shard(impressions)
         for s in range(len(self.group.shards)):
             reads = self.replica.take_reads(s)
             recs = by_shard.get(s)
