@@ -50,6 +50,22 @@ def numbers(obj, path: str = "") -> dict[str, float]:
     return out
 
 
+# wall-clock figures differ from run to run whatever is compared
+TIMING = ("seconds", "_s.", "latency", "_ms", "wall", "per_s", "elapsed", "time")
+
+
+def compare(rep_a: dict, rep_b: dict) -> tuple[dict, dict, list[str], list[str], list[str]]:
+    """Two ``replay.json`` documents number by number: (numbers of a, numbers of b, the
+    figures compared, the timing fields left out, the figures that differ; NaN equals NaN)."""
+    a, b = numbers(rep_a), numbers(rep_b)
+    keys = sorted(set(a) | set(b))
+    timed = [k for k in keys if any(t in k for t in TIMING)]
+    figures = [k for k in keys if k not in timed]
+    differ = [k for k in figures if not (k in a and k in b and (
+        a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k]))))]
+    return a, b, figures, timed, differ
+
+
 def replay(mapping: Path, out: Path, sets: list[str], max_requests: int, port: int
            ) -> tuple[dict, str, float]:
     cmd = [sys.executable, "-m", "solaris.cli", "replay", "--dataset", "generic",
@@ -90,14 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         rep, summary, seconds = replay(mapping, args.out / f"run-{kind}", sets,
                                        args.max_requests, args.port)
         runs[kind] = {"report": rep, "summary": summary, "seconds": round(seconds, 1)}
-    a, b = (numbers(runs[k]["report"]) for k in ("integer", "string"))
-    # wall-clock figures differ from run to run whatever the ids
-    timing = ("seconds", "_s.", "latency", "_ms", "wall", "per_s", "elapsed", "time")
-    keys = sorted(set(a) | set(b))
-    timed = [k for k in keys if any(t in k for t in timing)]
-    figures = [k for k in keys if k not in timed]
-    differ = [k for k in figures if not (k in a and k in b and (
-        a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k]))))]
+    a, b, figures, timed, differ = compare(runs["integer"]["report"], runs["string"]["report"])
     same_summary = runs["integer"]["summary"] == runs["string"]["summary"]
     result = {"max_requests": args.max_requests, "full": args.full,
               "figures_compared": len(figures), "figures_differing": differ[:50],

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import sys
 from pathlib import Path
@@ -28,9 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from rekeyed_replay import numbers  # noqa: E402
-
-TIMING = ("seconds", "_s.", "latency", "_ms", "wall", "per_s", "elapsed", "time")
+from rekeyed_replay import compare  # noqa: E402
 
 
 def run(args: argparse.Namespace, reads: str, out: Path, barrier: bool = True
@@ -102,12 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copytree(art, out / art.name)
         runs[name] = dict(zip(("report", "summary", "seconds"),
                               run(args, reads, out, barrier)))
-    a, b = (numbers(runs[k]["report"]) for k in ("shards", "replica"))
-    keys = sorted(set(a) | set(b))
-    timed = [k for k in keys if any(t in k for t in TIMING)]
-    figures = [k for k in keys if k not in timed]
-    differ = [k for k in figures if not (k in a and k in b and (
-        a[k] == b[k] or (math.isnan(a[k]) and math.isnan(b[k]))))]
+    a, b, figures, timed, differ = compare(runs["shards"]["report"], runs["replica"]["report"])
     same = runs["shards"]["summary"] == runs["replica"]["summary"]
     result = {"dataset": args.dataset, "max_requests": args.max_requests, "sets": args.set,
               "figures_compared": len(figures), "figures_differing": differ[:50],

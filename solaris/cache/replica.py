@@ -72,7 +72,6 @@ class MirrorStore(PairStore):
     def __init__(self, cfg: CacheConfig) -> None:
         super().__init__(dataclasses.replace(cfg, capacity=2 * cfg.capacity), None,
                          journal=False)
-        self.applied = 0  # change records applied
         self.sent_counts = dict.fromkeys(READ_COUNTERS, 0)  # read counts already sent back
 
     def apply(self, versions: list[str], ch: Changes) -> int:
@@ -89,7 +88,6 @@ class MirrorStore(PairStore):
                 slot = np.unique(slot[slot >= 0])
                 if len(slot):
                     self._remove(slot)
-        self.applied += len(ch)
         return len(ch)
 
     def _upsert(self, users, items, vids, written, score, rows) -> None:
