@@ -129,6 +129,133 @@ def stages(num_shards: int, requests: int = 300, seed: int = 0,
             "ms_per_request_median": med, "total_ms": sum(med.values()), **sizes}
 
 
+REPLICA_STAGES = ("plan_route", "replica_answers", "assemble", "corrections", "after_answer",
+                  "answer_json", "shard_writes", "pull_export", "pull_apply")
+
+
+def replica_floor(num_shards: int, artifacts: str | None, requests: int = 300,
+                  writes_per_request: int = 50, requests_per_pull: int = 20,
+                  seed: int = 0) -> dict:
+    """The CPU a SOLARIS request adds on the read-replica path, stage by stage, in one thread
+    of one process (no Ray, no HTTP, no other process on the core): the floor under what the
+    serving bench measures across processes. Per request (thread CPU, medians; the amortised
+    stages as totals over all requests): plan and route, the mirrors' answers, assemble, the
+    corrections (``ResidualHead.served``, with ``artifacts``), the after-answer work
+    (verifier picks, buffered), the answer's JSON, and what the request's share of the FM
+    writes costs the shards (``writes_per_request`` pairs put, in leases of 10 requests) and
+    the pulls (one per shard every ``requests_per_pull`` requests: export and apply)."""
+    import torch
+    from starlette.responses import JSONResponse
+
+    from solaris.cache.query import Slots  # noqa: F401  (the type the stages pass along)
+    from solaris.cache.replica import ReadReplica, decode_changes, encode_changes
+    from solaris.cache.ring import HashRing
+    from solaris.cache.store import PairStore
+    from solaris.config import CacheConfig, EnrichConfig, VerifierConfig
+    from solaris.knn.neighbours import NeighbourTable
+    from solaris.online import enrich, verifier
+    from solaris.online.serving import AfterAnswer
+    from solaris.tiers import LABELS, Tier
+
+    rng = np.random.default_rng(seed)
+    users_n, items_n, c, d, t0 = 2000, 20000, 500, 32, 1.9e9
+    cfg = CacheConfig(dim=d, num_shards=num_shards)
+    ring = HashRing(num_shards)
+    stores = [PairStore(cfg) for _ in range(num_shards)]
+    users = rng.integers(0, users_n, 400_000)
+    items = rng.integers(0, items_n, 400_000)
+    owner = ring.shard_of(users)
+    for s, store in enumerate(stores):
+        m = owner == s
+        store.put(users[m], items[m], rng.normal(size=(int(m.sum()), d)).astype(np.float32),
+                  "v", t0)
+    replica = ReadReplica(cfg, stale_s=1e9)
+    for s, store in enumerate(stores):
+        replica.apply(s, encode_changes(*store.changes("", 0)))
+    head = None
+    if artifacts:
+        from solaris.artifacts import Artifacts
+        from solaris.online.scoring import ResidualHead
+
+        art = Artifacts.open(artifacts)
+        head = ResidualHead(art, art.tasks[0], cfg.read_ttl_s)
+        if head.dim != d:
+            raise ValueError(f"artifacts {artifacts}: slot width {head.dim}, the bench's {d}")
+    uk = NeighbourTable(rng.integers(0, users_n, (users_n, 20)),
+                        np.sort(rng.random((users_n, 20)))[:, ::-1], "k")
+    ik = NeighbourTable(rng.integers(0, items_n, (items_n, 20)),
+                        np.sort(rng.random((items_n, 20)))[:, ::-1], "k")
+    ecfg, vcfg = EnrichConfig(), VerifierConfig()
+    torch.set_num_threads(1)  # as the router's corrections run (a bench process of its own)
+    buffer = AfterAnswer(16)
+    scales = np.ones((2, 4), np.float32)
+    times: dict[str, list[float]] = {k: [] for k in REPLICA_STAGES}
+    amortised = {"shard_writes": 0.0, "pull_export": 0.0, "pull_apply": 0.0}
+    warm = 50
+    for n in range(requests + warm):
+        u, cands = int(rng.integers(0, users_n)), rng.choice(items_n, c, replace=False)
+        now = t0 + 1 + n
+        t = [time.thread_time()]
+        plan = enrich.plan(u, cands, uk, ik, ecfg)
+        queries = enrich.route(plan, ring.shard_of, "v", now)
+        t.append(time.thread_time())
+        answers = replica.answers(queries)
+        t.append(time.thread_time())
+        slots = enrich.assemble(plan, answers, d)
+        t.append(time.thread_time())
+        base = rng.normal(size=c).astype(np.float32)
+        probs = head.served(base, slots, scales)[0] if head is not None else base
+        t.append(time.thread_time())
+        found = slots.pair_tier == Tier.PAIR
+        picks = verifier.choose(base, cands, found, slots.pair_age_s, np.zeros(c, bool), vcfg,
+                                cfg.read_ttl_s)
+        shown = cands[np.argsort(-probs, kind="stable")[:10]]
+        if buffer.add(u, shown, 0, now, {"v": (cands[picks], base[picks])}):
+            buffer.drain()
+        t.append(time.thread_time())
+        JSONResponse({"request_id": "r", "task": "click", "mode": "solaris",
+                      "scores": probs.astype(float).tolist(),
+                      "tiers": [LABELS[i] for i in slots.pair_tier.tolist()],
+                      "ages_s": slots.pair_age_s.tolist(),
+                      "aggregate": slots.agg_present.tolist(),
+                      "versions": {"fm": "v", "vm": "v", "knn": "k"}, "features": None})
+        t.append(time.thread_time())
+        if n >= warm:
+            for k, a, b in zip(REPLICA_STAGES, t, t[1:]):
+                times[k].append(1e3 * (b - a))
+        if n % 10 == 9:  # an FM lease of 10 requests' picks lands on the shards
+            wu = rng.integers(0, users_n, 10 * writes_per_request)
+            wi = rng.integers(0, items_n, len(wu))
+            z = rng.normal(size=(len(wu), d)).astype(np.float32)
+            w_owner = ring.shard_of(wu)
+            c0 = time.thread_time()
+            for s, store in enumerate(stores):
+                m = w_owner == s
+                store.put(wu[m], wi[m], z[m], "v", now)
+            if n >= warm:
+                amortised["shard_writes"] += time.thread_time() - c0
+        if n % requests_per_pull == requests_per_pull - 1:
+            for s, store in enumerate(stores):
+                c0 = time.thread_time()
+                frame = encode_changes(*store.changes(replica.epoch[s], replica.seq[s]))
+                c1 = time.thread_time()
+                replica.apply(s, frame)
+                if n >= warm:
+                    amortised["pull_export"] += c1 - c0
+                    amortised["pull_apply"] += time.thread_time() - c1
+    med = {k: float(np.median(v)) for k, v in times.items() if v}
+    for k, v in amortised.items():
+        med[k] = 1e3 * v / requests
+    _ = decode_changes  # the frame format the pulls above round-trip
+    return {"shards": num_shards, "requests": requests, "candidates": c,
+            "writes_per_request": writes_per_request, "requests_per_pull": requests_per_pull,
+            "corrections_timed": head is not None,
+            "cpu_ms_per_request": med, "total_ms": float(sum(med.values())),
+            "router_ms": float(sum(v for k, v in med.items()
+                                   if k not in ("shard_writes", "pull_export"))),
+            "shards_ms": med["shard_writes"] + med["pull_export"]}
+
+
 # this file's workload, over the ``solaris`` package of ``root`` (first on the path once the
 # bench module, which puts its own tree on the path, is imported)
 _STAGES_CALL = ("import json, sys; sys.path[:0] = [{bench!r}]; import request_cpu; "
@@ -179,6 +306,7 @@ def one_thread() -> Iterator[None]:
     import torch
 
     before = torch.get_num_threads()
+    torch.set_num_threads(1)
     try:
         yield
     finally:
@@ -263,6 +391,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--artifacts", help="a trained artifact directory (the VM's blocks)")
     p.add_argument("--baseline", help="a commit whose stages run beside this tree's")
     p.add_argument("--rounds", type=int, default=5, help="alternated rounds of --baseline")
+    p.add_argument("--replica-floor", action="store_true",
+                   help="the read-replica path's stages (replica_floor) only")
+    p.add_argument("--writes-per-request", type=int, default=50,
+                   help="FM-written pairs per request the shards take (--replica-floor)")
     a = p.parse_args(argv)
     if a.rounds < 1:
         p.error(f"--rounds={a.rounds}: must be >= 1")
@@ -270,6 +402,20 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.holders is not None and not 1 <= a.holders <= 2000:
         p.error(f"--holders={a.holders}: must be in [1, 2000]")
+    if a.replica_floor:
+        out = {"machine": machine(None),
+               "replica_floor": replica_floor(a.shards, a.artifacts,
+                                              writes_per_request=a.writes_per_request)}
+        f = out["replica_floor"]
+        print("  ".join(f"{k} {v:.3f}" for k, v in f["cpu_ms_per_request"].items()))
+        print(f"router {f['router_ms']:.3f} ms, shards {f['shards_ms']:.3f} ms, "
+              f"total {f['total_ms']:.3f} ms of CPU per request")
+        if a.json:
+            from solaris import atomic
+
+            a.json.parent.mkdir(parents=True, exist_ok=True)
+            atomic.save_json(a.json, out, indent=1)
+        return 0
     out = {"machine": machine(None), "stages": stages(a.shards, holders=a.holders)}
     if a.baseline:
         ab = out["baseline_ab"] = baseline_ab(a.baseline, a.shards, a.rounds,
