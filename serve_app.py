@@ -29,12 +29,14 @@ __all__ = ["FeedbackRequest", "LookupRouter", "Precompute", "RankRequest", "Rank
            "ScaleRequest", "VMReplicas", "api", "build_app"]
 
 
-def build_app(args: dict[str, str] | None = None) -> Any:
+def build_app(args: dict[str, str] | None = None, *, router_replicas: int | None = None
+              ) -> Any:
     """The Serve application. ``args`` (``serve run serve_app:build_app key=value``):
     ``config`` (YAML of the config tree), ``artifacts`` (a directory; a comma-separated list
     rolls out the later versions), ``mode`` (solaris | vm | inline), ``app_id``, ``profile``
     (serving | cluster | replay: whose clock event time is, and who may call what;
-    ``serve/auth.py``)."""
+    ``serve/auth.py``). ``router_replicas``: a fixed number of router replicas, for an app
+    built in Python (a Serve config file sets it in its ``deployments`` section)."""
     settings = settings_from_args(args or {})
     cfg = load_config(settings.get("config"), settings.get("overrides"))
     if not settings["artifact_dirs"]:
@@ -42,7 +44,8 @@ def build_app(args: dict[str, str] | None = None) -> Any:
     tasks = sorted({t for d in settings["artifact_dirs"] for t in Artifacts.open(d).tasks})
     vms = {t: VMReplicas.options(name=f"VM_{t}").bind(settings, t) for t in tasks}
     pre = Precompute.bind(settings) if settings["precompute"] else None
-    return LookupRouter.options(name="LookupRouter").bind(settings, vms, pre)
+    opts = {"num_replicas": router_replicas} if router_replicas else {}
+    return LookupRouter.options(name="LookupRouter", **opts).bind(settings, vms, pre)
 
 
 def __getattr__(name: str) -> Any:

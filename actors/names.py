@@ -26,3 +26,8 @@ def ledger(app_id: str) -> str:
 def knn_holder(app_id: str) -> str:
     """The app's KNN table holder."""
     return f"solaris-knn-{app_id}"
+
+
+def control(app_id: str) -> str:
+    """The app's control holder (runtime scales, rollout switches)."""
+    return f"solaris-control-{app_id}"

@@ -22,6 +22,7 @@ from ray import serve
 from ray.util import metrics as ray_metrics
 from starlette.background import BackgroundTask
 
+from actors.control import ControlClient, ControlUnavailable
 from serve.auth import Credentials, operator_call, read_call, service_call
 from serve.backend import QUIET, Backend, Unavailable, knn_tables
 from serve.http import (RETRY_AFTER_S, FeedbackRequest, RankRequest, RankResponse,
@@ -31,7 +32,8 @@ from solaris.cache.query import Slots
 from solaris.clock import ClockSkewError, SkewGuard, event_clock
 from solaris.config import SolarisConfig, config_to_dict, load_config
 from solaris.online.rollout import RolloutPolicy
-from solaris.online.scales import ScaleError, ScaleTable
+from solaris.online.control import ControlState, scale_table
+from solaris.online.scales import ScaleError, ScaleTable, scale_dict
 from solaris.artifacts import Artifacts
 from solaris.errors import RequestError
 from solaris.ids import deployment_ids
@@ -46,6 +48,14 @@ from solaris.tiers import NUM_TIERS, Tier
 log = logging.getLogger("solaris.serve")
 
 DEBUG_FIELDS = ("now", "mode", "features_for", "reads")  # request fields of the replay profile only
+
+
+def _replica_id() -> str | None:
+    """This router replica's id (which replica answered, in /stats and /healthz)."""
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # outside a replica
+        return None
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0.25}, max_ongoing_requests=64,
@@ -68,10 +78,18 @@ class LookupRouter:
             _ = a.spec
         self.tasks = sorted({t for a in arts for t in a.tasks})
         # the VMs' scales, live: a tier at 0 in every VM of a version is not looked up
-        self.scales = ScaleTable({a.version: a.manifest for a in arts})
+        self._manifests = {a.version: a.manifest for a in arts}
+        self.scales = ScaleTable(self._manifests)
         self.policy = RolloutPolicy({t: [a.version for a in arts if t in a.tasks]
                                      for t in self.tasks}, cfg.serve.rollout_threshold,
                                     cfg.serve.rollout_min_lookups)
+        # the app's control state (runtime scales, rollout switches), one copy for every
+        # replica: read now, so this replica's first request serves the current state, then
+        # followed (actors/control.py)
+        self._control_skipped: list[str] = []
+        self.control = ControlClient(settings["app_id"], cfg.serve.control_uri,
+                                     self._control_state, cfg.serve.control_wait_s,
+                                     detached=cfg.serve.detached_state)
         # each VM's corrections, run here while the VM replica runs the VM alone beside the
         # lookup round (serve.overlap; without it the replica runs both)
         self.heads: dict[tuple[str, str], ResidualHead] = {}
@@ -144,6 +162,25 @@ class LookupRouter:
                  cfg.serve.mode, self.knn.version if self.knn else None)
 
     # -- helpers
+    def _control_state(self, state: dict[str, Any]) -> None:
+        """A newer control state (the follower thread, or a change this router made): the
+        scales rebuilt from the VMs' own plus every runtime setting, swapped in whole; each
+        task moved forward to the version it was switched to."""
+        table, skipped = scale_table(self._manifests, ControlState.from_dict(state))
+        self.scales = table
+        if skipped != self._control_skipped:
+            for line in skipped:
+                log.warning("control state: a setting for a VM not served here: %s", line)
+            self._control_skipped = skipped
+        for task, version in state["active"].items():
+            self.policy.advance_to(task, version)
+
+    def _switched(self, task: str, before: str) -> None:
+        """Record a switch this router decided, if it made one, in the app's control state."""
+        after = self.policy.active[task]
+        if after != before:
+            self.control.promote(task, after)
+
     def _inline_fm(self) -> InlineFM:
         with self._inline_lock:
             if self._inline is None:
@@ -520,7 +557,9 @@ class LookupRouter:
         for _, _, version, hits, lookups in sorted(seen):
             self.policy.observe(version, hits, lookups)
         for task in self.tasks:
+            before = self.policy.active[task]
             self.policy.maybe_switch(task)
+            self._switched(task, before)
 
     async def _shadow(self, body: RankRequest, items: np.ndarray, now: float,
                       pending: str) -> None:
@@ -530,7 +569,9 @@ class LookupRouter:
             self._observe(now, body, pending, int((shadow.pair_tier == Tier.PAIR).sum()),
                           len(items))
             if not self._at_barrier:
+                before = self.policy.active[body.task]
                 self.policy.maybe_switch(body.task)
+                self._switched(body.task, before)
         except Exception:
             log.exception("shadow lookup of %s failed", pending)
 
@@ -572,12 +613,24 @@ class LookupRouter:
         version = body.version or self.policy.active[body.task]
         if body.slot == "pair" and body.tier is None:
             return self._error(422, "tier", "required for slot 'pair'")
-        try:
-            row = self.scales.set(version, body.task, body.slot, body.tier, body.scale)
+        try:  # checked here, on a copy, before the app's state is changed
+            ScaleTable(self._manifests).set(version, body.task, body.slot, body.tier,
+                                            body.scale)
         except ScaleError as e:
             return self._error(422, e.field, str(e))
-        log.info("scales of %s/%s set: %s", version, body.task, row)
-        return {"version": version, "task": body.task, "scales": row}
+        try:
+            state = await self.control.set_scale(
+                {"version": version, "task": body.task, "slot": body.slot,
+                 "tier": body.tier if body.slot == "pair" else None,
+                 "scale": float(body.scale)})
+        except ControlUnavailable as e:
+            return self._error(503, "scale", str(e),
+                               headers={"Retry-After": str(RETRY_AFTER_S)})
+        row = scale_dict(self.scales.array(version, body.task))
+        log.info("scales of %s/%s set: %s (control revision %d)", version, body.task, row,
+                 state["revision"])
+        return {"version": version, "task": body.task, "scales": row,
+                "revision": state["revision"]}
 
     @api.get("/stats", dependencies=[Depends(read_call)])
     async def stats(self) -> dict[str, Any]:
@@ -597,6 +650,8 @@ class LookupRouter:
                                "auth_refused": dict(self.credentials.refused),
                                "clock": self._clock.metrics() if self._clock else None,
                                "scales": self.scales.state(),
+                               "control": self.control.metrics(),
+                               "replica": _replica_id(),
                                "knn": {"version": self.knn.version, "swaps": self.knn.swaps,
                                        "errors": self.knn.errors,
                                        "cold_starts": self._cold_starts,

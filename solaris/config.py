@@ -541,11 +541,35 @@ class QueueConfig:
 class PrecomputeConfig:
     """FM worker pool that drains the queue (one FM + encoder per worker)."""
 
-    workers: int = 1  # workers started with the app
-    max_workers: int = 4  # upper bound when scaling with queue depth
-    # pending pairs per running worker above which one more worker is started
+    # pool size and scaling (solaris/precompute/scaling.py, run by the pool's owner every few
+    # seconds): never fewer than min_workers (0: an idle pool holds no worker, so Ray's
+    # autoscaler can stop its GPU node) nor more than max_workers
+    min_workers: int = 1
+    workers: int = 1  # workers started with the pool (min_workers..max_workers)
+    max_workers: int = 4  # upper bound when scaling with queue depth and lag
+    # pending pairs per worker above which the pool grows (to ceil(depth / this) workers)
     scale_up_depth: int = 5000
-    device: str = "auto"  # auto (a GPU where one exists, else CPU) | cpu | cuda
+    # pending + leased pairs per worker at or under which the pool has a worker too many
+    # (0: only an empty queue with nothing leased); below scale_up_depth: the band between
+    # the two is the hysteresis in which the pool holds its size
+    scale_down_depth: int = 0
+    # the oldest pending pair has waited longer than this (wall seconds): one more worker,
+    # none while a requested worker is not placed yet, at most one per this many seconds
+    scale_up_lag_s: float = 120.0
+    # a pool with a worker too many shrinks only after it has been so this long (the
+    # cool-down, wall seconds); a removed worker stops leasing, acks what it holds, then goes
+    scale_down_after_s: float = 300.0
+    device: str = "auto"  # auto (a GPU where the worker got one, else CPU) | cpu | cuda
+    # whether a worker asks Ray for accelerator_resources: auto -- with device cuda, or
+    # device auto and either the cluster profile (serve.profile=cluster: asked for whether
+    # or not a GPU node is up, so Ray's autoscaler launches one) or, locally, a GPU in the
+    # cluster when the pool starts; never with device cpu | always | never (CPU workers)
+    accelerator: str = "auto"
+    # the Ray resources of one accelerator worker in the cluster profile ("GPU" goes to
+    # num_gpus, the rest are custom resources: cluster.yaml's gpu_worker node type has
+    # both); a local profile asks for the "GPU" entry alone
+    accelerator_resources: dict[str, float] = field(
+        default_factory=lambda: {"GPU": 1.0, "fm_gpu": 1.0})
     threads: int = 1  # torch intra-op threads per CPU worker
     idle_wait_s: float = 0.05  # wall seconds a worker waits after an empty lease
     # the FM forward runs in blocks of this many request groups / pairs, the last padded, so
@@ -562,7 +586,10 @@ class PrecomputeConfig:
     gpu_lease_pairs: int = 4096
 
     def __post_init__(self) -> None:
-        _check(self.workers >= 1, "precompute.workers", self.workers, "must be >= 1")
+        _check(self.min_workers >= 0, "precompute.min_workers", self.min_workers,
+               "must be >= 0")
+        _check(self.workers >= self.min_workers, "precompute.workers", self.workers,
+               f"must be >= precompute.min_workers={self.min_workers}")
         _check(self.block_requests >= 0, "precompute.block_requests", self.block_requests,
                "must be >= 0")
         _check(self.block_pairs >= 0, "precompute.block_pairs", self.block_pairs,
@@ -577,6 +604,25 @@ class PrecomputeConfig:
                f"must be >= precompute.workers={self.workers}")
         _check(self.scale_up_depth >= 1, "precompute.scale_up_depth", self.scale_up_depth,
                "must be >= 1")
+        _check(0 <= self.scale_down_depth < self.scale_up_depth, "precompute.scale_down_depth",
+               self.scale_down_depth,
+               f"must be in [0, precompute.scale_up_depth={self.scale_up_depth})")
+        _check(self.scale_up_lag_s > 0, "precompute.scale_up_lag_s", self.scale_up_lag_s,
+               "must be > 0")
+        _check(self.scale_down_after_s >= 0, "precompute.scale_down_after_s",
+               self.scale_down_after_s, "must be >= 0")
+        _check(self.accelerator in ("auto", "always", "never"), "precompute.accelerator",
+               self.accelerator, "must be one of auto, always, never")
+        res = self.accelerator_resources
+        _check(isinstance(res, dict) and bool(res) and all(
+            isinstance(k, str) and k and k != "CPU" and isinstance(v, (int, float))
+            and not isinstance(v, bool) and v > 0 for k, v in res.items()),
+            "precompute.accelerator_resources", res,
+            "must map resource names (not CPU: that is the worker's own share) to amounts > 0")
+        _check(self.device != "cuda" or (self.accelerator != "never" and res.get("GPU", 0) > 0),
+               "precompute.device", self.device,
+               "cuda needs precompute.accelerator other than never and a GPU in "
+               "precompute.accelerator_resources")
         _check(self.device in ("auto", "cpu", "cuda"), "precompute.device", self.device,
                "must be one of auto, cpu, cuda")
         _check(self.threads >= 1, "precompute.threads", self.threads, "must be >= 1")
@@ -684,8 +730,19 @@ class ServeConfig:
     # depend on how its concurrent requests interleaved (the replay sets it; live serving
     # decides after every shadow lookup)
     rollout_at_barrier: bool = False
+    # the app's control state (runtime scales, rollout switches; actors/control.py): one
+    # copy every router replica follows, written whole here on every change and read back
+    # when its holder restarts (a local directory or a pyarrow.fs URI: s3://, gs://); None:
+    # kept by the holder only (a restart of the holder forgets it). The cluster profile's
+    # config sets it
+    control_uri: str | None = None
+    # a router's long poll of the control state returns at the next change or after this
+    # many seconds with none (then it polls again)
+    control_wait_s: float = 10.0
 
     def __post_init__(self) -> None:
+        _check(self.control_wait_s > 0, "serve.control_wait_s", self.control_wait_s,
+               "must be > 0")
         _check(self.mode in ("solaris", "vm", "inline"), "serve.mode", self.mode,
                "must be one of solaris, vm, inline")
         _check(self.cache_reads in ("replica", "shards"), "serve.cache_reads",

@@ -94,6 +94,21 @@ class RolloutPolicy:
                  cn.share, co.share)
         return True
 
+    def advance_to(self, task: str, version: str) -> bool:
+        """Switch ``task`` to ``version`` if it is newer than the active one (another router
+        decided the switch: the app's control state); True if it switched. An unknown task or
+        version, or an older one, changes nothing (a switch is final)."""
+        vs = self.versions.get(task)
+        if not vs or version not in vs:
+            return False
+        with self._lock:
+            if vs.index(version) <= vs.index(self.active[task]):
+                return False
+            old, self.active[task] = self.active[task], version
+        log.info("task %s: switched from %s to %s (the app's control state)", task, old,
+                 version)
+        return True
+
     def state(self) -> dict:
         with self._lock:
             return {"active": dict(self.active),

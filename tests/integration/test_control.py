@@ -1,0 +1,162 @@
+"""One control state per app, over real HTTP on a local Ray: two router replicas, one
+``POST /scales``; both serve it within the bound, a replica started afterwards serves it from
+its first request, and the state survives a restart of the app's control holder.
+
+Prints the measured propagation (``pytest -s``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+ray = pytest.importorskip("ray")
+requests = pytest.importorskip("requests")
+
+from ray import serve  # noqa: E402
+
+from actors import names  # noqa: E402
+from tests.tiny import free_port, train_tiny  # noqa: E402
+
+TIMEOUT_S = 15.0
+TOKEN = "test-operator-token-0123"
+OPERATOR = {"Authorization": f"Bearer {TOKEN}"}
+BOUND_S = 1.0  # a change reaches every live router replica within this (one long-poll hop)
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory):
+    art = train_tiny(tmp_path_factory.mktemp("artifacts"))
+    control = tmp_path_factory.mktemp("control")
+    conf = tmp_path_factory.mktemp("conf") / "serve.yaml"
+    conf.write_text(json.dumps({"cache": {"dim": 16, "num_shards": 1},
+                                "serve": {"control_uri": str(control), "control_wait_s": 5.0}}))
+    port = free_port()
+    ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2,
+             include_dashboard=False, logging_level="warning",
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT),
+                                       "SOLARIS_OPERATOR_TOKEN": TOKEN}})
+    import serve_app
+
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(serve_app.build_app({"artifacts": str(art), "config": str(conf),
+                                       "app_id": "ctl", "precompute": "false"},
+                                      router_replicas=2), blocking=False)
+        yield {"base": f"http://127.0.0.1:{port}", "control": control}
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _stats(app) -> dict:
+    r = requests.get(app["base"] + "/stats", timeout=TIMEOUT_S)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _replicas(app, want: int, until=lambda s: True, timeout_s: float = 90.0) -> dict:
+    """{replica id: its latest /stats} once ``want`` replicas have answered with
+    ``until(stats)`` true (each /stats lands on one replica, chosen by Serve)."""
+    seen: dict = {}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            s = _stats(app)
+        except requests.RequestException:
+            time.sleep(0.5)
+            continue
+        if until(s):
+            seen[s["replica"]] = s
+        if len(seen) >= want:
+            return seen
+        time.sleep(0.05)
+    raise AssertionError(f"{len(seen)} of {want} replicas answered as expected: "
+                         f"{sorted(seen)}")
+
+
+def _routers() -> list[str]:
+    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == "serve" and "#LookupRouter#" in a["name"]]
+
+
+def _post(app, **body) -> requests.Response:
+    return requests.post(app["base"] + "/scales", json={"task": "click", **body},
+                         timeout=TIMEOUT_S, headers=OPERATOR)
+
+
+def _scale(stats: dict, slot: str, tier: str | None = None) -> float:
+    (vm,) = [v for k, v in stats["scales"].items() if k.endswith("/click")]
+    return vm["scales"][slot] if tier is None else vm["scales"][slot][tier]
+
+
+def test_two_routers_serve_one_scale_change_within_the_bound(app):
+    before = _replicas(app, 2)
+    assert len(_routers()) == 2
+    rev0 = max(s["control"]["revision"] for s in before.values())
+    t0 = time.monotonic()
+    r = _post(app, slot="aggregate", scale=0.0)
+    assert r.status_code == 200, r.text
+    rev = r.json()["revision"]
+    assert rev == rev0 + 1
+    both = _replicas(app, 2, lambda s: s["control"]["revision"] >= rev, timeout_s=BOUND_S + 5)
+    seen_s = time.monotonic() - t0
+    lags = [s["control"]["lag_s"] for s in both.values()]
+    print(f"\ncontrol: revision {rev} served by {len(both)} replicas; lag after the commit "
+          f"{[round(x * 1000, 1) for x in lags]} ms; both seen {seen_s * 1000:.0f} ms after "
+          "the POST")
+    assert all(_scale(s, "aggregate") == 0.0 for s in both.values())
+    assert max(lags) <= BOUND_S
+    # a bad value is refused by name and changes nothing anywhere
+    r = _post(app, slot="pair", tier="pair", scale=2.0)
+    assert r.status_code == 422 and "scale" in r.text
+    assert all(s["control"]["revision"] == rev for s in _replicas(app, 2).values())
+
+
+def test_a_replica_started_after_the_change_serves_it_from_its_first_request(app):
+    rev = _stats(app)["control"]["revision"]
+    old = _routers()
+    ray.kill(ray.get_actor(old[0], namespace="serve"), no_restart=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and (len(_routers()) < 2 or old[0] in _routers()):
+        time.sleep(0.5)
+    fresh = _replicas(app, 2, lambda s: True)
+    survivors = {old_name.rsplit("#", 1)[-1] for old_name in old[1:]}
+    new = [s for rid, s in fresh.items() if rid not in survivors]
+    assert new, f"no new replica among {sorted(fresh)} (survivors {survivors})"
+    for s in new:  # read at start: no wait for a change
+        assert s["control"]["revision"] == rev and s["control"]["states"] == 1
+        assert _scale(s, "aggregate") == 0.0
+
+
+def test_the_state_survives_a_restart_of_the_control_holder(app):
+    (ns,) = [a["namespace"] for a in ray.util.list_named_actors(all_namespaces=True)
+             if a["name"] == names.control("ctl")]
+    holder = ray.get_actor(names.control("ctl"), namespace=ns)
+    rev = ray.get(holder.metrics.remote())["revision"]
+    ray.kill(holder, no_restart=False)  # Ray restarts it; it reads control_uri back
+    deadline = time.monotonic() + 60
+    m = None
+    while time.monotonic() < deadline:
+        try:
+            m = ray.get(holder.metrics.remote(), timeout=5)
+            if m["restored"]:
+                break
+        except Exception:
+            pass
+        time.sleep(0.5)
+    assert m is not None and m["restored"] and m["revision"] == rev
+    r = _post(app, slot="pair", tier="user_neighbour", scale=0.0)
+    assert r.status_code == 200, r.text
+    assert r.json()["revision"] == rev + 1
+    both = _replicas(app, 2, lambda s: s["control"]["revision"] >= rev + 1, timeout_s=30)
+    for s in both.values():  # the change before the restart and the one after it
+        assert _scale(s, "aggregate") == 0.0 and _scale(s, "pair", "user_neighbour") == 0.0
+    assert json.loads((app["control"] / "control.json").read_text())["revision"] == rev + 1
