@@ -106,7 +106,7 @@ class ControlClient:
         self._lock = threading.Lock()  # revision and the callback, one at a time
         self.revision = -1
         self.stats = {"states": 0, "polls": 0, "errors": 0, "last_error": None,
-                      "lag_s": None}
+                      "lag_s": None, "last_poll_ok": True}
         self._stop = threading.Event()
         self._promotions: list[tuple[str, str]] = []  # switches not yet recorded
         self.accept(ray.get(self.holder.get.remote(), timeout=60))
@@ -136,10 +136,12 @@ class ControlClient:
                 ref = self.holder.wait.remote(self.revision, self.wait_s)
                 state = ray.get(ref, timeout=self.wait_s + self.timeout_s)
                 self.stats["polls"] += 1
+                self.stats["last_poll_ok"] = True
                 self.accept(state)
                 backoff = 0.1
             except Exception as e:  # the holder restarting or gone: keep the last state
                 self.stats["errors"] += 1
+                self.stats["last_poll_ok"] = False
                 self.stats["last_error"] = type(e).__name__
                 log.warning("control state: poll failed (%s); retrying in %.1f s",
                             type(e).__name__, backoff)
@@ -185,6 +187,10 @@ class ControlClient:
 
     def metrics(self) -> dict[str, Any]:
         return {"revision": self.revision, "wait_s": self.wait_s, **self.stats}
+
+    def alive(self) -> bool:
+        """Whether the follower thread runs (Serve's health check of the router)."""
+        return self._thread.is_alive()
 
     def close(self) -> None:
         self._stop.set()

@@ -54,6 +54,10 @@ class ReplicaClient:
             except Exception:
                 log.exception("cache replica: refresh failed")
 
+    def alive(self) -> bool:
+        """Whether the refresh thread runs (or none was started: the caller refreshes)."""
+        return self._thread is None or self._thread.is_alive()
+
     def close(self) -> None:
         self._stop.set()
 

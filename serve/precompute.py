@@ -113,6 +113,15 @@ class Precompute:
         return {"pairs": sum(r["pairs"] for r in reports if r),
                 "queue": self.backend.queue.metrics()}
 
+    def health(self) -> dict[str, Any]:
+        """What ``/healthz`` reads (no actor call): FM workers, the last polled queue depth
+        and lag, and how old those figures are."""
+        last = self._last or {}
+        return {"workers": sum(len(p.workers) for p in self.pools.values()),
+                "paused": self._paused, "queue_depth": int(last.get("queue_depth", 0)),
+                "lag_s": float(last.get("precompute_lag_s", 0.0)),
+                "polled": self._last is not None}
+
     def summary(self, served: int = 0) -> dict[str, Any]:
         """The last gauges, the queue's metrics, each pool's worker metrics and the
         speculation figures (``speculation_report``: the FM's cost per 1,000 of ``served``

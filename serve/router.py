@@ -27,7 +27,7 @@ from serve.auth import Credentials, operator_call, read_call, service_call
 from serve.backend import QUIET, Backend, Unavailable, knn_tables
 from serve.http import (RETRY_AFTER_S, FeedbackRequest, RankRequest, RankResponse,
                         ScaleRequest, api, problem)
-from solaris.online import verifier
+from solaris.online import health, verifier
 from solaris.cache.query import Slots
 from solaris.clock import ClockSkewError, SkewGuard, event_clock
 from solaris.config import SolarisConfig, config_to_dict, load_config
@@ -86,6 +86,7 @@ class LookupRouter:
         # the app's control state (runtime scales, rollout switches), one copy for every
         # replica: read now, so this replica's first request serves the current state, then
         # followed (actors/control.py)
+        self._health: tuple[float, dict] | None = None  # (monotonic time, /healthz answer)
         self._control_skipped: list[str] = []
         self.control = ControlClient(settings["app_id"], cfg.serve.control_uri,
                                      self._control_state, cfg.serve.control_wait_s,
@@ -283,12 +284,120 @@ class LookupRouter:
         raise AssertionError("unreachable")
 
     # -- endpoints
-    @api.get("/healthz")
-    async def healthz(self) -> dict[str, Any]:
+    @api.get("/healthz", responses={503: {"description": "unready: no VM replica answers"}})
+    async def healthz(self) -> Any:
+        """Readiness per dependency, each checked within ``serve.health_budget_ms``: the VM
+        replicas (required: without one nothing is served, 503), the cache shards, the
+        queue, the FM workers, the KNN table's age, the control state and the read replica
+        (each only degrades: the lookups fall back). ``status``: ok | degraded | unready;
+        the answer is reused for ``serve.health_cache_s`` (load balancers poll often)."""
+        hit = self._health
+        if hit is not None and time.monotonic() - hit[0] < self.cfg.serve.health_cache_s:
+            body = hit[1]
+        else:
+            body = await self._health_checks()
+            self._health = (time.monotonic(), body)
+        return JSONResponse(body, status_code=503 if body["status"] == health.UNREADY else 200)
+
+    async def _timed(self, name: str, fn: Any, *args: Any) -> tuple[Any, float, str | None]:
+        """(result or None, ms, error name) of ``fn(*args)`` on the router's I/O threads,
+        given up after twice the health budget (``fn`` is given the budget itself: a shard
+        round names the late shards at the budget, and only a stuck call meets this one)."""
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        try:
+            got = await asyncio.wait_for(loop.run_in_executor(self._io, fn, *args),
+                                         2 * self.cfg.serve.health_budget_ms / 1000.0)
+            return got, (time.perf_counter() - t0) * 1e3, None
+        except Exception as e:
+            return None, (time.perf_counter() - t0) * 1e3, type(e).__name__
+
+    async def _vm_check(self, task: str) -> health.Check:
+        t0 = time.perf_counter()
+        budget = self.cfg.serve.health_budget_ms / 1000.0
+
+        async def call() -> Any:
+            return await self.vms[task].versions.remote()
+
+        try:
+            versions = await asyncio.wait_for(call(), budget)
+            return health.Check(f"vm_{task}", True, True, f"versions {versions}",
+                                (time.perf_counter() - t0) * 1e3)
+        except Exception as e:
+            return health.Check(f"vm_{task}", False, True,
+                                f"no VM replica answered in {budget * 1000:.0f} ms "
+                                f"({type(e).__name__})", (time.perf_counter() - t0) * 1e3)
+
+    async def _fm_check(self) -> health.Check:
+        if self.precompute is None:
+            return health.Check("fm_workers", True, False, "no FM workers in this app")
+        t0 = time.perf_counter()
+
+        async def call() -> Any:
+            return await self.precompute.health.remote()
+
+        try:
+            got = await asyncio.wait_for(call(), self.cfg.serve.health_budget_ms / 1000.0)
+            return health.fm_check(got, (time.perf_counter() - t0) * 1e3)
+        except Exception as e:
+            return health.fm_check(None, (time.perf_counter() - t0) * 1e3, type(e).__name__)
+
+    async def _health_checks(self) -> dict[str, Any]:
+        budget_s = self.cfg.serve.health_budget_ms / 1000.0
         if self.knn is not None:  # a due poll of the published KNN pointer
-            await asyncio.get_running_loop().run_in_executor(self._io, self.knn.current)
-        return {"ok": True, "tasks": self.tasks, "versions": self.policy.state(),
-                "mode": self.cfg.serve.mode, "knn": self.knn.version if self.knn else None}
+            await self._timed("knn", self.knn.current)
+        (up, ms_sh, _), (q, ms_q, q_err), fm, *vms = await asyncio.gather(
+            self._timed("shards", self.backend.group.ping_all, budget_s),
+            self._timed("queue", self.backend.queue.metrics, budget_s),
+            self._fm_check(), *(self._vm_check(t) for t in self.tasks))
+        checks = [health.shards_check(up if up is not None
+                                      else [False] * len(self.backend.group.shards), ms_sh),
+                  health.Check("queue", q is not None, False,
+                               f"depth {q.get('depth', 0)}" if q is not None
+                               else f"the queue did not answer ({q_err})", ms_q,
+                               {"depth": q.get("depth", 0)} if q is not None else None),
+                  fm, *vms,
+                  health.knn_check(self.knn is not None, self.knn.version if self.knn else None,
+                                   time.time(), self.cfg.serve.health_knn_max_age_s),
+                  self._control_check()]
+        if self.replica is not None:
+            checks.append(self._replica_check())
+        status = health.verdict(checks)
+        return {"status": status, "ok": status != health.UNREADY,
+                "checks": {c.name: c.to_dict() for c in checks},
+                "tasks": self.tasks, "versions": self.policy.state(),
+                "mode": self.cfg.serve.mode, "knn": self.knn.version if self.knn else None,
+                "replica": _replica_id()}
+
+    def _control_check(self) -> health.Check:
+        m = self.control.metrics()
+        ok = self.control.alive() and m["last_poll_ok"]
+        return health.Check("control", ok, False,
+                            f"revision {m['revision']}" if ok else
+                            f"following the control state failed ({m['last_error']}): "
+                            f"serving revision {m['revision']}", data={"revision": m["revision"]})
+
+    def _replica_check(self) -> health.Check:
+        ages = self.replica.replica.metrics()["age_s"]
+        stale = [s for s, a in enumerate(ages) if a is None or a > self.replica.replica.stale_s]
+        return health.Check("cache_replica", self.replica.alive() and not stale, False,
+                            f"mirrors of shards {stale} older than {self.replica.replica.stale_s}"
+                            " s: they read as misses" if stale else
+                            f"mirrors pulled {max(a for a in ages if a is not None):.1f} s ago "
+                            "at most" if ages else "no shards", data={"age_s": ages})
+
+    def check_health(self) -> None:
+        """Serve's health check of this replica: its own faults only (the threads that
+        follow the control state and pull the read replica). A dead shard or queue is not
+        this replica's fault, and restarting routers would not fix it (``/healthz``
+        reports them)."""
+        problems = []
+        if not self.control.alive():
+            problems.append("the control-state follower thread stopped")
+        if self.replica is not None and not self.replica.alive():
+            problems.append("the read replica's refresh thread stopped")
+        if problems:
+            raise RuntimeError("; ".join(problems))
 
     def _event_time(self, body: RankRequest | FeedbackRequest) -> float | JSONResponse:
         """The request's event time: the wall clock, or in the replay profile the ``now`` it

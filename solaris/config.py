@@ -739,10 +739,22 @@ class ServeConfig:
     # a router's long poll of the control state returns at the next change or after this
     # many seconds with none (then it polls again)
     control_wait_s: float = 10.0
+    # GET /healthz: each dependency's check is given up after this long (it then reads as
+    # not answering); the answer is reused for health_cache_s; a published KNN table older
+    # than health_knn_max_age_s is reported stale (the app degraded, still serving)
+    health_budget_ms: float = 1000.0
+    health_cache_s: float = 1.0
+    health_knn_max_age_s: float = 2 * 86400.0
 
     def __post_init__(self) -> None:
         _check(self.control_wait_s > 0, "serve.control_wait_s", self.control_wait_s,
                "must be > 0")
+        _check(self.health_budget_ms > 0, "serve.health_budget_ms", self.health_budget_ms,
+               "must be > 0")
+        _check(self.health_cache_s >= 0, "serve.health_cache_s", self.health_cache_s,
+               "must be >= 0")
+        _check(self.health_knn_max_age_s > 0, "serve.health_knn_max_age_s",
+               self.health_knn_max_age_s, "must be > 0")
         _check(self.mode in ("solaris", "vm", "inline"), "serve.mode", self.mode,
                "must be one of solaris, vm, inline")
         _check(self.cache_reads in ("replica", "shards"), "serve.cache_reads",
