@@ -1,7 +1,8 @@
 """FM worker actors: lease from the precompute queue, run FM + encoder, write the cache, ack.
 
 ``FMWorker`` wraps one ``solaris.precompute.worker.PrecomputeWorker`` built in ``__init__`` from the
-artifact files (``fm.pt`` and ``encoder.pt``, read with ``weights_only``), the side-feature
+artifact files (``fm.pt`` and ``encoder.pt``, read with ``weights_only``; from the worker's
+own node's copy where the location is a URI, ``solaris.artifact_store``), the side-feature
 tables and a history provider: by default (``history=None``) the live history held by the
 cache shards (``WindowHistory`` over ``CacheGroup.history_window``); a static provider
 (e.g. a ``HistoryStore`` filled from a log) where a test or benchmark passes one. One
@@ -75,6 +76,7 @@ from actors.queue import QueueClient
 from solaris.config import PrecomputeConfig, check_history_at
 from solaris.errors import ConfigError
 from solaris.precompute.pqueue import Lease
+from solaris.artifact_store import canonical
 from solaris.artifacts import SideTables, load_models
 from solaris.precompute.worker import (HistoryProvider, PrecomputeWorker, WindowHistory,
                                 describe_device, device_sizes)
@@ -453,7 +455,8 @@ class WorkerPool:
         self.cache = cache
         self.ledger = LedgerClient.of(ledger)
         self.num_gpus = worker_gpus(cfg)
-        self._args = (str(Path(artifacts_dir).resolve()), ray.put(tables),
+        # a URI stays one: each worker reads its own node's copy (solaris.artifact_store)
+        self._args = (canonical(artifacts_dir), ray.put(tables),
                       None if history is None else ray.put(history))
         self._lease_pairs = lease_pairs
         self._num_cpus = num_cpus

@@ -11,9 +11,11 @@ DESIGN.md step 7. Run it directly or through the job API (on a cluster or a loca
 reads it, codes its ids with the artifacts' id map and hands the events to the workers through
 the object store), or what ``solaris data`` writes (``generate_to_parquet``: users, items and
 interaction Parquet files), a local directory or a ``pyarrow.fs`` URI that every node can
-read; ``ARTIFACTS`` a ``solaris train`` directory, read by the driver only (the FM travels
+read; ``ARTIFACTS`` a ``solaris train`` directory or a ``pyarrow.fs`` URI of one (copied to the
+driver's node and checked, ``solaris.artifact_store``; each rebuild reads the URI's manifest
+again, so a republished version is picked up), read by the driver only (the FM travels
 to the encoder tasks through the object store); ``--train-if-missing`` trains them from a
-local ``DATA`` first. ``URI`` (a ``pyarrow.fs`` URI or a local directory;
+local ``DATA`` into a local ``ARTIFACTS`` first. ``URI`` (a ``pyarrow.fs`` URI or a local directory;
 ``knn.table_uri`` when omitted) receives the tables. One rebuild:
 
 1. Ray Data reads the interaction log and one placeholder row per user (so users without
@@ -50,6 +52,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import ray
 
+from solaris.artifact_store import is_uri, local_artifacts, shown
 from solaris.atomic import filesystem
 from solaris.config import KnnConfig, SolarisConfig, load_config, parse_overrides
 from solaris.errors import CheckpointError, ConfigError, DataError, SolarisError
@@ -372,7 +375,7 @@ def _rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConf
     from solaris.knn.user_encoder import item_embeddings
 
     t0 = time.perf_counter()
-    artifacts = Path(artifacts)
+    artifacts = local_artifacts(artifacts)  # a URI: this node's verified copy
     check_artifacts(artifacts)
     torch.set_num_threads(1)
     fm, _enc, fm_version = load_models(artifacts)
@@ -408,8 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a team's log: its mapping YAML (read by the driver, coded with the "
                    "artifacts' id map); or a `solaris data` Parquet directory or pyarrow.fs "
                    "URI (all nodes read it)")
-    p.add_argument("--artifacts", required=True, type=Path,
-                   help="`solaris train` directory (read by the driver only)")
+    p.add_argument("--artifacts", required=True,
+                   help="`solaris train` directory or pyarrow.fs URI of one (read by the "
+                   "driver only)")
     p.add_argument("--out", help="pyarrow.fs URI or dir of the tables (default knn.table_uri)")
     p.add_argument("--config", help="YAML config (the knn section is used)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -442,8 +446,11 @@ def main(argv: list[str] | None = None) -> int:
         if not out:
             raise ConfigError("--out: no table URI (pass --out or set knn.table_uri)")
         if args.train_if_missing:
-            train_if_missing(cfg, Path(args.data), args.artifacts)
-        check_artifacts(args.artifacts)
+            if is_uri(args.artifacts):
+                raise ConfigError(f"--artifacts {shown(args.artifacts)}: --train-if-missing "
+                                  "trains into a local directory, not a URI")
+            train_if_missing(cfg, Path(args.data), Path(args.artifacts))
+        check_artifacts(local_artifacts(args.artifacts))
     except SolarisError as e:
         print(f"rebuild_knn: error: {e}", file=sys.stderr)
         return 2

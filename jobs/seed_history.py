@@ -115,8 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="the log's mapping YAML (or a `solaris data` "
                    "directory)")
-    p.add_argument("--artifacts", required=True, type=Path,
-                   help="the newest artifacts the app serves (their id map codes the log)")
+    p.add_argument("--artifacts", required=True,
+                   help="the newest artifacts the app serves (their id map codes the log): a "
+                   "directory or pyarrow.fs URI")
     p.add_argument("--app-id", default="solaris", help="the app's id (names its cache shards)")
     p.add_argument("--namespace", default="serve",
                    help="Ray namespace of the app's actors (Serve's: serve)")
@@ -140,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
+        from solaris.artifact_store import local_artifacts
         from solaris.artifacts import Artifacts
         from solaris.ids import IdMap
         from solaris.seeding import seed_events
@@ -147,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.chunk_rows < 1:
             raise SolarisError(f"--chunk-rows={args.chunk_rows}: must be >= 1")
         cfg = load_config(args.config, parse_overrides(args.set))
-        ids = IdMap.load(args.artifacts) or Artifacts.open(args.artifacts).ids()
+        root = local_artifacts(args.artifacts)  # a URI: this node's verified copy
+        ids = IdMap.load(root) or Artifacts.open(root).ids()
         ds = load_log(args.data, ids)
         until = float("inf") if args.until is None else float(args.until)
         events = seed_events(ds, ids, until, cfg.history.max_events)

@@ -33,7 +33,8 @@ class Precompute:
             art = Artifacts.open(d)
             if (why := served_unlike_trained(art.manifest, cfg)):
                 log.warning("%s", why)
-            pool = WorkerPool(cfg.precompute, art.root, art.side_tables(),
+            # the location, not this replica's copy: a worker opens it on its own node
+            pool = WorkerPool(cfg.precompute, d, art.side_tables(),
                               None, self.backend.queue,  # None: live history on the shards
                               self.backend.group, self.backend.ledger,
                               history_at=cfg.schedule.history_at)

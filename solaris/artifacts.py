@@ -2,7 +2,8 @@
 
 An artifact directory (``solaris.train.artifacts.train_artifacts`` writes it)::
 
-    manifest.json        schema, version, tasks, sizes, periods, file names, figures, config
+    manifest.json        schema, version, tasks, sizes, periods, file names, figures, config,
+                         ``files``: each other file's sha256 and size (absent before them)
     fm.pt                the FM: state dict + FMConfig (its class, ``cls``) + sizes   kind "fm"
     encoder.pt           the pair encoder: state dict + EncoderConfig + in_dim        kind "encoder"
     side.npz             side-feature tables by user / item id
@@ -17,6 +18,10 @@ class that cannot be imported, or a file that does not fit what the manifest say
 with a ``CheckpointError`` naming it. The models are built through ``solaris.models.api``
 from the class their checkpoint's config names, so an artifact of a team's own FM or VM
 loads wherever the class imports.
+
+An artifact location is a local path or a ``pyarrow.fs`` URI (``s3://``, ``gs://``,
+``file://``): ``Artifacts.open`` and ``load_models`` read a URI from this node's verified copy
+(``solaris.artifact_store``), so a replica or worker on any node opens the same location.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from solaris.artifact_store import local_artifacts
 from solaris.config import SolarisConfig, config_from_dict
 from solaris.data.schema import FeatureSpec
 from solaris.errors import CheckpointError, ConfigError
@@ -136,7 +142,9 @@ class Artifacts:
 
     @classmethod
     def open(cls, root: str | Path) -> "Artifacts":
-        root = Path(root)
+        """The artifacts at ``root``: a local directory, or a URI read from this node's
+        verified copy (``solaris.artifact_store.local_artifacts``; ``root`` is the copy)."""
+        root = local_artifacts(root)
         m = read_manifest(root)
         try:
             vms = {t: v["file"] for t, v in m["vms"].items()}
@@ -254,7 +262,7 @@ def _models(root: Path, manifest: dict) -> tuple[Any, PairEncoder, str]:
 def load_models(root: str | Path) -> tuple[Any, PairEncoder, str]:
     """(FM, encoder, version) of an artifact directory (``Artifacts.models``), or of a
     directory holding only ``fm.pt`` and ``encoder.pt`` (what the FM workers and the KNN
-    job need)."""
-    root = Path(root)
+    job need); ``root`` may be a URI (``Artifacts.open``)."""
+    root = local_artifacts(root)
     manifest = read_manifest(root) if (root / "manifest.json").exists() else {}
     return _models(root, manifest)

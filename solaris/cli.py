@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from solaris import atomic
+from solaris.artifact_store import local_artifacts
 from solaris.config import parse_overrides
 from solaris.errors import SolarisError
 
@@ -206,7 +207,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         if args.truth and not Path(args.truth).exists():
             raise SolarisError(f"--truth {args.truth}: no such file")
         truth, ds = relabelled(ds, args.truth or out / "ground_truth.npz", args.seed)
-    art = Path(args.artifacts) if args.artifacts else out / "artifacts"
+    art = local_artifacts(args.artifacts) if args.artifacts else out / "artifacts"
     if not (art / "manifest.json").exists():
         if args.artifacts:
             raise SolarisError(f"--artifacts {art}: no manifest.json there")
@@ -246,7 +247,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from solaris.replay.plots import estimate_plot
     from solaris.replay.predict import compare, predict, prediction_table
 
-    art = Path(args.artifacts)
+    art = local_artifacts(args.artifacts)  # a URI: this node's verified copy
     if not (art / "manifest.json").exists():
         raise SolarisError(f"--artifacts {art}: no manifest.json there (train with "
                            "`solaris train`)")
@@ -334,9 +335,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--coverage", type=float, default=0.5,
                    help="pair coverage the manifest's test figure is measured at")
-    t.add_argument("--keep-vm-alone", type=Path, metavar="ARTIFACTS",
-                   help="a new FM version: keep the VMs alone of these artifacts and retrain "
-                   "only what reads the FM (FM, encoder, corrections)")
+    t.add_argument("--keep-vm-alone", metavar="ARTIFACTS",
+                   help="a new FM version: keep the VMs alone of these artifacts (a directory "
+                   "or pyarrow.fs URI) and retrain only what reads the FM (FM, encoder, "
+                   "corrections)")
     t.set_defaults(fn=cmd_train)
 
     d = sub.add_parser("data", help="generate synthetic data to Parquet (streams in chunks)")
@@ -367,8 +369,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--out", type=Path, default=Path("runs/simulate"))
     sim.add_argument("--seed", type=int, default=0,
                      help="training seed and the ground truth's random numbers")
-    sim.add_argument("--artifacts", type=Path,
-                     help="trained artifacts to serve (default: OUT/artifacts, trained if absent)")
+    sim.add_argument("--artifacts",
+                     help="trained artifacts to serve, a directory or pyarrow.fs URI "
+                     "(default: OUT/artifacts, trained if absent)")
     sim.add_argument("--shown", type=int,
                      help="top-ranked candidates shown (default 6 synthetic, 10 movielens)")
     sim.add_argument("--candidates", type=int, default=100,
@@ -387,8 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
     est = sub.add_parser("estimate", help="predict a replay window's online TR, coverage and "
                          "FM cost from the data before it (the window is not read)")
     common(est)
-    est.add_argument("--artifacts", type=Path, required=True,
-                     help="the artifacts to serve (solaris train / a replay's OUT/artifacts)")
+    est.add_argument("--artifacts", required=True,
+                     help="the artifacts to serve (solaris train / a replay's OUT/artifacts; "
+                     "a directory or pyarrow.fs URI)")
     est.add_argument("--out", type=Path, default=Path("runs/estimate"))
     est.add_argument("--start", type=int,
                      help="the window's first event time (default: the artifacts' test cut)")

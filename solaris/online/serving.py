@@ -22,6 +22,7 @@ from typing import Any, Callable
 import numpy as np
 from cachetools import LRUCache
 
+from solaris.artifact_store import canonical
 from solaris.config import KnnConfig, SolarisConfig, config_to_dict, load_config
 from solaris.errors import ConfigError
 from solaris.knn.neighbours import KnnSnapshot
@@ -35,7 +36,8 @@ _SETTING_KEYS = ("config", "artifacts", "mode", "app_id", "precompute", "profile
 def settings_from_args(args: dict[str, Any]) -> dict[str, Any]:
     """The app's settings from ``serve run`` / config-file args (all strings there).
 
-    ``config``: YAML of the config tree; ``artifacts``: artifact dir(s), comma-separated,
+    ``config``: YAML of the config tree; ``artifacts``: artifact dir(s) or ``pyarrow.fs``
+    URIs (each node reads its verified copy: ``solaris.artifact_store``), comma-separated,
     oldest version first (later ones are rolled out); ``mode``: solaris | vm | inline;
     ``app_id``: names the app's actors (cache shards, queue, ledger); ``precompute``:
     "false" runs no FM workers; ``profile``: serving | cluster | replay (``serve.profile``).
@@ -54,7 +56,7 @@ def settings_from_args(args: dict[str, Any]) -> dict[str, Any]:
     dirs = dirs if isinstance(dirs, list) else [d for d in str(dirs).split(",") if d]
     precompute = str(args.get("precompute", "true")).lower() not in ("false", "0", "no")
     return {"config": args.get("config"), "overrides": overrides,
-            "artifact_dirs": [str(Path(d).resolve()) for d in dirs],
+            "artifact_dirs": [canonical(d) for d in dirs],
             "app_id": str(args.get("app_id") or "solaris"), "precompute": precompute}
 
 

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from solaris import atomic
+from solaris.artifact_store import FILES, file_hashes
 from solaris.artifacts import SCHEMA, SIDE_KEYS, Artifacts, SideTables
 from solaris.config import SolarisConfig, config_to_dict
 from solaris.data.schema import Dataset
@@ -144,7 +145,13 @@ def _train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed:
             f, probs=probs.astype(np.float32), z=inputs.pair.numpy(), agg=inputs.agg.numpy(),
             agg_present=inputs.agg_present.numpy().astype(bool)))
     save_side_tables(out / "side.npz", SideTables.from_features(tables))
-    ids.save(out)
+    ids_dir = ids.save(out)
+    written = ["fm.pt", "encoder.pt", "side.npz", *(v["file"] for v in vms.values()),
+               *(v["file"] for v in baselines.values()),
+               *(f"{IDS_DIR}/{p.name}" for p in ids_dir.iterdir()
+                 if p.is_file() and atomic.TMP not in p.name)]
+    if evaluation:
+        written.append("teacher.npz")
     manifest = {
         "schema": SCHEMA, "dataset": ds.name, "version": teacher.version, "tasks": list(ds.tasks),
         "sizes": {"num_users": ds.num_users, "num_items": ds.num_items},
@@ -156,6 +163,8 @@ def _train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed:
         "baselines": baselines,
         "config": config_to_dict(cfg), "seed": seed, "seconds": round(time.perf_counter() - t0, 1),
         "fm_imported": bool(cfg.fm.weights), "train_device": teacher.device,
+        # what a copy from shared storage is checked against (solaris.artifact_store)
+        FILES: file_hashes(out, written),
     }
     atomic.save_json(out / "manifest.json", manifest)  # last: a manifest means a whole set
     return manifest
