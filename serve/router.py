@@ -47,6 +47,7 @@ from solaris.tiers import NUM_TIERS, Tier
 
 log = logging.getLogger("solaris.serve")
 
+GAUGE_EVERY_S = 5.0  # the router's own gauges (shard liveness, KNN table age) are set this often
 DEBUG_FIELDS = ("now", "mode", "features_for", "reads")  # request fields of the replay profile only
 
 
@@ -159,8 +160,39 @@ class LookupRouter:
                                              description="non-2xx answers of /rank")
         self._m_enqueued = ray_metrics.Counter("solaris_enqueued_pairs",
                                                description="verifier picks handed to the queue")
+        # what a dashboard needs that no request counts: shard liveness, the KNN table's
+        # age, the control state's revision (a thread, every GAUGE_EVERY_S; every router
+        # replica reports its own view)
+        self._m_shard_up = ray_metrics.Gauge(
+            "solaris_shard_up", tag_keys=("shard",),
+            description="1 if the cache shard answered this router's last ping in time")
+        self._m_knn_age = ray_metrics.Gauge(
+            "solaris_knn_table_age_s", description="seconds since the KNN tables this router "
+            "serves were built (-1: none published, or no knn.table_uri)")
+        self._m_control = ray_metrics.Gauge(
+            "solaris_control_revision", description="the control state's revision this "
+            "router serves (routers that differ for long are not following)")
+        self._gauges_stop = threading.Event()
+        threading.Thread(target=self._gauge_loop, name="router-gauges", daemon=True).start()
         log.info("router: tasks %s, versions %s, mode %s, knn %s", self.tasks, list(self.arts),
                  cfg.serve.mode, self.knn.version if self.knn else None)
+
+    def _gauge_loop(self) -> None:
+        while True:
+            try:
+                self._set_gauges()
+            except Exception:
+                log.exception("router gauges failed")
+            if self._gauges_stop.wait(GAUGE_EVERY_S):
+                return
+
+    def _set_gauges(self) -> None:
+        budget = self.cfg.serve.health_budget_ms / 1000.0
+        for s, up in enumerate(self.backend.group.ping_all(budget)):
+            self._m_shard_up.set(1.0 if up else 0.0, tags={"shard": str(s)})
+        age = health.knn_age_s(self.knn.version, time.time()) if self.knn else None
+        self._m_knn_age.set(-1.0 if age is None else age)
+        self._m_control.set(float(self.control.revision))
 
     # -- helpers
     def _control_state(self, state: dict[str, Any]) -> None:
