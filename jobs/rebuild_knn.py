@@ -31,8 +31,14 @@ local ``DATA`` into a local ``ARTIFACTS`` first. ``URI`` (a ``pyarrow.fs`` URI o
    (``solaris.knn.tables``); then the same for the items' FM embeddings. A recall below
    ``knn.min_recall`` is refused (exit 2, the previous version stays current).
 
-``--every S`` repeats the rebuild every S wall seconds (``--times N`` stops after N); a
-failed rebuild is logged and the schedule goes on. Routers poll ``knn.current_version``.
+On a schedule, run one rebuild per trigger from something that outlives a driver -- cron
+on the head node with one submission id per period (Ray refuses a second job with the same
+id), a KubeRay RayJob from a Kubernetes CronJob (``deploy/kuberay/``) -- with
+``--if-changed``: a run whose inputs (data, artifacts, knn settings) are those the published
+tables were built from publishes nothing, so a retried or doubled trigger is harmless. The
+routers export the served table's age (``solaris_knn_table_age_s``; alert
+``SolarisKnnTableStale``). ``--every S`` (a loop in this driver, ``--times N`` stops after N)
+is for a laptop: if the driver dies, the rebuilds stop with it.
 """
 
 from __future__ import annotations
@@ -346,20 +352,70 @@ def _bar(desc: str):
     return tick
 
 
+def inputs_fingerprint(data: str | Path, artifacts: str | Path, cfg: KnnConfig,
+                       as_of: float | None) -> str:
+    """What a rebuild reads, as one sha256: the data's rows, its metadata and its events
+    file's size and modification time (a ``solaris data`` directory) or its last event time
+    (a team's log), the artifacts' manifest (its file hashes), the knn settings and the
+    ``--as-of``. Equal fingerprints build equal tables, so a scheduled run that finds its
+    fingerprint already published has nothing to do (``--if-changed``)."""
+    import hashlib
+
+    from solaris.artifacts import read_manifest
+    from solaris.config import config_to_dict
+
+    local = local_artifacts(artifacts)
+    d = open_data(data, local)
+    try:
+        manifest: Any = read_manifest(local)
+    except CheckpointError:  # bare model files: their names, sizes and times
+        manifest = sorted((str(p.relative_to(local)), p.stat().st_size, p.stat().st_mtime_ns)
+                          for p in Path(local).rglob("*") if p.is_file())
+    what: dict[str, Any] = {"rows": d.num_rows(), "meta": d.meta(), "manifest": manifest,
+                            "knn": config_to_dict(cfg), "as_of": as_of}
+    if isinstance(d, DataDir):
+        info = d.fs.get_file_info(d.path(INTERACTIONS))
+        what["events"] = [info.size, info.mtime_ns]
+    else:
+        what["events"] = d.last_ts(None)
+    blob = json.dumps(what, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def up_to_date(out_uri: str, fingerprint: str) -> str | None:
+    """The published version when both the user and the item tables under ``out_uri`` were
+    built from ``fingerprint``; None when a rebuild has work to do."""
+    from solaris.knn.tables import published_inputs
+
+    (uv, ui), (iv, ii) = published_inputs(out_uri, "user"), published_inputs(out_uri, "item")
+    return uv if uv is not None and ui == fingerprint and ii == fingerprint else None
+
+
 def rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConfig, *,
             as_of: float | None = None, encoders: int = 1, batch_size: int = 256,
             encoder_cpus: float = 1.0, use_gpu: bool | None = None, task_cpus: float = 1.0,
-            version: str | None = None, all_users: bool = True) -> dict:
+            version: str | None = None, all_users: bool = True,
+            if_changed: bool = False) -> dict:
     """One rebuild against the connected Ray cluster; returns what was published
     (``all_users``: see ``user_embeddings``). The driver embeds and indexes on one torch
-    thread; the caller's thread count is restored after."""
+    thread; the caller's thread count is restored after. ``if_changed``: nothing is built
+    when the published tables were built from the same inputs (``{"skipped": True, ...}``)."""
+    fingerprint = inputs_fingerprint(data, artifacts, cfg, as_of)
+    if if_changed:
+        current = up_to_date(out_uri, fingerprint)
+        if current is not None:
+            log.info("knn tables %s under %s were built from these inputs: nothing to do",
+                     current, out_uri)
+            return {"skipped": True, "version": current, "uri": out_uri,
+                    "inputs": fingerprint}
     import torch
 
     threads = torch.get_num_threads()
     try:
         return _rebuild(data, artifacts, out_uri, cfg, as_of=as_of, encoders=encoders,
                         batch_size=batch_size, encoder_cpus=encoder_cpus, use_gpu=use_gpu,
-                        task_cpus=task_cpus, version=version, all_users=all_users)
+                        task_cpus=task_cpus, version=version, all_users=all_users,
+                        inputs=fingerprint)
     finally:
         torch.set_num_threads(threads)
 
@@ -367,7 +423,7 @@ def rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConfi
 def _rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConfig, *,
              as_of: float | None, encoders: int, batch_size: int, encoder_cpus: float,
              use_gpu: bool | None, task_cpus: float, version: str | None,
-             all_users: bool) -> dict:
+             all_users: bool, inputs: str | None = None) -> dict:
     import torch
 
     from solaris.knn.tables import build_table, new_version, publish
@@ -382,7 +438,8 @@ def _rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConf
     if use_gpu is None:
         use_gpu = ray.cluster_resources().get("GPU", 0) >= 1
     version = version or new_version()
-    out: dict[str, Any] = {"version": version, "fm_version": fm_version, "uri": out_uri}
+    out: dict[str, Any] = {"version": version, "fm_version": fm_version, "uri": out_uri,
+                           "inputs": inputs}
 
     t = time.perf_counter()
     users, uvec, as_of = user_embeddings(open_data(data, artifacts), fm, as_of, encoders, batch_size,
@@ -395,7 +452,7 @@ def _rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConf
                                ("item", np.arange(len(ivec)), ivec, cfg.item_k)):
         t = time.perf_counter()
         table, live = build_table(kind, ids, vecs, k, cfg, version, _bar(f"{kind} neighbours"))
-        publish(out_uri, table, cfg, live)
+        publish(out_uri, table, cfg, live, inputs=inputs)
         out[kind] = {"rows": int(len(ids)), "dim": int(vecs.shape[1]), "k": int(table.nbr.shape[1]),
                      "index": table.index, "recall_at_10": round(table.recall_at_10, 4),
                      "seconds": round(time.perf_counter() - t, 2)}
@@ -427,6 +484,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", choices=["auto", "yes", "no"], default="auto",
                    help="one GPU per encoder task (auto: when the cluster has GPUs)")
     p.add_argument("--every", type=float, help="rebuild every SECONDS (default: once)")
+    p.add_argument("--if-changed", action="store_true",
+                   help="build and publish only if the published tables were built from "
+                        "other inputs (data, artifacts, knn settings): a scheduled run is "
+                        "then idempotent")
     p.add_argument("--times", type=int, help="with --every: stop after N rebuilds")
     p.add_argument("--train-if-missing", action="store_true",
                    help="train FM + encoder from --data when --artifacts has none")
@@ -466,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
                 summary = rebuild(args.data, args.artifacts, out, cfg.knn, as_of=args.as_of,
                                   encoders=args.encoders, batch_size=args.batch_size,
                                   encoder_cpus=args.encoder_cpus, use_gpu=gpu,
-                                  task_cpus=args.task_cpus)
+                                  task_cpus=args.task_cpus, if_changed=args.if_changed)
                 print(json.dumps(summary), flush=True)
                 code = 0
             except (SolarisError, pa.ArrowException, OSError) as e:

@@ -297,10 +297,12 @@ def _arrow(t: KnnTable) -> pa.Table:
 
 
 def publish(uri: str, table: KnnTable, cfg: KnnConfig, live: LiveIndex | None = None,
-            clock: Callable[[], float] = time.time) -> str:
+            clock: Callable[[], float] = time.time, inputs: str | None = None) -> str:
     """Write ``table`` (and ``live``'s index) as a new version under ``uri``, then swap the
     pointer to it; returns the version. Raises DataError naming the recall when it is below
-    ``cfg.min_recall`` (nothing is written then)."""
+    ``cfg.min_recall`` (nothing is written then). ``inputs``: a fingerprint of what the
+    table was built from, kept in the pointer (a scheduled rebuild skips a run whose inputs
+    are those of the published table: ``published_inputs``)."""
     if not table.recall_at_10 >= cfg.min_recall:
         raise DataError(f"knn {table.kind} {table.version}: recall@10={table.recall_at_10:.4f} "
                         f"< knn.min_recall={cfg.min_recall} ({table.index}); not published")
@@ -317,7 +319,8 @@ def publish(uri: str, table: KnnTable, cfg: KnnConfig, live: LiveIndex | None = 
                "table": f"{name}.parquet", "index": f"{name}.faiss" if live else None,
                "index_name": table.index, "recall_at_10": table.recall_at_10,
                "n": int(len(table.ids)), "k": int(table.nbr.shape[1]),
-               "published_at": clock(), "versions": versions[:cfg.keep_versions]}
+               "published_at": clock(), "versions": versions[:cfg.keep_versions],
+               "inputs": inputs}
     text = json.dumps(pointer, indent=1).encode()
     save_on(fs, f"{root}/{POINTER}", lambda f: f.write(text))
     _prune(fs, root, table.kind, set(pointer["versions"]))
@@ -360,6 +363,16 @@ def _pointer(uri: str, kind: str) -> tuple[pafs.FileSystem, str, dict]:
     if pointer is None:
         raise DataError(f"{root}/{POINTER}: no {kind} KNN table published under {uri!r}")
     return fs, root, pointer
+
+
+def published_inputs(uri: str, kind: str = "user") -> tuple[str | None, str | None]:
+    """(version, inputs fingerprint) of the table published as ``kind`` under ``uri``
+    ((None, None) before the first publish; a fingerprint of None: published without one)."""
+    fs, root = _location(uri, kind)
+    pointer = _read_pointer(fs, root)
+    if pointer is None:
+        return None, None
+    return str(pointer["version"]), pointer.get("inputs")
 
 
 def current_version(uri: str, kind: str = "user") -> str | None:

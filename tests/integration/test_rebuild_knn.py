@@ -99,6 +99,28 @@ def test_rebuild_twice_reader_sees_the_new_version(local_ray, world, tmp_path):
     assert got.shape == (1, 3) and sims[0, 0] == pytest.approx(1.0, abs=1e-5)
 
 
+def test_a_scheduled_run_on_unchanged_inputs_publishes_nothing(local_ray, world, tmp_path):
+    """``--if-changed``: the published pointer keeps the inputs' fingerprint; a second
+    trigger on the same data, artifacts and settings builds and publishes nothing, another
+    ``--as-of`` (other inputs) does."""
+    from solaris.knn.tables import published_inputs
+
+    data, art, users, items = world
+    uri = f"file://{tmp_path}/knn"
+    cfg = KnnConfig(k=10, item_k=5, recall_queries=200)
+    kw = dict(batch_size=64, encoder_cpus=0.5, use_gpu=False, if_changed=True)
+    first = rebuild(data, art, uri, cfg, version="s1", **kw)
+    assert "skipped" not in first and first["inputs"]
+    assert published_inputs(uri, "user") == ("s1", first["inputs"])
+    assert published_inputs(uri, "item") == ("s1", first["inputs"])
+    again = rebuild(data, art, uri, cfg, version="s2", **kw)
+    assert again["skipped"] and again["version"] == "s1" and again["inputs"] == first["inputs"]
+    assert current_version(uri) == "s1"
+    other = rebuild(data, art, uri, cfg, version="s3", as_of=first["as_of"] - 86400, **kw)
+    assert "skipped" not in other and other["inputs"] != first["inputs"]
+    assert current_version(uri) == "s3"
+
+
 def test_missing_artifacts_is_a_clear_error(local_ray, world, tmp_path, capsys):
     data, _, _, _ = world
     with pytest.raises(CheckpointError, match="no trained artifacts.*solaris train"):
