@@ -38,24 +38,32 @@ A lease's entries are stamped each with its own request's event time (the read T
 age the VM reads count from there, as the schedule simulation counts them), in one ``put``
 per lease.
 
-Placement: ``num_gpus=1`` where GPUs exist (``PrecomputeConfig.device``: ``auto`` looks at
-the cluster's resources when the worker is created), CPU otherwise, with
-``PrecomputeConfig.threads`` torch threads. Fault injection for tests goes through
-``arm(fault)`` with the named points in ``FAULTS``.
+Placement (``solaris.precompute.scaling.worker_resources``): a worker asks for
+``PrecomputeConfig.accelerator_resources`` (``{"GPU": 1, "fm_gpu": 1}``) in the cluster
+profile whether or not a GPU node is up -- the request Ray's autoscaler answers by
+launching a ``cluster.yaml`` gpu_worker node -- and locally only where the cluster has a
+GPU when the pool starts (``device: auto``); otherwise it is a CPU worker. Each worker runs
+``PrecomputeConfig.threads`` torch threads, on CUDA only where it was given a GPU, CUDA
+works and ``device`` is not ``cpu``. Fault injection for tests goes through ``arm(fault)``
+with the named points in ``FAULTS``.
 
-Scaling (``WorkerPool``): the pool starts ``PrecomputeConfig.workers`` workers; ``scale()``
-reads the queue depth and starts one more worker per ``scale_up_depth`` pending pairs
-above what the running workers cover, up to ``max_workers``; it never stops one (a worker
-with nothing to lease sleeps ``idle_wait_s`` and costs no FM time). On a cluster, call
-``scale()`` from the process that owns the pool (the serve app or a job) every few seconds:
-each new GPU worker asks for ``num_gpus=1``, so Ray's autoscaler starts a GPU node of the
-``cluster.yaml`` GPU worker type when none is free, and ``max_workers`` caps the GPUs used.
+Scaling (``WorkerPool.tick``, called every few seconds by the process that owns the pool:
+the serve app or a job): ``solaris.precompute.scaling.decide`` reads the queue's depth, its
+leased pairs, how long its oldest pending pair has waited and how many workers are still
+unplaced, and answers the worker count (bounds, hysteresis, cool-down: that module's
+docstring). A worker added while the pool runs starts its loop once placed. A worker
+removed first stops leasing: its loop finishes the leases it holds (each written and acked)
+and only then is the actor killed; unplaced workers go first, killed at once (they hold
+nothing). One that does not stop within ``RETIRE_TIMEOUT_S`` is killed anyway, and its
+un-acked leases come back to the queue after ``queue.lease_timeout_s``, as a crashed
+worker's do. The pool publishes its worker count, its unplaced workers and the workers'
+errors as Ray metrics (``solaris_fm_pool_workers``, ``solaris_fm_pool_pending``,
+``solaris_fm_worker_errors``, tagged with the pool's name).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import time
@@ -69,6 +77,7 @@ import numpy as np
 import ray
 import torch
 from ray.exceptions import RayActorError, RayError
+from ray.util import metrics as ray_metrics
 
 from actors.cache import HistoryUnavailable
 from actors.ledger import LedgerClient
@@ -76,6 +85,7 @@ from actors.queue import QueueClient
 from solaris.config import PrecomputeConfig, check_history_at
 from solaris.errors import ConfigError
 from solaris.precompute.pqueue import Lease
+from solaris.precompute.scaling import PoolLoad, ScalingPolicy, resolve, worker_resources
 from solaris.artifact_store import canonical
 from solaris.artifacts import SideTables, load_models
 from solaris.precompute.worker import (HistoryProvider, PrecomputeWorker, WindowHistory,
@@ -85,15 +95,30 @@ log = logging.getLogger(__name__)
 
 WORKER_NUM_CPUS = 0.25  # logical share on the 2-core profile; on a cluster pass threads
 FAULTS = ("mid_forward", "after_write_before_ack")
+# wall seconds a removed worker gets to finish and ack its leases before it is killed anyway
+# (then its leases come back after the queue's lease timeout)
+RETIRE_TIMEOUT_S = 60.0
 
 
-def worker_gpus(cfg: PrecomputeConfig) -> int:
-    """GPUs one worker asks for: ``cuda`` 1, ``cpu`` 0, ``auto`` 1 where the cluster has any."""
-    if cfg.device == "cpu":
-        return 0
-    if cfg.device == "cuda":
-        return 1
-    return 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
+def accelerator_request(cfg: PrecomputeConfig, profile: str) -> dict[str, float]:
+    """The accelerator resources one worker asks for in ``profile`` ({}: a CPU worker;
+    ``scaling.worker_resources``): the cluster's GPUs are read only for a local profile."""
+    gpus = 0.0 if profile == "cluster" else ray.cluster_resources().get("GPU", 0)
+    return worker_resources(cfg, profile, gpus)
+
+
+def worker_options(num_cpus: float, res: dict[str, float],
+                   actor_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One worker's ``.options``: its CPU share, the accelerator resources ``res``
+    (``accelerator_request``), then ``actor_options`` (their ``resources`` merged in)."""
+    extra = dict(actor_options or {})
+    custom = {k: v for k, v in res.items() if k != "GPU"}
+    custom.update(extra.pop("resources", None) or {})
+    opts: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": res.get("GPU", 0)}
+    if custom:
+        opts["resources"] = custom
+    opts.update(extra)
+    return opts
 
 
 class _EncodeFault:
@@ -135,7 +160,9 @@ class FMWorker:
         self._cache = cache  # actors.cache.CacheGroup
         self._ledger = LedgerClient.of(ledger)
         self._id = worker_id
-        use_gpu = bool(ray.get_gpu_ids()) and torch.cuda.is_available()
+        # device cpu runs on the CPU whatever resources the worker holds (e.g. the fake GPU
+        # node of the autoscaling test)
+        use_gpu = cfg.device != "cpu" and bool(ray.get_gpu_ids()) and torch.cuda.is_available()
         if cfg.device == "cuda" and not use_gpu:
             raise ConfigError("precompute.device='cuda': this worker got no usable GPU")
         device = "cuda" if use_gpu else "cpu"
@@ -335,7 +362,7 @@ class FMWorker:
             return self._pipeline(naive, max_leases, lease_pairs)
 
     def _pipeline(self, naive: bool, max_leases: int | None,
-                  lease_pairs: int | None = None) -> dict[str, Any]:
+                  lease_pairs: int | None = None, stoppable: bool = False) -> dict[str, Any]:
         out = {"leases": 0, "pairs": 0, "written": 0, "late_acks": 0, "fm_seconds": 0.0}
         late0 = self._counts["late_acks"]
 
@@ -346,7 +373,9 @@ class FMWorker:
         pending: Future | None = None
         asked = 1
 
-        def more() -> bool:  # may one more lease be asked for?
+        def more() -> bool:  # may one more lease be asked for? (not once ``stop`` is called)
+            if stoppable and self._stop.is_set():
+                return False
             return max_leases is None or asked < max_leases
         lease = self._lease(self._lease_ref(lease_pairs))
         ahead = None  # ref of the lease after ``nxt``
@@ -400,8 +429,8 @@ class FMWorker:
     def _run_forever(self) -> None:
         while not self._stop.is_set():
             try:
-                with self._step_lock:  # a short pipeline: stop is checked between runs
-                    got = self._pipeline(False, max_leases=16)
+                with self._step_lock:  # a short pipeline that asks for no lease after stop
+                    got = self._pipeline(False, max_leases=16, stoppable=True)
                 if not got["leases"]:
                     self._stop.wait(self._cfg.idle_wait_s)
             except (RayError, HistoryUnavailable) as exc:  # queue or shard restarting: retry
@@ -412,7 +441,8 @@ class FMWorker:
                 self._stop.wait(max(self._cfg.idle_wait_s, 0.5))
 
     def stop(self) -> bool:
-        """Stop the background loop after its current step."""
+        """Stop the background loop: it asks for no more leases, and returns once the ones
+        it holds are written and acked (what the pool waits for before it kills a worker)."""
         self._stop.set()
         loop, self._loop = self._loop, None
         if loop is not None:
@@ -432,63 +462,224 @@ class FMWorker:
 
 
 # ---- the pool --------------------------------------------------------------------------------
+_METRICS: dict[str, Any] = {}  # this process's pool metrics, made once (every pool tags its own)
+_METRICS_LOCK = threading.Lock()
+
+
+def _pool_metrics() -> dict[str, Any]:
+    with _METRICS_LOCK:
+        if not _METRICS:
+            tags = ("pool",)
+            _METRICS.update(
+                workers=ray_metrics.Gauge(
+                    "solaris_fm_pool_workers", tag_keys=tags,
+                    description="FM workers in the pool (placed or not; retiring ones not)"),
+                pending=ray_metrics.Gauge(
+                    "solaris_fm_pool_pending", tag_keys=tags,
+                    description="FM workers requested but not placed and built yet "
+                                "(e.g. waiting for the autoscaler's GPU node)"),
+                errors=ray_metrics.Counter(
+                    "solaris_fm_worker_errors", tag_keys=tags,
+                    description="FM worker errors: failed cycles (leases given back), "
+                                "restarts after a crash, workers that stopped answering"))
+        return _METRICS
+
+
 class WorkerPool:
-    """Starts ``PrecomputeConfig.workers`` FM workers and adds more with the queue depth.
+    """FM workers sharing one queue: started, scaled up and down, watched.
 
     Lives in the caller's process (driver, job or serve app). The side tables (and a static
     history, if one is given) go to the object store once and are shared by every worker
     (and every restart). ``history=None`` is the production wiring: every worker reads the
-    live history from the cache shards of ``cache``.
+    live history from the cache shards of ``cache``. The owner calls ``tick`` every few
+    seconds (module docstring: scaling, retiring, metrics).
     """
 
     def __init__(self, cfg: PrecomputeConfig, artifacts_dir: str | Path, tables: SideTables,
                  history: HistoryProvider | None, queue: Any, cache: Any, ledger: Any = None,
                  lease_pairs: int | None = None, num_cpus: float = WORKER_NUM_CPUS, *,
                  actor_options: dict[str, Any] | None = None,
-                 history_at: str = "request", clock: Any = time.time) -> None:
+                 history_at: str = "request", clock: Any = time.time,
+                 profile: str = "serving", scale_clock: Callable[[], float] = time.monotonic,
+                 name: str = "fm") -> None:
         """``actor_options`` (placement: e.g. ``{"resources": {"fm_host": 1}}``) go to each
-        worker's ``.options``, over ``num_cpus`` and the GPUs ``cfg.device`` asks for;
-        ``history_at`` and ``clock``: each ``FMWorker``'s (``ScheduleConfig.history_at``)."""
+        worker's ``.options``, over ``num_cpus`` and the accelerator resources ``profile``
+        (``serve.profile``) asks for; ``history_at`` and ``clock``: each ``FMWorker``'s
+        (``ScheduleConfig.history_at``); ``scale_clock``: the scaling policy's (wall seconds);
+        ``name``: the ``pool`` tag of the pool's metrics (the serve app: the version)."""
         self.history_at, self.clock = check_history_at(history_at, "history_at"), clock
-        self.cfg = cfg
+        self.cfg = resolve(cfg, profile)  # the profile's pool size where cfg leaves it None
         self.queue = QueueClient.of(queue)
         self.cache = cache
         self.ledger = LedgerClient.of(ledger)
-        self.num_gpus = worker_gpus(cfg)
+        self.name = str(name)
+        self.accelerator = accelerator_request(cfg, profile)  # {}: CPU workers
+        self.options = worker_options(num_cpus, self.accelerator, actor_options)
+        self.policy = ScalingPolicy(self.cfg, scale_clock, profile)
         # a URI stays one: each worker reads its own node's copy (solaris.artifact_store)
         self._args = (canonical(artifacts_dir), ray.put(tables),
                       None if history is None else ray.put(history))
         self._lease_pairs = lease_pairs
-        self._num_cpus = num_cpus
-        self._actor_options = dict(actor_options or {})
         self.workers: list[Any] = []
-        for _ in range(cfg.workers):
+        self._unplaced: dict[int, Any] = {}  # id(worker) -> its first call, until answered
+        self._retiring: list[tuple[Any, Any, float]] = []  # (worker, its stop call, deadline)
+        self._seen: dict[int, tuple[int, int]] = {}  # id(worker) -> (pid, errors) last read
+        self._silent: set[int] = set()  # workers whose last check failed (counted once)
+        self.errors = 0
+        self._running = False
+        self._next_id = 0
+        for _ in range(self.cfg.workers):
             self.add_worker()
 
+    # -- size
     def add_worker(self) -> Any:
-        """Start one more worker (no check against ``max_workers``; ``scale`` checks)."""
+        """Start one more worker (no check against ``max_workers``; ``scale`` checks); while
+        the pool runs, its loop starts once it is placed and built."""
         art, tables, history = self._args
-        opts = {"num_cpus": self._num_cpus, "num_gpus": self.num_gpus, **self._actor_options}
-        w = FMWorker.options(**opts).remote(
+        w = FMWorker.options(**self.options).remote(
             self.cfg, art, tables, history, self.queue, self.cache, self.ledger,
-            self._lease_pairs, len(self.workers), self.history_at, self.clock)
+            self._lease_pairs, self._next_id, self.history_at, self.clock)
+        self._next_id += 1
         self.workers.append(w)
+        self._unplaced[id(w)] = w.metrics.remote()
+        if self._running:
+            w.start.remote()  # queued behind __init__: runs once the worker is built
         return w
 
-    def scale(self, depth: int | None = None) -> int:
-        """Add workers while ``depth`` (default: the queue's) exceeds ``scale_up_depth`` per
-        running worker, up to ``max_workers``; returns how many were added."""
-        if depth is None:
-            depth = int(self.queue.metrics()["depth"])
-        want = min(self.cfg.max_workers, max(len(self.workers),
-                                              math.ceil(depth / self.cfg.scale_up_depth)))
-        added = want - len(self.workers)
-        for _ in range(added):
-            self.add_worker()
-        if added:
-            log.info("precompute: depth %d -> %d workers", depth, len(self.workers))
-        return added
+    def pending(self) -> int:
+        """Workers requested but not answering yet: not placed (no node with the resources
+        they ask for: the autoscaler's cue) or still loading their models."""
+        if self._unplaced:
+            refs = list(self._unplaced.values())
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            done = set(ready)
+            self._unplaced = {k: r for k, r in self._unplaced.items() if r not in done}
+        return len(self._unplaced)
 
+    def remove_workers(self, n: int) -> int:
+        """Retire ``n`` workers: unplaced ones first, killed at once (they hold no lease; one
+        that raced into a lease gives it back by the lease timeout), then the newest placed
+        ones, which stop leasing and are killed once their held leases are written and acked
+        (``reap``). Returns how many were retired."""
+        self.pending()
+        order = sorted(range(len(self.workers)),
+                       key=lambda i: (id(self.workers[i]) not in self._unplaced, -i))
+        victims = set(order[:max(0, n)])
+        deadline = float(self.policy.clock()) + RETIRE_TIMEOUT_S
+        for i in sorted(victims):
+            w = self.workers[i]
+            key = id(w)
+            self._seen.pop(key, None)
+            self._silent.discard(key)
+            if self._unplaced.pop(key, None) is not None:
+                self._kill(w)
+            else:
+                self._retiring.append((w, w.stop.remote(), deadline))
+        self.workers = [w for i, w in enumerate(self.workers) if i not in victims]
+        self.reap()
+        return len(victims)
+
+    def reap(self) -> int:
+        """Kill the retiring workers whose loop has stopped (every lease they held acked), or
+        that ran past ``RETIRE_TIMEOUT_S``; returns how many are still retiring."""
+        now = float(self.policy.clock())
+        keep = []
+        for w, ref, deadline in self._retiring:
+            done = bool(ray.wait([ref], timeout=0)[0])
+            if done or now >= deadline:
+                if not done:
+                    log.warning("precompute %s: a retiring worker did not stop in %.0f s: "
+                                "killed, its leases return after the lease timeout",
+                                self.name, RETIRE_TIMEOUT_S)
+                self._kill(w)
+            else:
+                keep.append((w, ref, deadline))
+        self._retiring = keep
+        return len(keep)
+
+    @staticmethod
+    def _kill(w: Any) -> None:
+        try:
+            ray.kill(w, no_restart=True)
+        except RayError:
+            pass
+
+    def scale(self, queue_metrics: dict[str, Any] | None = None) -> int:
+        """Resize to what ``solaris.precompute.scaling`` decides from ``queue_metrics`` (the
+        queue actor's ``metrics()``; None: read now) and the unplaced workers; returns the
+        workers added (> 0) or retired (< 0)."""
+        self.reap()
+        if queue_metrics is None:
+            queue_metrics = self.queue.metrics()
+        n = len(self.workers)
+        want = self.policy.target(n, PoolLoad.of(queue_metrics, self.pending()))
+        for _ in range(want - n):
+            self.add_worker()
+        if want < n:
+            self.remove_workers(n - want)
+        if want != n:
+            log.info("precompute %s: depth %s, oldest wait %.1f s -> %d workers", self.name,
+                     queue_metrics.get("depth"), queue_metrics.get("oldest_wait_s") or 0.0,
+                     want)
+        return want - n
+
+    def tick(self, queue_metrics: dict[str, Any] | None = None,
+             timeout_s: float = 5.0) -> dict[str, int]:
+        """What the owner runs every few seconds: ``check`` the workers, ``scale``, publish
+        the metrics; returns ``status``."""
+        new_errors = self.check(timeout_s)
+        self.scale(queue_metrics)
+        st = self.status()
+        m, tags = _pool_metrics(), {"pool": self.name}
+        m["workers"].set(float(st["workers"]), tags=tags)
+        m["pending"].set(float(st["pending"]), tags=tags)
+        if new_errors:
+            m["errors"].inc(float(new_errors), tags=tags)
+        return st
+
+    def status(self) -> dict[str, int]:
+        """Workers (placed or not), pending (not answering yet), retiring, errors so far."""
+        return {"workers": len(self.workers), "pending": self.pending(),
+                "retiring": len(self._retiring), "errors": self.errors}
+
+    def check(self, timeout_s: float = 5.0) -> int:
+        """Read every placed worker's metrics: count in ``errors`` its new failed cycles, a
+        restart (a new process: it crashed, Ray made it again) and a worker that does not
+        answer (once, until it answers again); while the pool runs, start the loop of a
+        worker that has none (a restarted one). Returns the errors found now."""
+        self.pending()
+        placed = [w for w in self.workers if id(w) not in self._unplaced]
+        refs = [w.metrics.remote() for w in placed]
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=timeout_s)[0]) if refs else ()
+        new = 0
+        for w, ref in zip(placed, refs):
+            key = id(w)
+            if ref not in ready:  # busy or restarting: read next time
+                continue
+            try:
+                m = ray.get(ref)
+            except RayError:
+                new += key not in self._silent
+                self._silent.add(key)
+                continue
+            self._silent.discard(key)
+            pid, errs = int(m["pid"]), int(m["errors"])
+            last = self._seen.get(key)
+            if last is None:  # first read: a restart before it counts too
+                new += errs + int(bool(m["restarted"]))
+            elif pid != last[0]:  # a new process since the last read: its counts start at 0
+                new += 1 + errs
+            else:
+                new += max(0, errs - last[1])
+            self._seen[key] = (pid, errs)
+            if self._running and not m["running"]:
+                w.start.remote()
+        if new:
+            log.warning("precompute %s: %d FM worker errors", self.name, new)
+        self.errors += new
+        return new
+
+    # -- work
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Block until every worker has loaded its models."""
         ray.get([w.metrics.remote() for w in self.workers], timeout=timeout_s)
@@ -505,31 +696,41 @@ class WorkerPool:
         return drain_workers(self.workers, self.queue, timeout_s, self.cfg.idle_wait_s)
 
     def start(self) -> None:
-        """Start every worker's background loop."""
-        ray.get([w.start.remote() for w in self.workers])
+        """Start every worker's background loop, and the loop of every worker added later.
+        Waits for the loops to start, except in a pool of accelerator workers (a worker
+        may wait minutes for its node: its loop starts once it is placed)."""
+        self._running = True
+        refs = [w.start.remote() for w in self.workers]
+        if not self.accelerator:
+            ray.get(refs)
 
     def stop(self) -> None:
-        """Stop every worker's background loop (after its current step)."""
-        ray.get([w.stop.remote() for w in self.workers])
+        """Stop every worker's background loop (after the leases it holds); waits for the
+        placed workers."""
+        self._running = False
+        self.pending()
+        refs = [(id(w), w.stop.remote()) for w in self.workers]
+        ray.get([r for key, r in refs if key not in self._unplaced or not self.accelerator])
 
-    def metrics(self) -> list[dict[str, Any] | None]:
-        """Each worker's metrics; None for one that did not answer."""
-        out = []
-        for w in self.workers:
+    def metrics(self, timeout_s: float = 30.0) -> list[dict[str, Any] | None]:
+        """Each worker's metrics; None for one that did not answer within ``timeout_s``
+        (all asked at once)."""
+        refs = [w.metrics.remote() for w in self.workers]
+        ready = set(ray.wait(refs, num_returns=len(refs), timeout=timeout_s)[0]) if refs else ()
+        out: list[dict[str, Any] | None] = []
+        for ref in refs:
             try:
-                out.append(ray.get(w.metrics.remote(), timeout=30))
+                out.append(ray.get(ref) if ref in ready else None)
             except RayError:
                 out.append(None)
         return out
 
     def shutdown(self) -> None:
-        """Kill every worker for good."""
-        for w in self.workers:
-            try:
-                ray.kill(w, no_restart=True)
-            except RayError:
-                pass
-        self.workers = []
+        """Kill every worker for good (retiring ones included)."""
+        for w in [*self.workers, *(r[0] for r in self._retiring)]:
+            self._kill(w)
+        self.workers, self._retiring, self._unplaced = [], [], {}
+        self._running = False
 
 
 def step_workers(workers: list[Any], naive: bool = False) -> list[dict[str, Any] | None]:

@@ -1,5 +1,6 @@
-"""The precompute deployment: the FM worker pools (one per live version, scaled with the
-queue's depth), the queue and cache gauges, and the replay's stepping of the workers."""
+"""The precompute deployment: the FM worker pools (one per live version, scaled up and down
+with the queue's depth and lag every poll: ``WorkerPool.tick``, which also publishes the
+pool's own metrics), the queue and cache gauges, and the replay's stepping of the workers."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ class Precompute:
             pool = WorkerPool(cfg.precompute, d, art.side_tables(),
                               None, self.backend.queue,  # None: live history on the shards
                               self.backend.group, self.backend.ledger,
-                              history_at=cfg.schedule.history_at)
+                              history_at=cfg.schedule.history_at,
+                              profile=cfg.serve.profile, name=art.version)
             pool.start()
             self.pools[art.version] = pool
         self._gauges = {k: ray_metrics.Gauge(f"solaris_{k}", description=d) for k, d in (
@@ -65,7 +67,7 @@ class Precompute:
         shards = [s for s in self.backend.group.metrics(timeout_s=5)["shards"] if s.get("up")]
         if not self._paused:
             for pool in self.pools.values():
-                pool.scale(q.get("depth"))
+                pool.tick(q)
         vals = {"queue_depth": q.get("depth", 0), "queue_dropped": q.get("dropped", 0),
                 "precompute_lag_s": q.get("lag_s_mean") or 0.0,
                 "cache_entries": sum(s.get("entries", 0) for s in shards),

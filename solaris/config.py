@@ -542,11 +542,14 @@ class PrecomputeConfig:
     """FM worker pool that drains the queue (one FM + encoder per worker)."""
 
     # pool size and scaling (solaris/precompute/scaling.py, run by the pool's owner every few
-    # seconds): never fewer than min_workers (0: an idle pool holds no worker, so Ray's
-    # autoscaler can stop its GPU node) nor more than max_workers
-    min_workers: int = 1
-    workers: int = 1  # workers started with the pool (min_workers..max_workers)
-    max_workers: int = 4  # upper bound when scaling with queue depth and lag
+    # seconds): workers started with the pool; None: 0 in the cluster profile (a GPU worker
+    # is asked for when there is work), 1 in a local profile
+    workers: int | None = None
+    # never fewer workers than this; None: 0 in the cluster profile (an idle pool holds no
+    # worker, so Ray's autoscaler stops its GPU node), `workers` in a local profile (a local
+    # pool never shrinks below what it started with)
+    min_workers: int | None = None
+    max_workers: int = 4  # never more workers than this (scaling on queue depth and lag)
     # pending pairs per worker above which the pool grows (to ceil(depth / this) workers)
     scale_up_depth: int = 5000
     # pending + leased pairs per worker at or under which the pool has a worker too many
@@ -586,9 +589,12 @@ class PrecomputeConfig:
     gpu_lease_pairs: int = 4096
 
     def __post_init__(self) -> None:
-        _check(self.min_workers >= 0, "precompute.min_workers", self.min_workers,
-               "must be >= 0")
-        _check(self.workers >= self.min_workers, "precompute.workers", self.workers,
+        _check(self.min_workers is None or self.min_workers >= 0, "precompute.min_workers",
+               self.min_workers, "must be >= 0 or None (the profile's)")
+        _check(self.workers is None or self.workers >= 0, "precompute.workers", self.workers,
+               "must be >= 0 or None (the profile's)")
+        _check(self.workers is None or self.min_workers is None
+               or self.workers >= self.min_workers, "precompute.workers", self.workers,
                f"must be >= precompute.min_workers={self.min_workers}")
         _check(self.block_requests >= 0, "precompute.block_requests", self.block_requests,
                "must be >= 0")
@@ -600,8 +606,10 @@ class PrecomputeConfig:
                "must be >= 0")
         _check(self.gpu_lease_pairs >= 1, "precompute.gpu_lease_pairs", self.gpu_lease_pairs,
                "must be >= 1")
-        _check(self.max_workers >= self.workers, "precompute.max_workers", self.max_workers,
-               f"must be >= precompute.workers={self.workers}")
+        _check(self.max_workers >= max(1, self.workers or 0, self.min_workers or 0),
+               "precompute.max_workers", self.max_workers,
+               f"must be >= 1, precompute.workers={self.workers} and "
+               f"precompute.min_workers={self.min_workers}")
         _check(self.scale_up_depth >= 1, "precompute.scale_up_depth", self.scale_up_depth,
                "must be >= 1")
         _check(0 <= self.scale_down_depth < self.scale_up_depth, "precompute.scale_down_depth",

@@ -457,9 +457,14 @@ class PrecomputeQueue:
                             for u, i in keys), bool, len(users))
 
     def metrics(self, now_wall: float | None = None) -> dict:
-        """Depth (pending pairs), groups, leased pairs and leases, counters."""
-        self._reclaim(self._now(now_wall))
+        """Depth (pending pairs), groups, leased pairs and leases, counters; ``oldest_wait_s``:
+        wall seconds the longest-waiting pending group has been queued (0 when none is; what
+        the FM pool scales on besides the depth)."""
+        now = self._now(now_wall)
+        self._reclaim(now)
+        born = [g.born for g in self._groups.values() if g.born == g.born]
         return {"depth": len(self._pending), "groups": len(self._groups),
+                "oldest_wait_s": max(0.0, now - min(born)) if born else 0.0,
                 "eligible": self.eligible(), "gate_until": self._until,
                 "gate_read_at": self._read_at,
                 "oldest_pending": min((g.key[1] for g in self._groups.values()), default=None),

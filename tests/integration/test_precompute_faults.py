@@ -213,14 +213,70 @@ def test_queue_killed_with_pending_work(env: Env, world: World):
 
 def test_pipelined_drain_and_scaling_with_depth(env: Env, world: World):
     put_all(env, world)
-    assert env.pool.scale(depth=80) == 0  # 80 pending <= 40 per worker x 2 workers
+    assert env.pool.scale({"depth": 80}) == 0  # 80 pending <= 40 per worker x 2 workers
     assert env.pool.scale() == 1  # the queue's depth, 96 > 80: one more, up to max_workers
-    assert env.pool.scale(depth=10_000) == 0 and len(env.pool.workers) == 3
+    assert env.pool.scale({"depth": 10_000}) == 0 and len(env.pool.workers) == 3
     got = ray.get(env.pool.workers[0].drain.remote())  # lease ahead, write behind
     assert got["pairs"] == len(world.users) and got["late_acks"] == 0
     assert_each_pair_once(env, world)
     led = costs(env)
     assert led["evaluations"] == len(world.users) and led["duplicates"] == 0
+
+
+def wait_drained(env: Env, timeout_s: float = 60.0) -> dict:
+    """Tick the pool (its checks restart a crashed worker's loop) until nothing is queued or
+    leased."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        env.pool.check(timeout_s=1.0)
+        m = ray.get(env.queue.metrics.remote())
+        if m["depth"] == 0 and m["leased"] == 0:
+            return m
+        assert time.monotonic() < deadline, f"not drained: {m}"
+        time.sleep(0.1)
+
+
+def test_a_retired_worker_acks_what_it_holds(env: Env, world: World):
+    """Removing a worker mid-drain: it stops leasing, writes and acks what it holds, then
+    is killed -- no lease is left to expire, no pair computed twice or missing."""
+    env.pool.start()
+    put_all(env, world)
+    deadline = time.monotonic() + 60
+    while in_flight(env) == 0 and ray.get(env.queue.metrics.remote())["depth"] > 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    victim = env.pool.workers[-1]
+    assert env.pool.remove_workers(1) == 1 and len(env.pool.workers) == 1
+    while env.pool.reap():  # killed once its loop has stopped
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    with pytest.raises(RayActorError):
+        ray.get(victim.metrics.remote(), timeout=30)
+    q = wait_drained(env)
+    assert q["expired_leases"] == 0 and q["late_acks"] == 0 and q["nacks"] == 0
+    assert_each_pair_once(env, world)
+    assert costs(env)["duplicates"] == 0
+    assert env.pool.status() == {"workers": 1, "pending": 0, "retiring": 0, "errors": 0}
+
+
+def test_a_worker_crashed_in_its_loop_is_counted_and_restarted(env: Env, world: World):
+    """A worker that dies mid-lease in its background loop: its lease comes back after the
+    lease timeout, the pool counts the error, and starts the restarted worker's loop."""
+    env.pool.remove_workers(1)  # one worker: the crash is the first thing it leases
+    env.pool.reap()
+    (victim,) = env.pool.workers
+    assert env.pool.check() == 0  # read once: its process is known
+    ray.get(victim.arm.remote("mid_forward"))
+    env.pool.start()
+    put_all(env, world)
+    q = wait_drained(env)
+    # the leases the pipeline held (the one computed and up to two ahead), back after
+    # LEASE_TIMEOUT_S
+    assert 1 <= q["expired_leases"] <= 3 and q["expired_pairs"] == LEASE_PAIRS * q["expired_leases"]
+    assert env.pool.errors >= 1 and env.pool.status()["errors"] == env.pool.errors
+    m = ray.get(victim.metrics.remote())
+    assert m["restarted"] and m["running"]
+    assert_each_pair_once(env, world)
 
 
 def test_queue_snapshot_timer_makes_puts_durable(local_ray, world: World, tmp_path):
