@@ -14,7 +14,9 @@ pair is lost.
 local Ray on the machine: this module runs on its own (as pytest runs modules one after
 another: a previous module's Ray is shut down before this one starts), and a shared machine
 runs it under ``flock -x /tmp/solaris-ray.lock``. Ray's token authentication is off for the
-loopback cluster (``RAY_AUTH_MODE=disabled``). ``pytest -s`` prints the timeline.
+loopback cluster (``RAY_AUTH_MODE=disabled``). If another Ray runs on the machine (a
+developer's own cluster), the test skips with that reason rather than kill it
+(``SOLARIS_TEST_MAY_STOP_RAY=1`` runs it anyway). ``pytest -s`` prints the timeline.
 """
 
 from __future__ import annotations
@@ -110,10 +112,35 @@ def world(tmp_path_factory):
                 log=(ft.user, ft.item, ft.surface, ft.labels, ft.ts), pairs=pairs)
 
 
+def other_rays(grace_s: float = 20.0) -> list[int]:
+    """PIDs of Ray GCS servers still running on this machine after ``grace_s`` (a previous
+    test module's Ray gets that long to exit): another Ray that ``ray stop --force`` would
+    kill."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        pids = []
+        for d in Path("/proc").glob("[0-9]*"):
+            try:
+                if (d / "comm").read_text().strip() == "gcs_server":
+                    pids.append(int(d.name))
+            except OSError:
+                continue
+        if not pids or time.monotonic() > deadline:
+            return pids
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
 def fake_cluster(world):
     if ray.is_initialized():  # never beside another module's Ray
         ray.shutdown()
+    if not Path("/proc").is_dir():
+        pytest.skip("needs /proc to check that no other Ray runs here (ray stop --force)")
+    busy = other_rays()
+    if busy and os.environ.get("SOLARIS_TEST_MAY_STOP_RAY") != "1":
+        pytest.skip(f"another Ray runs on this machine (GCS pids {busy}), and the autoscaling "
+                    "test cluster's start runs `ray stop --force`, which would kill it; stop "
+                    "it or set SOLARIS_TEST_MAY_STOP_RAY=1")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("RAY_AUTH_MODE", "disabled")  # loopback test cluster: no token
         # the cluster helper runs the ``ray`` CLI: this interpreter's
