@@ -15,6 +15,7 @@ with Retry-After after one retry.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from serve.http import FeedbackRequest, RankRequest, RankResponse, ScaleRequest, api
@@ -24,6 +25,7 @@ from serve.vm import VMReplicas
 from solaris.config import load_config
 from solaris.artifacts import Artifacts
 from solaris.online.serving import default_artifacts_dir, ensure_artifacts, settings_from_args
+from solaris.state import durable_overrides
 
 __all__ = ["FeedbackRequest", "LookupRouter", "Precompute", "RankRequest", "RankResponse",
            "ScaleRequest", "VMReplicas", "api", "build_app"]
@@ -35,10 +37,14 @@ def build_app(args: dict[str, str] | None = None, *, router_replicas: int | None
     ``config`` (YAML of the config tree), ``artifacts`` (a directory; a comma-separated list
     rolls out the later versions), ``mode`` (solaris | vm | inline), ``app_id``, ``profile``
     (serving | cluster | replay: whose clock event time is, and who may call what;
-    ``serve/auth.py``). ``router_replicas``: a fixed number of router replicas, for an app
+    ``serve/auth.py``; cluster also keeps the app's state under ``$SOLARIS_STATE_URI``,
+    ``solaris/state.py``). ``router_replicas``: a fixed number of router replicas, for an app
     built in Python (a Serve config file sets it in its ``deployments`` section)."""
     settings = settings_from_args(args or {})
     cfg = load_config(settings.get("config"), settings.get("overrides"))
+    # the cluster profile's durable state (solaris/state.py), resolved here once: every
+    # deployment reads the same locations from its overrides, whatever its node's environment
+    settings["overrides"].update(durable_overrides(cfg, settings["app_id"], os.environ))
     if not settings["artifact_dirs"]:
         settings["artifact_dirs"] = [str(ensure_artifacts(cfg, default_artifacts_dir(cfg)))]
     tasks = sorted({t for d in settings["artifact_dirs"] for t in Artifacts.open(d).tasks})

@@ -12,10 +12,15 @@ on a shard puts the user's behaviour there too (DESIGN.md step 6): the router's 
 and label writes and the FM workers' history reads for a user all go to one shard. Its
 snapshot is a second Parquet file beside the pair snapshot (``history_location``), written
 on the same timer when the history changed; a write after the last snapshot is lost with
-the process, as a pair write is. History calls run in their own concurrency group of one
-thread, so they never hold up lookups and one caller's writes apply in the order they
-arrive (in practice: Ray does not promise order for threaded actors; a label that overtakes
-its impression is kept as its own event).
+the process, as a pair write is. A shard with nothing to restore writes both (empty) at its
+first snapshot, so every shard of a running group leaves a file. A shard of a new shard count
+restores its users from the complete set of snapshots a group of another count left
+(``solaris.cache.reshard``: its own files first, unless that set is newer).
+
+History calls run in their own concurrency group of one thread, so they never hold up
+lookups and one caller's writes apply in the order they arrive (in practice: Ray does not
+promise order for threaded actors; a label that overtakes its impression is kept as its own
+event).
 
 Calls that carry several arrays (``put_frame``, the history calls) take one SOLARIS frame
 (``solaris.wire``) instead: Ray serialises every numpy argument on its own (~0.1 ms each on 2
@@ -37,7 +42,9 @@ from actors import names
 from solaris import wire as frames
 from solaris.cache import replica as _replica
 from solaris.cache import wire
-from solaris.cache.snapshot import snapshot_location
+from solaris.cache import reshard
+from solaris.cache.ring import HashRing
+from solaris.cache.snapshot import history_location, snapshot_location
 from solaris.cache.store import PairStore
 from solaris.clock import EventClock
 from solaris.config import CacheConfig, HistoryConfig
@@ -53,12 +60,6 @@ HISTORY_GROUP = "history"  # the concurrency group (one thread) of the history c
 # no per-call task events (Ray's task table / timeline): every request makes a call per shard,
 # and recording each cost caller, shard and GCS CPU -- Serve's own actors run without them too
 RECORD_TASK_EVENTS = False
-
-
-def history_location(pair_path: str) -> str:
-    """The history snapshot's path beside a shard's pair snapshot ``pair_path``."""
-    stem = pair_path[:-len(".parquet")] if pair_path.endswith(".parquet") else pair_path
-    return f"{stem}.history.parquet"
 
 
 @ray.remote(num_cpus=SHARD_NUM_CPUS, max_restarts=-1, max_task_retries=0,
@@ -91,6 +92,15 @@ class CacheShard:
         snap = (snapshot_location(cfg.snapshot_uri, group_id, shard, cfg.num_shards)
                 if cfg.snapshot_uri else None)
         hcfg = self._history_cfg
+        # a set of snapshots of another shard count to re-split (None: this shard's own)
+        old = None if snap is None else reshard.plan(snap[0], snap[1], shard, cfg.num_shards)
+        load_pairs = load_history = None
+        if old is not None:
+            ring, what = HashRing.from_config(cfg), f"the {old.num_shards}-shard snapshots"
+            load_pairs = (what, lambda: reshard.split_pairs(
+                reshard.read_tables(snap[0], old.pairs), ring, shard))
+            load_history = (what, lambda: reshard.split_history(
+                reshard.read_tables(snap[0], old.history), ring, shard))
 
         def restore_history(table: Any) -> HistoryStore:
             store = HistoryStore(hcfg, clock)
@@ -100,11 +110,15 @@ class CacheShard:
         # the pair store and the history, each behind its own lock (calls run on 4 threads);
         # each checks its event times against ``clock`` (solaris/clock.py)
         self._pairs = Durable(f"shard {shard} pairs", snap, lambda: PairStore(cfg, clock),
-                              lambda t: PairStore.restore(cfg, t, clock), lambda st: st.snapshot())
+                              lambda t: PairStore.restore(cfg, t, clock), lambda st: st.snapshot(),
+                              load_pairs)
         self._hist = Durable(f"shard {shard} history",
                              None if snap is None else (snap[0], history_location(snap[1])),
                              lambda: HistoryStore(hcfg, clock), restore_history,
-                             lambda st: st.snapshot())
+                             lambda st: st.snapshot(), load_history)
+        for d in (self._pairs, self._hist):
+            if d.location is not None and d.source is None and not d.restore_failed:
+                d.touch()  # nothing to restore: leave a file, so the group's set is complete
         self._lock, self._store = self._pairs.lock, self._pairs.state
         self._hist_lock, self._history = self._hist.lock, self._hist.state
         self._last_snapshot_s = float("nan")
@@ -240,6 +254,7 @@ class CacheShard:
             m["history"] = self._history.metrics()
         m.update(shard=self._shard, group=self._group_id, pid=os.getpid(),
                  restarted=self._restarted, restored_entries=self._pairs.restored,
+                 restored_from=self._pairs.source,  # a path, another count's set, or None
                  restored_events=self._hist.restored, snapshots=self._pairs.snapshots,
                  history_snapshots=self._hist.snapshots,
                  snapshot_errors=self._pairs.errors + self._hist.errors,

@@ -408,7 +408,9 @@ class CacheConfig:
     num_shards: int = 2  # cache-shard actors, users placed by consistent hashing
     virtual_nodes: int = 128  # ring points per shard (smooths the hash ring)
     deadline_ms: float = 25.0  # a lookup round waits this long; late shards read as misses
-    snapshot_uri: str | None = None  # pyarrow.fs URI or local dir of shard snapshots
+    # pyarrow.fs URI or local dir of shard snapshots; None: in memory only (the cluster
+    # profile defaults it under $SOLARIS_STATE_URI: solaris/state.py)
+    snapshot_uri: str | None = None
     snapshot_every_s: float = 60.0  # wall-clock seconds between shard snapshots
     # change records each store keeps for the routers' read replicas (solaris/cache/journal.py;
     # a replica further behind reads the whole store); 0: no journal, no replica can follow
@@ -517,7 +519,9 @@ class QueueConfig:
     capacity: int = 100_000  # pending + leased pairs; past it the lowest priority is dropped
     lease_timeout_s: float = 30.0  # wall seconds before an un-acked lease returns to the queue
     lease_pairs: int = 256  # default pairs per lease (whole request groups, >= one group)
-    snapshot_uri: str | None = None  # pyarrow.fs URI or local dir of queue snapshots
+    # pyarrow.fs URI or local dir of queue snapshots; None: in memory only (the cluster
+    # profile defaults it under $SOLARIS_STATE_URI: solaris/state.py)
+    snapshot_uri: str | None = None
     snapshot_every_s: float = 5.0  # wall seconds between queue snapshots
     # a pair already pending when another request bets on it: "earlier" keeps it with the
     # earlier request (it is computed as soon as it is due: in a session, requests a minute
@@ -741,8 +745,8 @@ class ServeConfig:
     # the app's control state (runtime scales, rollout switches; actors/control.py): one
     # copy every router replica follows, written whole here on every change and read back
     # when its holder restarts (a local directory or a pyarrow.fs URI: s3://, gs://); None:
-    # kept by the holder only (a restart of the holder forgets it). The cluster profile's
-    # config sets it
+    # kept by the holder only (a restart of the holder forgets it). The cluster profile
+    # defaults it under $SOLARIS_STATE_URI (solaris/state.py)
     control_uri: str | None = None
     # a router's long poll of the control state returns at the next change or after this
     # many seconds with none (then it polls again)

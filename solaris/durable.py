@@ -9,6 +9,10 @@ whole (``solaris.atomic``) -- only when changes were applied since the last one 
 forced). ``every`` runs a step (e.g. the snapshot) on a timer thread. A write after the last
 completed snapshot is lost with the process; that is the contract the actors document.
 
+A caller may name another source of the first state (``load``: e.g. a cache shard of a new
+shard count re-splits the snapshots of the old count, ``solaris.cache.reshard``); a state
+read from there is written to the Durable's own location at the next snapshot.
+
 No Ray here: the actors wrap it, and a unit test drives it against a local folder.
 """
 
@@ -37,9 +41,13 @@ class Durable(Generic[T]):
 
     def __init__(self, what: str, location: tuple[pafs.FileSystem, str] | None,
                  fresh: Callable[[], T], restore: Callable[[pa.Table], T],
-                 to_table: Callable[[T], pa.Table]) -> None:
+                 to_table: Callable[[T], pa.Table],
+                 load: tuple[str, Callable[[], pa.Table | None]] | None = None) -> None:
         self.what = what  # named in logs, e.g. "shard 3 pairs"
         self.location = location  # None: not durable (snapshot is a no-op)
+        # (what, read): read the first state from ``what`` instead of the location's
+        # snapshot (None from read: start empty); only when durable
+        self._load = load
         self.lock = threading.Lock()
         self._write_lock = threading.Lock()  # one snapshot write at a time
         self._fresh, self._to_table = fresh, to_table
@@ -49,22 +57,28 @@ class Durable(Generic[T]):
         self.errors = 0
         self.last_s = float("nan")  # seconds the last snapshot took
         self.restored = 0  # rows read back at construction
+        self.source: str | None = None  # where the state was read from (None: started empty)
+        self.restore_failed = False  # a snapshot was there but could not be read or restored
         self.state: T = self._restore(restore)
 
     def _restore(self, restore: Callable[[pa.Table], T]) -> T:
         if self.location is None:
             return self._fresh()
         fs, path = self.location
+        where, read = self._load or (path, lambda: read_snapshot(fs, path))
         try:
-            table = read_snapshot(fs, path)
+            table = read()
             if table is None:
                 return self._fresh()
             state = restore(table)
         except Exception:
-            log.exception("%s: could not restore %s; starting empty", self.what, path)
+            log.exception("%s: could not restore %s; starting empty", self.what, where)
+            self.restore_failed = True
             return self._fresh()
-        self.restored = table.num_rows
-        log.info("%s: restored %d rows from %s", self.what, table.num_rows, path)
+        self.restored, self.source = table.num_rows, where
+        if self._load is not None:
+            self.changes += 1  # not at its own location yet: the next snapshot writes it
+        log.info("%s: restored %d rows from %s", self.what, table.num_rows, where)
         return state
 
     def touch(self, n: int = 1) -> None:

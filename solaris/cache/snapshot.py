@@ -14,6 +14,7 @@ a shard restarted on another node finds it; a write lands whole or not at all.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,7 @@ from solaris.cache.sums import UserSums
 from solaris.errors import DataError
 
 FORMAT = 1
+NAME = re.compile(r"shard-(\d+)-of-(\d+)\.parquet")  # a pair snapshot's file name: shard, count
 
 
 def to_table(slots: SlotTable, sums: UserSums, version_names: list[str], max_now: float,
@@ -133,11 +135,18 @@ def snapshot_location(uri: str, group_id: str, shard: int, num_shards: int
                       ) -> tuple[pafs.FileSystem, str]:
     """Filesystem and path of one shard's snapshot under ``uri`` (a pyarrow.fs URI or a dir).
 
-    The shard count is part of the name: with another count, users live on other shards.
+    The shard count is part of the name: with another count, users live on other shards
+    (a shard of a new count re-splits the old count's set: ``solaris.cache.reshard``).
     """
     fs, root = filesystem(uri)
-    name = f"shard-{shard:03d}-of-{num_shards:03d}.parquet"
+    name = f"shard-{shard:03d}-of-{num_shards:03d}.parquet"  # NAME matches it
     return fs, f"{root.rstrip('/')}/{group_id}/{name}"
+
+
+def history_location(pair_path: str) -> str:
+    """The history snapshot's path beside a shard's pair snapshot ``pair_path``."""
+    stem = pair_path[:-len(".parquet")] if pair_path.endswith(".parquet") else pair_path
+    return f"{stem}.history.parquet"
 
 
 def write_snapshot(fs: pafs.FileSystem, path: str, table: pa.Table) -> None:

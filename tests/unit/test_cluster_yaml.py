@@ -80,3 +80,15 @@ def test_every_node_starts_ray_with_token_auth_and_the_apps_tokens(cluster):
                    for c in start), key
     assert {"~/.ray/auth_token", "~/.solaris/service_token",
             "~/.solaris/operator_token"} <= set(cluster["file_mounts"])
+
+
+def test_every_node_names_one_root_for_the_apps_durable_state(cluster):
+    """The cluster profile refuses to start without a state root (solaris/state.py): every
+    node's Ray processes get the same SOLARIS_STATE_URI."""
+    roots = set()
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        for c in (c for c in cluster[key] if "ray start" in c):
+            m = re.search(r"SOLARIS_STATE_URI=(\S+?);", c)
+            assert m, key
+            roots.add(m.group(1))
+    assert roots == {"s3://BUCKET/solaris-state"}

@@ -83,3 +83,24 @@ def test_timer_runs_its_step_and_survives_a_failure():
             done.set()
     t = every(0.01, step, "test-timer")
     assert done.wait(10) and t.daemon and len(calls) >= 3
+
+
+def test_a_state_loaded_from_elsewhere_is_written_to_its_own_location(tmp_path):
+    """``load`` (a shard of a new count re-splitting the old snapshots) replaces the read of
+    the location; what it loaded is dirty, so the next snapshot writes it there."""
+    loc = (pafs.LocalFileSystem(), str(tmp_path / "own" / "keys.parquet"))
+    d = Durable("test keys", loc, set, lambda t: set(t.column("k").to_pylist()),
+                lambda st: pa.table({"k": sorted(st)}),
+                load=("the old set", lambda: pa.table({"k": [7, 8]})))
+    assert d.state == {7, 8} and d.source == "the old set" and d.restored == 2 and d.dirty
+    assert d.snapshot() == 2 and not d.dirty
+    assert keys(loc).state == {7, 8} and keys(loc).source == loc[1]
+    empty = Durable("test keys", loc, set, lambda t: set(), lambda st: pa.table({"k": []}),
+                    load=("nothing", lambda: None))
+    assert empty.state == set() and empty.source is None and not empty.restore_failed
+
+    def boom():
+        raise OSError("unreachable")
+    failed = Durable("test keys", loc, set, lambda t: set(), lambda st: pa.table({"k": []}),
+                     load=("the old set", boom))
+    assert failed.state == set() and failed.restore_failed and not failed.dirty

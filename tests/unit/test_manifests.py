@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -268,3 +269,13 @@ def test_job_flags_are_the_ones_rebuild_knn_takes(job, ray_side):
     assert any(PurePosixPath(args["artifacts"]).is_relative_to(m) for m in mounts)
     for flags, result in zip(BROKEN_FLAGS, broken):
         assert "error" in result and flags[0] in result["error"], (flags, result)
+
+
+def test_every_service_container_names_cluster_yamls_state_root(service, cluster_yaml):
+    """The cluster profile keeps its durable state under SOLARIS_STATE_URI (solaris/state.py)
+    and refuses to start without it: every Ray container has cluster.yaml's root."""
+    start = next(c for c in cluster_yaml["head_start_ray_commands"] if "ray start" in c)
+    root = re.search(r"SOLARIS_STATE_URI=(\S+?);", start).group(1)
+    for name, group in groups(service["spec"]["rayClusterConfig"]).items():
+        env = {e["name"]: e["value"] for e in ray_container(group).get("env", [])}
+        assert env.get("SOLARIS_STATE_URI") == root, name
