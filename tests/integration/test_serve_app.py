@@ -44,8 +44,9 @@ def app(tmp_path_factory):
                                 "serve": {"max_candidates": 300, "profile": "replay"},
                                 "knn": {"table_uri": str(knn_uri), "poll_s": 0.5, "k": 10,
                                         "recall_queries": 50}}))
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False,
+             _metrics_export_port=metrics_port,  # Prometheus text at /metrics
              logging_level="warning", runtime_env={"env_vars": {
                  "PYTHONPATH": str(ROOT),
                  "SOLARIS_OPERATOR_TOKEN": OPERATOR["Authorization"].split()[1]}})
@@ -56,7 +57,8 @@ def app(tmp_path_factory):
         serve.run(serve_app.build_app({"artifacts": str(art), "config": str(conf),
                                        "app_id": "test"}), blocking=False)
         yield {"base": f"http://127.0.0.1:{port}", "num_items": 200, "num_users": 300,
-               "knn_uri": str(knn_uri), "knn_cfg": load_config(conf).knn}
+               "knn_uri": str(knn_uri), "knn_cfg": load_config(conf).knn,
+               "metrics": f"http://127.0.0.1:{metrics_port}/metrics"}
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -488,3 +490,70 @@ def test_a_router_killed_mid_traffic_loses_at_most_its_unflushed_buffer(app):
     assert 0 <= lost <= flush_requests - 1 + clients, (lost, answered[0])
     again = _rank(app, user_id=7, candidates=list(range(100, 160)), now=T0 + 300).json()
     assert [again["tiers"][i] for i in pairs_before] == ["pair"] * len(pairs_before)
+
+
+def _fm_worker_pids() -> list[int]:
+    """PIDs of this machine's FM worker actors (their process titles name the class)."""
+    pids = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if b"ray::FMWorker" in (d / "cmdline").read_bytes():
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_every_metric_the_dashboard_and_the_alerts_name_is_on_the_prometheus_endpoint(app):
+    """Runs last: the requests, errors, shard and VM kills above have made every metric. An
+    FM worker is killed here (Ray restarts it; the pool counts the crash), so the worker
+    error counter exists too. Then Ray's Prometheus endpoint is read until every
+    ``ray_solaris_*`` name of deploy/ is exported (Ray exports custom metrics every ~10 s)."""
+    import os
+    import signal
+
+    from tests.dashboard import named_metrics
+
+    pids = _fm_worker_pids()
+    if not Path("/proc").is_dir() or not pids:
+        pytest.skip("no FM worker process found through /proc")
+    os.kill(pids[0], signal.SIGKILL)
+    for k in range(6):  # work for the restarted worker: new users' picks
+        _rank(app, user_id=200 + k, candidates=list(range(40)), now=T0 + 400 + k)
+    # what the module's earlier tests made, made here too (so it holds when run on its own):
+    # an error answer, and a user slot served (user 250's pairs written, the aggregate on)
+    assert _rank(app, user_id=7, candidates=list(range(301))).status_code == 422
+    from actors.cache import CacheGroup
+    from solaris.config import CacheConfig
+
+    version = requests.get(app["base"] + "/stats", timeout=TIMEOUT_S).json()[
+        "rollout"]["active"]["click"]
+    group = CacheGroup.connect(CacheConfig(dim=16, num_shards=2), "test")
+    group.put(np.full(5, 250), np.arange(5), np.ones((5, 16), np.float32), version, T0 + 430)
+    group.flush_records()
+    agg = {"task": "click", "slot": "aggregate"}
+    trained = requests.get(app["base"] + "/scales", timeout=TIMEOUT_S).json()
+    (before,) = [v["scales"]["aggregate"] for k, v in trained.items() if k.endswith("/click")]
+    assert requests.post(app["base"] + "/scales", json={**agg, "scale": 1.0}, headers=OPERATOR,
+                         timeout=TIMEOUT_S).status_code == 200
+    router = serve.get_deployment_handle("LookupRouter", app_name="default")
+    try:
+        router.refresh_now.remote().result()  # the read replica pulls the write now
+        out = _rank(app, user_id=250, candidates=list(range(10, 30)), now=T0 + 431).json()
+        assert any(out["aggregate"])
+        router.flush_now.remote().result()
+    finally:
+        requests.post(app["base"] + "/scales", json={**agg, "scale": before}, headers=OPERATOR,
+                      timeout=TIMEOUT_S)
+    wanted = named_metrics()
+    deadline = time.monotonic() + 90
+    missing = wanted
+    while time.monotonic() < deadline:
+        text = requests.get(app["metrics"], timeout=TIMEOUT_S).text
+        exported = {line.split("{", 1)[0].split(" ", 1)[0] for line in text.splitlines()
+                    if line.startswith("ray_solaris_")}
+        missing = wanted - exported
+        if not missing:
+            break
+        time.sleep(2.0)
+    assert not missing, f"named in deploy/ but not on the endpoint: {sorted(missing)}"
