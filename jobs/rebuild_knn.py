@@ -482,7 +482,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task-cpus", type=float, default=1.0,
                    help="CPUs per read / group task (e.g. 0.25 beside a serving app)")
     p.add_argument("--gpu", choices=["auto", "yes", "no"], default="auto",
-                   help="one GPU per encoder task (auto: when the cluster has GPUs)")
+                   help="one GPU per encoder task (auto: when the cluster has GPUs up "
+                        "when the job starts; on a cluster whose GPU nodes scale from zero, "
+                        "yes: asking for them is what makes the autoscaler start one)")
     p.add_argument("--every", type=float, help="rebuild every SECONDS (default: once)")
     p.add_argument("--if-changed", action="store_true",
                    help="build and publish only if the published tables were built from "
