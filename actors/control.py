@@ -86,9 +86,14 @@ class ControlHolder:
                 "started_at": self.started_at}
 
 
+NAMESPACE = "solaris"  # the holders' own: a detached actor in an anonymous namespace makes
+# the GCS warn the job's driver (a replay's console), and every replica must find the same one
+
+
 def create_control(app_id: str, location: str | None, detached: bool = True) -> Any:
     """Start (or attach to) the app's control holder, named after ``app_id``."""
     return ControlHolder.options(name=names.control(app_id), get_if_exists=True,
+                                 namespace=NAMESPACE,
                                  lifetime="detached" if detached else None).remote(location)
 
 

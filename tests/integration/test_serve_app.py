@@ -514,6 +514,9 @@ def test_every_metric_the_dashboard_and_the_alerts_name_is_on_the_prometheus_end
 
     from tests.dashboard import named_metrics
 
+    # a test above paused the FM workers' owner; the pool's gauges and its error count are
+    # published by its ticks
+    serve.get_deployment_handle("Precompute", app_name="default").resume.remote().result()
     pids = _fm_worker_pids()
     if not Path("/proc").is_dir() or not pids:
         pytest.skip("no FM worker process found through /proc")
