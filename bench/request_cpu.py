@@ -50,6 +50,23 @@ STAGES = ("plan_route", "encode_queries", "shard_answers", "decode_answers", "as
           "pack_encode", "after_answer")
 
 
+def _fill(stores: list, ring, users: np.ndarray, items: np.ndarray, d: int, t0: float,
+          rng: np.random.Generator) -> None:
+    """Random d-wide pairs of (users, items) into the stores that own them."""
+    owner = ring.shard_of(users)
+    for s, store in enumerate(stores):
+        m = owner == s
+        store.put(users[m], items[m], rng.normal(size=(int(m.sum()), d)).astype(np.float32),
+                  "v", t0)
+
+
+def _random_knn(rng: np.random.Generator, n: int, k: int = 20):
+    """A random neighbour table of n rows (k neighbours, similarities descending)."""
+    from solaris.knn.neighbours import NeighbourTable
+
+    return NeighbourTable(rng.integers(0, n, (n, k)), np.sort(rng.random((n, k)))[:, ::-1], "k")
+
+
 def stages(num_shards: int, requests: int = 300, seed: int = 0,
            holders: int | None = None) -> dict:
     """Median ms per request of each stage (``STAGES``); ``holders``: how many users hold
@@ -60,7 +77,6 @@ def stages(num_shards: int, requests: int = 300, seed: int = 0,
     from solaris.cache.ring import HashRing
     from solaris.cache.store import PairStore
     from solaris.config import CacheConfig, EnrichConfig, VerifierConfig
-    from solaris.knn.neighbours import NeighbourTable
     from solaris.online import enrich, verifier
     from solaris.online.scoring import PackedSlots, ScoreRequest, encode_score_request
     from solaris.tiers import Tier
@@ -76,15 +92,8 @@ def stages(num_shards: int, requests: int = 300, seed: int = 0,
                                                                     replace=False)
     users = rng.integers(0, users_n, 400_000) if holders is None else rng.choice(owners, 400_000)
     items = rng.integers(0, items_n, 400_000)
-    owner = ring.shard_of(users)
-    for s, store in enumerate(stores):
-        m = owner == s
-        store.put(users[m], items[m], rng.normal(size=(int(m.sum()), d)).astype(np.float32),
-                  "v", t0)
-    uk = NeighbourTable(rng.integers(0, users_n, (users_n, 20)),
-                        np.sort(rng.random((users_n, 20)))[:, ::-1], "k")
-    ik = NeighbourTable(rng.integers(0, items_n, (items_n, 20)),
-                        np.sort(rng.random((items_n, 20)))[:, ::-1], "k")
+    _fill(stores, ring, users, items, d, t0, rng)
+    uk, ik = _random_knn(rng, users_n), _random_knn(rng, items_n)
     ecfg, vcfg = EnrichConfig(), VerifierConfig()
     reqs = [(int(rng.integers(0, users_n) if holders is None else rng.choice(owners)),
              rng.choice(items_n, c, replace=False))
@@ -152,7 +161,6 @@ def replica_floor(num_shards: int, artifacts: str | None, requests: int = 300,
     from solaris.cache.ring import HashRing
     from solaris.cache.store import PairStore
     from solaris.config import CacheConfig, EnrichConfig, VerifierConfig
-    from solaris.knn.neighbours import NeighbourTable
     from solaris.online import enrich, verifier
     from solaris.online.serving import AfterAnswer
     from solaris.tiers import LABELS, Tier
@@ -164,11 +172,7 @@ def replica_floor(num_shards: int, artifacts: str | None, requests: int = 300,
     stores = [PairStore(cfg) for _ in range(num_shards)]
     users = rng.integers(0, users_n, 400_000)
     items = rng.integers(0, items_n, 400_000)
-    owner = ring.shard_of(users)
-    for s, store in enumerate(stores):
-        m = owner == s
-        store.put(users[m], items[m], rng.normal(size=(int(m.sum()), d)).astype(np.float32),
-                  "v", t0)
+    _fill(stores, ring, users, items, d, t0, rng)
     replica = ReadReplica(cfg, stale_s=1e9)
     for s, store in enumerate(stores):
         replica.apply(s, encode_changes(*store.changes("", 0)))
@@ -181,10 +185,7 @@ def replica_floor(num_shards: int, artifacts: str | None, requests: int = 300,
         head = ResidualHead(art, art.tasks[0], cfg.read_ttl_s)
         if head.dim != d:
             raise ValueError(f"artifacts {artifacts}: slot width {head.dim}, the bench's {d}")
-    uk = NeighbourTable(rng.integers(0, users_n, (users_n, 20)),
-                        np.sort(rng.random((users_n, 20)))[:, ::-1], "k")
-    ik = NeighbourTable(rng.integers(0, items_n, (items_n, 20)),
-                        np.sort(rng.random((items_n, 20)))[:, ::-1], "k")
+    uk, ik = _random_knn(rng, users_n), _random_knn(rng, items_n)
     ecfg, vcfg = EnrichConfig(), VerifierConfig()
     torch.set_num_threads(1)  # as the router's corrections run (a bench process of its own)
     buffer = AfterAnswer(16)
