@@ -175,6 +175,7 @@ class ReadReplica:
         self.epoch = [""] * n
         self.seq = [0] * n
         self.refreshed_at = [-math.inf] * n  # monotonic time of the last successful pull
+        self._sent_now: list[float | None] = [None] * n  # latest event time sent per shard
         self.lock = threading.Lock()
         self.stats = {"refreshes": [0] * n, "records": [0] * n, "whole": [0] * n,
                       "bytes": [0] * n, "apply_cpu_s": [0.0] * n, "stale_answers": [0] * n,
@@ -222,12 +223,16 @@ class ReadReplica:
         return out
 
     def take_reads(self, s: int) -> bytes | None:
-        """Shard ``s``'s reads since the last take, as a ``reads`` frame (None: none)."""
+        """Shard ``s``'s reads since the last take, as a ``reads`` frame (None: none). A
+        frame goes also when only the latest event time read moved: the shard's retention
+        and its refusal of late writes run on it, as they would had it answered the reads."""
         with self.lock:
             m = self.mirrors[s]
             recs, counts, now = m.take_reads()
             names = list(m._vnames)
-        if not len(recs) and not counts:
+            moved = now is not None and now != self._sent_now[s]
+            self._sent_now[s] = now
+        if not len(recs) and not counts and not moved:
             return None
         return encode_reads(recs, names, counts, now)
 
