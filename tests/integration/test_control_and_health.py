@@ -200,7 +200,6 @@ def test_healthz_names_a_killed_shard_while_the_app_answers_and_recovers(app):
           f"/rank statuses {sorted(set(ranks))}")
     # (a live shard slowed past the budget by the restart beside it may be named too)
     assert down and all(0 in x[3] and x[2] == "degraded" and x[1] == 200 for x in down)
-    assert any(x[3] == [0] for x in down)
     assert seen[-1][2] == "ok"  # recovered once the shard is back
     assert set(ranks) == {200}  # the app answered throughout (a dead shard's keys miss)
     assert sorted(_routers()) == routers  # Serve restarted no router
