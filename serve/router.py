@@ -172,7 +172,6 @@ class LookupRouter:
         self._m_control = ray_metrics.Gauge(
             "solaris_control_revision", description="the control state's revision this "
             "router serves (routers that differ for long are not following)")
-        self._gauges_stop = threading.Event()
         threading.Thread(target=self._gauge_loop, name="router-gauges", daemon=True).start()
         log.info("router: tasks %s, versions %s, mode %s, knn %s", self.tasks, list(self.arts),
                  cfg.serve.mode, self.knn.version if self.knn else None)
@@ -183,8 +182,7 @@ class LookupRouter:
                 self._set_gauges()
             except Exception:
                 log.exception("router gauges failed")
-            if self._gauges_stop.wait(GAUGE_EVERY_S):
-                return
+            time.sleep(GAUGE_EVERY_S)
 
     def _set_gauges(self) -> None:
         budget = self.cfg.serve.health_budget_ms / 1000.0
@@ -331,7 +329,7 @@ class LookupRouter:
             self._health = (time.monotonic(), body)
         return JSONResponse(body, status_code=503 if body["status"] == health.UNREADY else 200)
 
-    async def _timed(self, name: str, fn: Any, *args: Any) -> tuple[Any, float, str | None]:
+    async def _timed(self, fn: Any, *args: Any) -> tuple[Any, float, str | None]:
         """(result or None, ms, error name) of ``fn(*args)`` on the router's I/O threads,
         given up after twice the health budget (``fn`` is given the budget itself: a shard
         round names the late shards at the budget, and only a stuck call meets this one)."""
@@ -377,10 +375,10 @@ class LookupRouter:
     async def _health_checks(self) -> dict[str, Any]:
         budget_s = self.cfg.serve.health_budget_ms / 1000.0
         if self.knn is not None:  # a due poll of the published KNN pointer
-            await self._timed("knn", self.knn.current)
+            await self._timed(self.knn.current)
         (up, ms_sh, _), (q, ms_q, q_err), fm, *vms = await asyncio.gather(
-            self._timed("shards", self.backend.group.ping_all, budget_s),
-            self._timed("queue", self.backend.queue.metrics, budget_s),
+            self._timed(self.backend.group.ping_all, budget_s),
+            self._timed(self.backend.queue.metrics, budget_s),
             self._fm_check(), *(self._vm_check(t) for t in self.tasks))
         checks = [health.shards_check(up if up is not None
                                       else [False] * len(self.backend.group.shards), ms_sh),
