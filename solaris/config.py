@@ -53,8 +53,25 @@ class SyntheticConfig:
     # (the default): the users table and spec are unchanged. ``activity`` alone carries
     # little of user_bias (0.15 of it); this gives a feature a VM can read signal from
     user_bias_feature: bool = False
+    # the request process's retrieval stage: 0 redraws its noise per request (every request
+    # of a user meets a fresh candidate list); > 0 gives each user a retrieval state (the
+    # noise on its interest estimate and on the popular items' scores) that drifts as an
+    # Ornstein-Uhlenbeck process with this time constant in hours, so requests hours apart
+    # share most of their candidates, as a feed's do
+    retrieval_memory_h: float = 0.0
+    burst_shape: float = 0.5  # gamma shape of per-user-day activity multipliers (smaller: burstier)
+    # the named profile these values came from (solaris.data.profiles): a config that names
+    # one starts from its values, and the keys it sets win
+    profile: str = "classic"
 
     def __post_init__(self) -> None:
+        from solaris.data.profiles import PROFILES
+
+        _check(self.profile in PROFILES, "synthetic.profile", self.profile,
+               f"must be one of {', '.join(PROFILES)}")
+        _check(self.retrieval_memory_h >= 0, "synthetic.retrieval_memory_h",
+               self.retrieval_memory_h, "must be >= 0 (0: redrawn per request)")
+        _check(self.burst_shape > 0, "synthetic.burst_shape", self.burst_shape, "must be > 0")
         _check(self.num_users >= 2, "synthetic.num_users", self.num_users, "need at least 2 users")
         _check(self.num_items >= 2, "synthetic.num_items", self.num_items, "need at least 2 items")
         _check(self.latent_dim >= 1, "synthetic.latent_dim", self.latent_dim, "must be >= 1")
@@ -828,6 +845,10 @@ def _build(cls: type, values: dict[str, Any], where: str) -> Any:
         raise ConfigError(f"{where or 'config'}={values!r}: expected a mapping")
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls)}
+    if cls is SyntheticConfig and "profile" in values:
+        from solaris.data.profiles import profile_values
+
+        values = {**profile_values(values["profile"], where), **values}
     kwargs: dict[str, Any] = {}
     for key, val in values.items():
         if key not in known:

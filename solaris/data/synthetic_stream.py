@@ -31,7 +31,7 @@ RANK_NOISE = 3.0  # noise scale on the ranker's estimate of the user's interest
 RANK_GUMBEL = 3.0  # extra noise on the ranking score (some exploration in impressions)
 SATIATION = 2.0  # click-logit penalty for an item already clicked in this session
 CONV_AFFINITY = 1.0  # weight of interest affinity in the conversion logit
-BURST_SHAPE = 0.5  # gamma shape of per-user-window activity multipliers (smaller: burstier)
+POP_STATE_SCALE = 1.28  # sd of a stateful retrieval's popular-score noise (a Gumbel's sd)
 GAP_MIN_S, GAP_MEAN_S = 30, 150  # seconds between a session's requests: min + exponential
 MAX_SESSION = 20  # cap on requests per session
 MAX_WINDOW_CANDIDATES = 20_000_000  # windows shrink below a day when a day would hold more
@@ -73,8 +73,15 @@ class Events:
 
 
 def retrieve_and_rank(rng: np.random.Generator, world: World, u_req: np.ndarray,
-                      ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Candidates (R, C) int32 and impressed positions (R, M), for unit interests ``u_req``."""
+                      ts: np.ndarray, state: tuple[np.ndarray, np.ndarray] | None = None,
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Candidates (R, C) int32 and impressed positions (R, M), for unit interests ``u_req``.
+
+    ``state``: the retrieval's own noise per request, standard normal (R, d) on its interest
+    estimate and (R, I) on the popular items' log popularity (a stateful retrieval, drawn by
+    ``retrieval_state``); None: redrawn here (the interest noise Gaussian, the popular part
+    sampled by popularity without replacement).
+    """
     cfg = world.cfg
     n, d = u_req.shape
     c, m = cfg.candidates_per_request, cfg.impressions_per_request
@@ -83,7 +90,11 @@ def retrieve_and_rank(rng: np.random.Generator, world: World, u_req: np.ndarray,
     vt = np.ascontiguousarray(world.item_vec.T, dtype=np.float32)  # (d, I)
     neg_pop = -np.exp(world.item_logpop - world.item_logpop.max()).astype(np.float32)  # (I,)
     quality = world.item_quality.astype(np.float32)
-    est_ret = unit(u_req + RETRIEVAL_NOISE * rng.standard_normal((n, d)) / np.sqrt(d))
+    ret_noise = rng.standard_normal((n, d)) if state is None else state[0]
+    est_ret = unit(u_req + RETRIEVAL_NOISE * ret_noise / np.sqrt(d))
+    if state is not None:  # lowest first, like neg_pop / Exp(1) below
+        pop_state = -(world.item_logpop.astype(np.float32)[None, :]
+                      + POP_STATE_SCALE * state[1].astype(np.float32))
     est_rank = unit(u_req + RANK_NOISE * rng.standard_normal((n, d)) / np.sqrt(d))
     cand = np.empty((n, c), dtype=np.int32)
     imp = np.empty((n, m), dtype=np.int64)
@@ -97,9 +108,12 @@ def retrieve_and_rank(rng: np.random.Generator, world: World, u_req: np.ndarray,
         near = np.argpartition(near_s, k_near - 1, axis=1)[:, :k_near]
         # popular part: top-k of pop / Exp(1) (= log pop + Gumbel), i.e. sampling by
         # popularity without replacement; Exp(1) may round to 0 in float32: score -inf, fine
-        pop_s = rng.standard_exponential(near_s.shape, dtype=np.float32)
-        with np.errstate(divide="ignore"):
-            np.divide(neg_pop[None, :], pop_s, out=pop_s)
+        if state is None:
+            pop_s = rng.standard_exponential(near_s.shape, dtype=np.float32)
+            with np.errstate(divide="ignore"):
+                np.divide(neg_pop[None, :], pop_s, out=pop_s)
+        else:
+            pop_s = pop_state[sl].copy()
         pop_s[:, late] = np.where(hidden, np.inf, pop_s[:, late])
         np.put_along_axis(pop_s, near, np.inf, axis=1)
         popular = np.argpartition(pop_s, k_pop - 1, axis=1)[:, :k_pop]
@@ -150,7 +164,12 @@ def calibrate(world: World) -> World:
     now = unit(world.user_vec0[users] + cfg.drift * np.sqrt(age_days / d)
                * rng.standard_normal((PILOT_REQUESTS, d)))
     u_req = unit(now + world.surface_offset[users, surface])
-    cand, imp = retrieve_and_rank(rng, world, u_req, np.zeros(PILOT_REQUESTS, dtype=np.int64))
+    state = None
+    if cfg.retrieval_memory_h > 0:  # a stationary retrieval state's marginal: fresh normals
+        state = (rng.standard_normal((PILOT_REQUESTS, d)),
+                 rng.standard_normal((PILOT_REQUESTS, len(world.item_logpop))))
+    cand, imp = retrieve_and_rank(rng, world, u_req, np.zeros(PILOT_REQUESTS, dtype=np.int64),
+                                  state)
     items = np.take_along_axis(cand, imp, axis=1)
     base, aff = _click_logit(world, u_req, items, users, surface)
     click_bias = _solve_bias(lambda b: float(_sigmoid(base + b).mean()), cfg.click_rate)
@@ -161,9 +180,54 @@ def calibrate(world: World) -> World:
     return dataclasses.replace(world, click_bias=click_bias, conv_bias=conv_bias)
 
 
+@dataclass
+class RetrievalState:
+    """Each user's stateful retrieval noise (``retrieval_memory_h`` > 0) and when it was
+    last read; a user never read draws from the stationary marginal."""
+
+    ret: np.ndarray  # (U, d) float64
+    pop: np.ndarray  # (U, I) float32
+    last: np.ndarray  # (U,) float64 seconds, -inf: never read
+
+    @staticmethod
+    def empty(num_users: int, dim: int, num_items: int) -> "RetrievalState":
+        return RetrievalState(np.zeros((num_users, dim)),
+                              np.zeros((num_users, num_items), dtype=np.float32),
+                              np.full(num_users, -np.inf))
+
+
+def retrieval_state(rng: np.random.Generator, st: RetrievalState, memory_s: float,
+                    user: np.ndarray, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The retrieval noise of requests (``user``, ``ts``): each user's state moved on by an
+    Ornstein-Uhlenbeck step of time constant ``memory_s`` from its last read, request by
+    request in time order (``st`` updated in place). Returns (R, d) and (R, I) noise."""
+    n = len(user)
+    out_ret = np.empty((n, st.ret.shape[1]))
+    out_pop = np.empty((n, st.pop.shape[1]), dtype=np.float32)
+    order = np.lexsort((ts, user))
+    u_sorted = user[order]
+    first = np.r_[True, u_sorted[1:] != u_sorted[:-1]]
+    start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+    rank = np.arange(n) - start  # k-th request of its user here
+    for k in range(int(rank.max(initial=-1)) + 1):
+        rows = order[rank == k]
+        u = user[rows]
+        dt = np.maximum(ts[rows] - st.last[u], 0.0)  # a late session's request: no step back
+        a = np.exp(-dt / memory_s)
+        b = np.sqrt(1.0 - a * a)
+        st.ret[u] = a[:, None] * st.ret[u] + b[:, None] * rng.standard_normal((len(u), st.ret.shape[1]))
+        st.pop[u] = (a[:, None] * st.pop[u]
+                     + b[:, None] * rng.standard_normal(st.pop[u].shape, dtype=np.float32))
+        st.last[u] = ts[rows]
+        out_ret[rows], out_pop[rows] = st.ret[u], st.pop[u]
+    return out_ret, out_pop
+
+
 def _window(world: World, rng: np.random.Generator, t0: int, t1: int, interest: np.ndarray,
-            order0: int, window: int = 0) -> tuple[Events, np.ndarray]:
-    """Requests whose sessions start in [t0, t1), and the interests drifted to t1."""
+            order0: int, window: int = 0, rstate: RetrievalState | None = None,
+            ) -> tuple[Events, np.ndarray]:
+    """Requests whose sessions start in [t0, t1), and the interests drifted to t1.
+    ``rstate``: the users' retrieval state (stateful retrieval only), carried on in place."""
     cfg = world.cfg
     n_u, d = interest.shape
     drifted = unit(interest + cfg.drift * np.sqrt((t1 - t0) / DAY / d)
@@ -172,7 +236,7 @@ def _window(world: World, rng: np.random.Generator, t0: int, t1: int, interest: 
     # sessions: a Cox process, each user's rate times a bursty per-window multiplier
     start = np.maximum(world.user_arrival, t0)
     active_days = np.clip(t1 - start, 0, None) / DAY
-    burst = rng.gamma(BURST_SHAPE, 1.0 / BURST_SHAPE, size=n_u)
+    burst = rng.gamma(cfg.burst_shape, 1.0 / cfg.burst_shape, size=n_u)
     s_user = np.repeat(np.arange(n_u), rng.poisson(world.user_rate * active_days * burst))
     n_sess = len(s_user)
     s_start = start[s_user] + (rng.random(n_sess) * (t1 - start[s_user])).astype(np.int64)
@@ -192,7 +256,11 @@ def _window(world: World, rng: np.random.Generator, t0: int, t1: int, interest: 
     frac = np.clip((r_ts - t0) / max(t1 - t0, 1), 0.0, 1.0)[:, None]
     now = unit((1.0 - frac) * interest[r_user] + frac * drifted[r_user])  # (R, d)
     u_req = unit(now + world.surface_offset[r_user, r_surf])
-    cand, imp = retrieve_and_rank(rng, world, u_req, r_ts)
+    state = None
+    if rstate is not None:  # its own stream: the window's other draws stay as they are
+        state = retrieval_state(_rng(cfg.seed, 3, window), rstate,
+                                cfg.retrieval_memory_h * 3600.0, r_user, r_ts)
+    cand, imp = retrieve_and_rank(rng, world, u_req, r_ts, state)
     items = np.take_along_axis(cand, imp, axis=1).astype(np.int64)  # (R, M)
 
     # labels, one session position at a time: earlier clicks shape later requests
@@ -279,11 +347,14 @@ def iter_events(world: World) -> Iterator[Events]:
     n_win = num_windows(world)
     edges = np.arange(n_win + 1, dtype=np.int64) * world.horizon_s // n_win
     interest = world.user_vec0
+    rstate = None
+    if world.cfg.retrieval_memory_h > 0:
+        rstate = RetrievalState.empty(*world.user_vec0.shape, len(world.item_logpop))
     pending: Events | None = None
     order = 0
     for w in range(n_win):
         ev, interest = _window(world, _rng(world.cfg.seed, 2, w), int(edges[w]),
-                               int(edges[w + 1]), interest, order, w)
+                               int(edges[w + 1]), interest, order, w, rstate)
         order += len(ev.ts)
         pending = ev if pending is None else Events.concat(pending, ev)
         due = pending.ts < edges[w + 1] if w < n_win - 1 else np.ones(len(pending.ts), bool)

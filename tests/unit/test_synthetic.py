@@ -57,6 +57,15 @@ def _tables_equal(a: Dataset, b: Dataset) -> bool:
                for t in ("interactions", "requests", "users", "items"))
 
 
+def test_a_memoryless_retrieval_is_the_classic_generator():
+    """retrieval_memory_h=0 draws nothing extra: the classic world byte for byte, whatever
+    profile the config was started from."""
+    a = generate(small_cfg(days=4.0, target_interactions=3000))
+    b = generate(small_cfg(days=4.0, target_interactions=3000, profile="feed",
+                           retrieval_memory_h=0.0, burst_shape=0.5))
+    assert _tables_equal(a, b)
+
+
 def test_same_seed_same_data_other_seed_differs(cfg, ds):
     assert _tables_equal(ds, generate(cfg))
     other = generate(dataclasses.replace(cfg, seed=cfg.seed + 1))

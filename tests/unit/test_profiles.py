@@ -1,0 +1,112 @@
+"""Named synthetic profiles: what a profile may change, the feed world's recurrence, and the
+stateful retrieval that gives it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from solaris.config import SyntheticConfig, config_from_dict, config_to_dict, load_config
+from solaris.data.profiles import DEMO_SIZE, PROFILES, REQUEST_PROCESS
+from solaris.data.split import time_split
+from solaris.data.synthetic import build, generate
+from solaris.data.synthetic_stream import RetrievalState, retrieval_state
+from solaris.errors import ConfigError
+from solaris.replay.coverage import candidate_recurrence
+from solaris.simulate.log import build_request_log
+
+SIX_H = 6 * 3600
+
+
+def feed_cfg(**kw):
+    syn = {"profile": "feed", **DEMO_SIZE["feed"], **kw}
+    return config_from_dict({"data": {"synthetic": syn}})
+
+
+def test_a_profile_changes_only_the_request_process():
+    """Everything but the request process -- the click model, the catalogue, the FM, the VM
+    and their training -- keeps the default's values in every profile."""
+    default = config_to_dict(config_from_dict({}))
+    for name in PROFILES:
+        assert set(PROFILES[name]) <= set(REQUEST_PROCESS), name
+        cfg = config_to_dict(config_from_dict({"data": {"synthetic": {"profile": name}}}))
+        for key in (*REQUEST_PROCESS, "profile"):
+            cfg["data"]["synthetic"].pop(key)
+            default["data"]["synthetic"].pop(key, None)
+        assert cfg == default, name
+    assert config_from_dict({"data": {"synthetic": {"profile": "classic"}}}) == config_from_dict({})
+
+
+def test_the_keys_a_config_sets_win_over_its_profile_and_round_trip():
+    cfg = load_config(None, {"data.synthetic.profile": "feed", "data.synthetic.num_users": 50})
+    syn = cfg.data.synthetic
+    assert syn.num_users == 50 and syn.retrieval_memory_h == PROFILES["feed"]["retrieval_memory_h"]
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+
+
+def test_an_unknown_profile_is_named():
+    with pytest.raises(ConfigError, match=r"synthetic.profile='tiktok'.*known: classic, feed"):
+        config_from_dict({"data": {"synthetic": {"profile": "tiktok"}}})
+    with pytest.raises(ConfigError, match="synthetic.profile='x'"):
+        SyntheticConfig(profile="x")
+    with pytest.raises(ConfigError, match="synthetic.retrieval_memory_h=-1"):
+        SyntheticConfig(retrieval_memory_h=-1)
+
+
+def test_retrieval_state_holds_within_a_session_and_forgets_over_hours():
+    rng = np.random.default_rng(0)
+    st = RetrievalState.empty(num_users=3000, dim=4, num_items=50)
+    users = np.arange(3000)
+    memory = 3600.0
+    a = retrieval_state(rng, st, memory, users, np.zeros(3000))
+    same = retrieval_state(rng, st, memory, users, np.zeros(3000))  # no time passed
+    later = retrieval_state(rng, st, memory, users, np.full(3000, memory))
+    far = retrieval_state(rng, st, memory, users, np.full(3000, 30 * memory))
+    np.testing.assert_array_equal(a[0], same[0])
+    np.testing.assert_array_equal(a[1], same[1])
+    for k in (0, 1):  # stationary: unit variance; correlation exp(-dt / memory)
+        assert abs(far[k].var() - 1.0) < 0.05
+        r_later = np.corrcoef(a[k].ravel(), later[k].ravel())[0, 1]
+        r_far = np.corrcoef(later[k].ravel(), far[k].ravel())[0, 1]
+        assert abs(r_later - np.exp(-1.0)) < 0.03 and abs(r_far) < 0.03
+
+
+def test_retrieval_state_steps_each_users_requests_in_time_order():
+    """Two requests of one user handed over out of order: the earlier one is stepped first."""
+    st1 = RetrievalState.empty(2, 2, 3)
+    st2 = RetrievalState.empty(2, 2, 3)
+    users, ts = np.array([0, 0, 1]), np.array([7200.0, 0.0, 10.0])
+    a = retrieval_state(np.random.default_rng(1), st1, 3600.0, users, ts)
+    b = retrieval_state(np.random.default_rng(1), st2, 3600.0, users[[1, 0, 2]], ts[[1, 0, 2]])
+    np.testing.assert_array_equal(a[0][[1, 0, 2]], b[0])
+    assert st1.last.tolist() == [7200.0, 10.0]
+
+
+@pytest.fixture(scope="module")
+def feed_world():
+    cfg = feed_cfg()
+    ds = generate(cfg.data.synthetic)
+    lg = build_request_log(ds, time_split(ds, cfg.split).cuts[2])
+    return cfg, ds, lg
+
+
+def test_the_feed_worlds_candidates_recur_within_six_hours_as_the_papers_do(feed_world):
+    """The paper's regime: 60-75% of a request's candidates were candidates of the same user
+    in the past 6 h; the classic world's (the same size) well under it."""
+    cfg, _, lg = feed_world
+    assert lg.num_requests >= 1500
+    assert 0.60 <= candidate_recurrence(lg, SIX_H) <= 0.75
+    classic = config_from_dict({"data": {"synthetic": {**DEMO_SIZE["feed"]}}})
+    ds_c = generate(classic.data.synthetic)
+    lg_c = build_request_log(ds_c, time_split(ds_c, classic.split).cuts[2])
+    assert candidate_recurrence(lg_c, SIX_H) < 0.45
+
+
+def test_the_feeds_pilot_refits_the_click_bias_to_the_same_rate(feed_world):
+    cfg, ds, _ = feed_world
+    feed_bias = build(cfg.data.synthetic).click_bias
+    classic_bias = build(SyntheticConfig()).click_bias
+    assert feed_bias != classic_bias  # refit on its own retrieval ...
+    rate = float(np.mean(ds.interactions.column("click").to_numpy()))
+    assert abs(rate - cfg.data.synthetic.click_rate) < 0.06  # ... to the same target rate
+
