@@ -602,7 +602,7 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
            say: Callable[[str], None] = print, truth: Any = None) -> dict[str, Any]:
     """One replay: prepare, serve, drive, measure; writes OUT/replay.json and the plots.
     ``truth``: the closed loop's MovieLens ground truth (``ds`` relabelled by it)."""
-    from solaris.replay.coverage import coverage_over_time
+    from solaris.replay.coverage import RECURRENCE_S, candidate_recurrence, coverage_over_time
     from solaris.replay.plots import coverage_time_plot, rollover_plot
     from solaris.knn.tables import load_current
     from solaris.replay.report import (bounds_report, coverage_report, json_default,
@@ -664,6 +664,10 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
                          for r in live["knn_runs"]],
         "seconds": round(live["seconds"], 1), "artifacts_seconds": prep["artifacts_seconds"],
         "window_start": prep["window_start"], "window_end": float(lg.ts[-1]),
+        # share of the window's candidates that were the same user's candidates within the
+        # read TTL / within 6 h (the paper's measure) before, in the window
+        "candidate_recurrence": candidate_recurrence(lg, float(acfg.cache.read_ttl_s)),
+        "candidate_recurrence_6h": candidate_recurrence(lg, RECURRENCE_S),
         "fm_evals_per_event_hour": evals * 3600.0 / max(1.0, float(lg.ts[-1] - lg.ts[0])),
         "speculation": spec,
     })

@@ -287,10 +287,14 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     """The README's main job: the event-time replay of the embedded synthetic data through
     the live system (Serve, cache shards, queue, FM workers, KNN job), with its report."""
+    from solaris.data.profiles import DEMO_SIZE
+
     replay = _replay_module()
     ns = replay.build_parser().parse_args(["--dataset", "synthetic", "--out", str(args.out),
                                            "--rollover-at", "0.5"])
-    ns.config, ns.set = args.config, args.set
+    world = [f"data.synthetic.profile={args.profile}"] + [
+        f"data.synthetic.{k}={v}" for k, v in DEMO_SIZE[args.profile].items()]
+    ns.config, ns.set = args.config, world + list(args.set or [])  # the user's --set wins
     ns.port, ns.verbose = args.port, args.verbose
     print("SOLARIS demo: generating the embedded synthetic dataset, training the FM, its "
           "encoder and the vertical models on the periods before the replay window, then "
@@ -411,6 +415,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "data")
     common(demo, dataset=False)
     demo.add_argument("--out", type=Path, default=Path("runs/demo"))
+    demo.add_argument("--profile", choices=["feed", "classic"], default="feed",
+                      help="the synthetic world (solaris/data/profiles.py): feed, users back "
+                           "several times a day meeting most of their candidates again "
+                           "(default), or classic, a handful of requests per user a month")
     demo.add_argument("--port", type=int, default=8000, help="Serve's HTTP port (loopback)")
     demo.set_defaults(fn=cmd_demo)
     return p

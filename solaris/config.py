@@ -59,6 +59,9 @@ class SyntheticConfig:
     # Ornstein-Uhlenbeck process with this time constant in hours, so requests hours apart
     # share most of their candidates, as a feed's do
     retrieval_memory_h: float = 0.0
+    # with retrieval_memory_h > 0: the share of that noise's variance the user's state holds;
+    # the rest is each request's own (1: all state, every request of an hour alike)
+    retrieval_persistence: float = 1.0
     burst_shape: float = 0.5  # gamma shape of per-user-day activity multipliers (smaller: burstier)
     # the named profile these values came from (solaris.data.profiles): a config that names
     # one starts from its values, and the keys it sets win
@@ -71,6 +74,8 @@ class SyntheticConfig:
                f"must be one of {', '.join(PROFILES)}")
         _check(self.retrieval_memory_h >= 0, "synthetic.retrieval_memory_h",
                self.retrieval_memory_h, "must be >= 0 (0: redrawn per request)")
+        _check(0.0 <= self.retrieval_persistence <= 1.0, "synthetic.retrieval_persistence",
+               self.retrieval_persistence, "must be in [0, 1]")
         _check(self.burst_shape > 0, "synthetic.burst_shape", self.burst_shape, "must be > 0")
         _check(self.num_users >= 2, "synthetic.num_users", self.num_users, "need at least 2 users")
         _check(self.num_items >= 2, "synthetic.num_items", self.num_items, "need at least 2 items")

@@ -23,16 +23,17 @@ from solaris.errors import ConfigError
 
 # the request-process fields a profile may set (a test holds profiles to these)
 REQUEST_PROCESS = ("num_users", "days", "target_interactions", "requests_per_session",
-                   "retrieval_memory_h", "burst_shape", "late_user_share")
+                   "retrieval_memory_h", "retrieval_persistence", "burst_shape", "late_user_share")
 
 PROFILES: dict[str, dict[str, Any]] = {
     "classic": {},
     "feed": {
-        "num_users": 400,
+        "num_users": 150,
         "days": 12.0,
         "target_interactions": 132_000,  # a replay window (the last 15%) of ~3,200 requests
         "requests_per_session": 3.0,
-        "retrieval_memory_h": 1.5,
+        "retrieval_memory_h": 12.0,
+        "retrieval_persistence": 0.3,
         "burst_shape": 2.0,
     },
 }

@@ -258,8 +258,13 @@ def _window(world: World, rng: np.random.Generator, t0: int, t1: int, interest: 
     u_req = unit(now + world.surface_offset[r_user, r_surf])
     state = None
     if rstate is not None:  # its own stream: the window's other draws stay as they are
-        state = retrieval_state(_rng(cfg.seed, 3, window), rstate,
-                                cfg.retrieval_memory_h * 3600.0, r_user, r_ts)
+        srng = _rng(cfg.seed, 3, window)
+        held = retrieval_state(srng, rstate, cfg.retrieval_memory_h * 3600.0, r_user, r_ts)
+        # each request's own part: the share of the variance the user's state does not hold
+        rho = np.sqrt(cfg.retrieval_persistence)
+        fresh = np.sqrt(1.0 - cfg.retrieval_persistence)
+        state = (rho * held[0] + fresh * srng.standard_normal(held[0].shape),
+                 rho * held[1] + fresh * srng.standard_normal(held[1].shape, dtype=np.float32))
     cand, imp = retrieve_and_rank(rng, world, u_req, r_ts, state)
     items = np.take_along_axis(cand, imp, axis=1).astype(np.int64)  # (R, M)
 

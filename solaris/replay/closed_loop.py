@@ -586,7 +586,8 @@ def run_world(ctx: LoopContext, opts: LoopOptions,
     arm's coverage against its ceiling and oracle bound, and the speculation policies at
     equal FM cost on the shadow arm's closed-loop log."""
     from solaris.replay.bounds import effective_bounds
-    from solaris.replay.coverage import candidate_recurrence, compare_policies
+    from solaris.replay.coverage import (RECURRENCE_S, candidate_recurrence,
+                                         compare_policies)
 
     cfg, lg = ctx.cfg, ctx.lg
     logs = {a: run_arm(ctx, a, opts, progress) for a in opts.arms}
@@ -619,6 +620,7 @@ def run_world(ctx: LoopContext, opts: LoopOptions,
         "lift": paired_lift({a: [g.p_true.sum(1)] for a, g in logs.items()}, seed=opts.seed),
         "shadow_coverage": cov, "coverage_bounds": bounds,
         "candidate_recurrence_closed_loop": candidate_recurrence(lg, ttl),
+        "candidate_recurrence_6h_closed_loop": candidate_recurrence(lg, RECURRENCE_S),
         "policies": policies}
     if shadow.cf:
         report["off_policy"] = off_policy_report(shadow, ctx.base, opts, report["lift"])

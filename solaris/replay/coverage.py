@@ -127,6 +127,9 @@ def ceiling_mask(request_log: RequestLog, read_ttl_s: float, lag_s: float = 0.0)
 
 
 # ------------------------------------------------------------ policies at equal FM cost
+RECURRENCE_S = 6 * 3600.0  # the paper's recurrence window: candidates of the past 6 h
+
+
 def candidate_recurrence(request_log: RequestLog, read_ttl_s: float) -> float:
     """Share of the log's candidates that were a candidate of an earlier request of the same
     user within ``read_ttl_s`` (what a recurrence-aware policy can feed on)."""
@@ -248,6 +251,7 @@ def compare_policies(request_log: RequestLog, scores: np.ndarray, *, fraction: f
     gap = orc["pair"] - ver["pair"]
     return {
         "candidate_recurrence": candidate_recurrence(request_log, read_ttl_s),
+        "candidate_recurrence_6h": candidate_recurrence(request_log, RECURRENCE_S),
         "curves": curves,
         "at_verifier_cost": {"fm_evals": ver["fm_evals"],
                              "fm_evals_per_1k": ver["fm_evals_per_1k"], "pair": at,

@@ -291,12 +291,40 @@ def json_default(o: Any) -> Any:
     return str(o)
 
 
+def headline(rep: dict[str, Any]) -> list[str]:
+    """What a user reads first: coverage, TR online with its interval and the FM's cost, each
+    beside its prediction from the data before the window (where it was made)."""
+    pred = rep.get("prediction") or {}
+    pc = pred.get("coverage_predicted") or {}
+
+    def row(name: str, online: Any, predicted: Any = None, extra: str = "") -> str:
+        return f"  {name:<26}{fmt(online):>8}{fmt(predicted) if pred else '':>11}{extra}"
+
+    ci = rep.get("tr_online_ci")
+    lines = [f"SOLARIS on {rep['dataset']}: {rep['requests']} requests, "
+             f"{rep['labelled_pairs']} labelled pairs",
+             f"  {'':<26}{'online':>8}{'predicted' if pred else '':>11}",
+             row("pair coverage", rep["coverage"]["pair"], pc.get("pair")),
+             row("effective coverage", rep["coverage"]["effective"], pc.get("effective")),
+             row("TR online (calibrated)", rep.get("tr_online"), pred.get("tr_predicted"),
+                 f"   95% CI [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else ""),
+             row("TR online (raw)", rep.get("tr_online_raw"), pred.get("tr_predicted_raw"))]
+    evals = rep.get("fm_evals_per_1k_requests")
+    p_evals = pred.get("fm_evals_per_1k_requests_predicted")
+    lines.append(f"  {'FM evals / 1k requests':<26}{evals:>8.0f}"
+                 + (f"{p_evals:>11.0f}" if p_evals is not None else ""))
+    if rep.get("candidate_recurrence_6h") is not None:
+        lines.append(f"  {'candidate recurrence, 6 h':<26}{fmt(rep['candidate_recurrence_6h']):>8}"
+                     f"   (within the read TTL {fmt(rep.get('candidate_recurrence'))})")
+    return lines
+
+
 def summary_table(rep: dict[str, Any]) -> str:
-    """The replay's headline numbers as a text table."""
+    """The replay's numbers as a text table, the headline first."""
     c = rep["coverage"]
-    lines = [f"replay on {rep['dataset']}: {rep['requests']} requests, "
-             f"{rep['labelled_pairs']} labelled pairs, {rep['seconds']} s "
-             f"(+ {rep['artifacts_seconds']} s training)",
+    lines = [*headline(rep), "",
+             f"details: {rep['seconds']} s replaying (+ {rep['artifacts_seconds']} s "
+             "training)",
              f"{'coverage':<28}{'share':>8}"]
     for k in (*PAIR_TIERS, "aggregate", "effective"):  # cumulative, in the fixed tier order
         lines.append(f"  {k:<26}{c[k]:>8.3f}")

@@ -110,3 +110,16 @@ def test_the_feeds_pilot_refits_the_click_bias_to_the_same_rate(feed_world):
     rate = float(np.mean(ds.interactions.column("click").to_numpy()))
     assert abs(rate - cfg.data.synthetic.click_rate) < 0.06  # ... to the same target rate
 
+
+
+def test_the_retrieval_state_is_what_makes_candidates_recur():
+    """The same users and sessions: a retrieval that keeps its noise in the user's state
+    hands a user more of the same candidates than one that redraws it per request."""
+    def recurrence(**kw):
+        cfg = feed_cfg(days=3.0, target_interactions=30_000, **kw)
+        ds = generate(cfg.data.synthetic)
+        return candidate_recurrence(build_request_log(ds, time_split(ds, cfg.split).cuts[2]),
+                                    SIX_H)
+
+    held, fresh = recurrence(retrieval_persistence=1.0), recurrence(retrieval_persistence=0.0)
+    assert held > fresh + 0.05
