@@ -40,14 +40,22 @@ def run(cmd: list[str], log: Path) -> float:
 
 
 def seed_runs(out: Path, seed: int, profile: str) -> dict:
+    from solaris.data.profiles import SERVING
+
     world = ["--dataset", "synthetic", "--set", f"data.synthetic.profile={profile}"]
+    for k, v in SERVING[profile].items():
+        world += ["--set", f"{k}={v}"]
+    sched = SERVING[profile]
+    schedule = [*(["--lag-s", str(sched["schedule.lag_s"])] if "schedule.lag_s" in sched else []),
+                *(["--budget", str(sched["schedule.budget_per_hour"])]
+                  if "schedule.budget_per_hour" in sched else [])]
     rp, sim, est = out / f"replay-s{seed}", out / f"simulate-s{seed}", out / f"estimate-s{seed}"
     solaris = [sys.executable, "-m", "solaris.cli"]
     took = {}
     if not (rp / "replay.json").exists():
         rp.mkdir(parents=True, exist_ok=True)
-        took["replay_s"] = run([*solaris, "replay", *world, "--seed", str(seed), "--out",
-                                str(rp), "--no-progress"], out / f"replay-s{seed}.log")
+        took["replay_s"] = run([*solaris, "replay", *world, *schedule, "--seed", str(seed),
+                                "--out", str(rp), "--no-progress"], out / f"replay-s{seed}.log")
     if not (sim / "closed_loop.json").exists():
         took["simulate_s"] = run([*solaris, "simulate", *world, "--seed", str(seed),
                                   "--artifacts", str(rp / "artifacts"), "--out", str(sim)],

@@ -287,14 +287,18 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     """The README's main job: the event-time replay of the embedded synthetic data through
     the live system (Serve, cache shards, queue, FM workers, KNN job), with its report."""
-    from solaris.data.profiles import DEMO_SIZE
+    from solaris.data.profiles import DEMO_SIZE, SERVING
 
     replay = _replay_module()
     ns = replay.build_parser().parse_args(["--dataset", "synthetic", "--out", str(args.out),
                                            "--rollover-at", "0.5"])
     world = [f"data.synthetic.profile={args.profile}"] + [
         f"data.synthetic.{k}={v}" for k, v in DEMO_SIZE[args.profile].items()]
+    serving = SERVING[args.profile]
+    world += [f"{k}={v}" for k, v in serving.items()]
     ns.config, ns.set = args.config, world + list(args.set or [])  # the user's --set wins
+    ns.lag_s = serving.get("schedule.lag_s", ns.lag_s)  # the replay's own schedule options
+    ns.budget = serving.get("schedule.budget_per_hour", ns.budget)
     ns.port, ns.verbose = args.port, args.verbose
     print("SOLARIS demo: generating the embedded synthetic dataset, training the FM, its "
           "encoder and the vertical models on the periods before the replay window, then "
