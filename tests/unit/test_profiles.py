@@ -123,3 +123,14 @@ def test_the_retrieval_state_is_what_makes_candidates_recur():
 
     held, fresh = recurrence(retrieval_persistence=1.0), recurrence(retrieval_persistence=0.0)
     assert held > fresh + 0.05
+
+
+def test_each_profiles_serving_settings_are_config_keys():
+    from solaris.data.profiles import SERVING
+
+    assert set(SERVING) == set(PROFILES) == set(DEMO_SIZE)
+    for name, serving in SERVING.items():
+        cfg = load_config(None, dict(serving))
+        for dotted, value in serving.items():
+            section, key = dotted.split(".")
+            assert getattr(getattr(cfg, section), key) == value, (name, dotted)
