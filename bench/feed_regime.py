@@ -108,19 +108,23 @@ def summarize(out: Path, seeds: list[int], took: dict) -> dict:
             "scales": man.get("scales") or man.get("residual"),
             "closed_loop_lift": sims[s]["lift"].get("click_lift"),
         }
-    mean = lambda k: sum(per_seed[s][k] for s in seeds) / len(seeds)  # noqa: E731
+    def mean(get) -> float:
+        return sum(get(per_seed[s]) for s in seeds) / len(seeds)
+
     summary = {"seeds": seeds, "per_seed": per_seed, "took": took,
-               "mean_tr_online": mean("tr_online"), "mean_tr_online_raw": mean("tr_online_raw"),
-               "mean_pair_coverage": sum(per_seed[s]["coverage"]["pair"] for s in seeds) / len(seeds),
-               "mean_effective_coverage": sum(per_seed[s]["coverage"]["effective"]
-                                              for s in seeds) / len(seeds),
+               "mean_tr_online": mean(lambda r: r["tr_online"]),
+               "mean_tr_online_raw": mean(lambda r: r["tr_online_raw"]),
+               "mean_pair_coverage": mean(lambda r: r["coverage"]["pair"]),
+               "mean_effective_coverage": mean(lambda r: r["coverage"]["effective"]),
                "pooled_replay": pool_rp, "pooled_closed_loop": pool_cl}
     (out / "feed_regime.json").write_text(to_json(summary))
     return summary
 
 
 def table(sm: dict) -> str:
-    f = lambda x: "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.3f}"  # noqa: E731,E501
+    def f(x) -> str:
+        return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:.3f}"
+
     lines = [f"{'seed':<6}{'rec6h':>7}{'pair':>7}{'eff':>7}{'TR cal':>8}{'CI':>17}"
              f"{'TR raw':>8}{'evals/1k':>9}{'lift':>7}"]
     for s, r in sm["per_seed"].items():
@@ -131,9 +135,11 @@ def table(sm: dict) -> str:
                      f"{f(r['coverage']['effective']):>7}{f(r['tr_online']):>8}"
                      f"  [{f(ci[0])}, {f(ci[1])}]{f(r['tr_online_raw']):>8}"
                      f"{r['fm_evals_per_1k_requests']:>9.0f}{f(lift):>7}")
-        lines.append("      tiers: " + ", ".join(f"{k} {f(v)}" for k, v in r["tr_online_by_tier"]))
-    lines.append(f"mean TR calibrated {f(sm['mean_tr_online'])}, raw {f(sm['mean_tr_online_raw'])}; "
-                 f"pair {f(sm['mean_pair_coverage'])}, effective {f(sm['mean_effective_coverage'])}")
+        lines.append("      tiers: "
+                     + ", ".join(f"{k} {f(v)}" for k, v in r["tr_online_by_tier"]))
+    lines.append(f"mean TR calibrated {f(sm['mean_tr_online'])}, "
+                 f"raw {f(sm['mean_tr_online_raw'])}; pair {f(sm['mean_pair_coverage'])}, "
+                 f"effective {f(sm['mean_effective_coverage'])}")
     return "\n".join(lines)
 
 

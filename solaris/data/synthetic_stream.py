@@ -5,8 +5,9 @@ global time order and a 10M-row log never sits in memory whole. Each window draw
 seeded stream ``(seed, window)``: output does not depend on how a caller chunks it.
 
 Per request: a retrieval stage returns ``candidates_per_request`` items (nearest to a *noisy*
-estimate of the user's interest, plus popular items); a ranker with its own noisy estimate
-impresses the top ``impressions_per_request``; only those get labels. The click logit uses the
+estimate of the user's interest, plus popular items; the noise redrawn per request, or with
+``retrieval_memory_h`` > 0 a per-user state drifting over hours, as a feed's); a ranker with
+its own noisy estimate impresses the top ``impressions_per_request``; only those get labels. The click logit uses the
 user's *current* interest on that surface, pulled toward the items clicked earlier in the same
 session (session intent), minus a penalty for re-clicking an item of this session (satiation):
 effects that only a model reading the behaviour sequence can see.
@@ -215,7 +216,8 @@ def retrieval_state(rng: np.random.Generator, st: RetrievalState, memory_s: floa
         dt = np.maximum(ts[rows] - st.last[u], 0.0)  # a late session's request: no step back
         a = np.exp(-dt / memory_s)
         b = np.sqrt(1.0 - a * a)
-        st.ret[u] = a[:, None] * st.ret[u] + b[:, None] * rng.standard_normal((len(u), st.ret.shape[1]))
+        st.ret[u] = (a[:, None] * st.ret[u]
+                     + b[:, None] * rng.standard_normal((len(u), st.ret.shape[1])))
         st.pop[u] = (a[:, None] * st.pop[u]
                      + b[:, None] * rng.standard_normal(st.pop[u].shape, dtype=np.float32))
         st.last[u] = ts[rows]
