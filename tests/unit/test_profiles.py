@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from solaris.config import SyntheticConfig, config_from_dict, config_to_dict, load_config
+from solaris.config import (SyntheticConfig, config_from_dict, config_to_dict, load_config,
+                            parse_overrides)
 from solaris.data.profiles import DEMO_SIZE, PROFILES, REQUEST_PROCESS
 from solaris.data.split import time_split
 from solaris.data.synthetic import build, generate
@@ -134,3 +135,37 @@ def test_each_profiles_serving_settings_are_config_keys():
         for dotted, value in serving.items():
             section, key = dotted.split(".")
             assert getattr(getattr(cfg, section), key) == value, (name, dotted)
+
+
+def test_the_demo_runs_in_the_feed_world_and_the_classic_one_on_request(monkeypatch):
+    """``solaris demo`` hands the replay the feed world at the demo's size with its serving
+    settings (the replay's own schedule options too); ``--profile classic`` the defaults; a
+    user's --set wins. The replay itself is not run (its parser is the real one)."""
+    from solaris import cli
+
+    replay = cli._replay_module()
+    seen = {}
+
+    class Replay:
+        build_parser = staticmethod(replay.build_parser)
+        add_arguments = staticmethod(replay.add_arguments)
+
+        @staticmethod
+        def run_from_args(ns):
+            seen["ns"] = ns
+            return 0
+
+    monkeypatch.setattr(cli, "_replay_module", lambda: Replay)
+    assert cli.main(["demo", "--out", "x", "--set", "data.synthetic.num_users=410"]) == 0
+    ns = seen["ns"]
+    cfg = load_config(ns.config, parse_overrides(ns.set))
+    syn = cfg.data.synthetic
+    assert syn.profile == "feed" and syn.num_users == 410
+    assert syn.target_interactions == DEMO_SIZE["feed"]["target_interactions"]
+    assert cfg.verifier.fraction == 0.5 and ns.lag_s == 60.0 and ns.budget == 0.0
+    assert ns.rollover_at == 0.5 and ns.dataset == "synthetic"
+    assert cli.main(["demo", "--out", "x", "--profile", "classic"]) == 0
+    ns = seen["ns"]
+    cfg = load_config(ns.config, parse_overrides(ns.set))
+    assert cfg.data.synthetic == SyntheticConfig()
+    assert ns.lag_s == 300.0 and cfg.verifier.fraction == 0.2
