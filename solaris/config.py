@@ -165,7 +165,10 @@ class FeatureConfig:
     """How per-row model inputs are built."""
 
     history_len: int = 32  # behaviour events the FM reads, most recent first (as of the row)
-    agg_window_s: int = 24 * 3600  # aggregated user embedding: pairs written in this window
+    # aggregated user embedding of the offline features (the fresh-z training inputs): pairs
+    # written in this window; the served aggregate, and the serving simulations that train
+    # its scale, read what the cache retains (cache.retention_s): keep the two equal
+    agg_window_s: int = 24 * 3600
     # rows sharing a row's timestamp (e.g. the same request's other candidates, whose labels
     # arrive later) are not its history unless this is set (tie order then counts as time)
     history_ties: bool = False
