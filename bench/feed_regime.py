@@ -105,7 +105,7 @@ def summarize(out: Path, seeds: list[int], took: dict) -> dict:
             "fm_evals_per_1k_requests": r["fm_evals_per_1k_requests"],
             "estimate_check": e.get("check"),
             "replay_seconds": r["seconds"], "artifacts_seconds": r["artifacts_seconds"],
-            "scales": man.get("scales") or man.get("residual"),
+            "scales": {t: v["scales"] for t, v in man["vms"].items()},
             "closed_loop_lift": sims[s]["lift"].get("click_lift"),
         }
     def mean(get) -> float:
