@@ -82,6 +82,7 @@ from ray.util import metrics as ray_metrics
 from actors.cache import HistoryUnavailable
 from actors.ledger import LedgerClient
 from actors.queue import QueueClient
+from solaris import metrics
 from solaris.config import PrecomputeConfig, check_history_at
 from solaris.errors import ConfigError
 from solaris.precompute.pqueue import Lease
@@ -469,19 +470,10 @@ _METRICS_LOCK = threading.Lock()
 def _pool_metrics() -> dict[str, Any]:
     with _METRICS_LOCK:
         if not _METRICS:
-            tags = ("pool",)
             _METRICS.update(
-                workers=ray_metrics.Gauge(
-                    "solaris_fm_pool_workers", tag_keys=tags,
-                    description="FM workers in the pool (placed or not; retiring ones not)"),
-                pending=ray_metrics.Gauge(
-                    "solaris_fm_pool_pending", tag_keys=tags,
-                    description="FM workers requested but not placed and built yet "
-                                "(e.g. waiting for the autoscaler's GPU node)"),
-                errors=ray_metrics.Counter(
-                    "solaris_fm_worker_errors", tag_keys=tags,
-                    description="FM worker errors: failed cycles (leases given back), "
-                                "restarts after a crash, workers that stopped answering"))
+                workers=metrics.build(metrics.FM_POOL_WORKERS, ray_metrics),
+                pending=metrics.build(metrics.FM_POOL_PENDING, ray_metrics),
+                errors=metrics.build(metrics.FM_WORKER_ERRORS, ray_metrics))
         return _METRICS
 
 

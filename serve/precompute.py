@@ -12,6 +12,7 @@ from ray import serve
 from ray.util import metrics as ray_metrics
 
 from serve.backend import Backend
+from solaris import metrics
 from solaris.config import load_config
 from solaris.precompute.ledger import speculation_report
 from solaris.artifacts import Artifacts
@@ -42,13 +43,9 @@ class Precompute:
                               profile=cfg.serve.profile, name=art.version)
             pool.start()
             self.pools[art.version] = pool
-        self._gauges = {k: ray_metrics.Gauge(f"solaris_{k}", description=d) for k, d in (
-            ("queue_depth", "pending precompute pairs"),
-            ("queue_dropped", "pairs dropped on queue overflow (cumulative)"),
-            ("precompute_lag_s", "wall seconds from enqueue to cache write (recent mean)"),
-            ("cache_entries", "live pair embeddings in the cache group"),
-            ("version_mismatch", "own-pair lookups that found only another version (cumulative)"),
-            ("fm_workers", "running FM workers"))}
+        # keyed as _collect names them: the metric's name less "solaris_"
+        self._gauges = {m.name.removeprefix("solaris_"): metrics.build(m, ray_metrics)
+                        for m in metrics.exported_by("precompute")}
         self._last: dict[str, Any] = {}
         self._counts: tuple[dict | None, list[dict]] = (None, [])  # ledger, shards (last poll)
         self._paused = False

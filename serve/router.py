@@ -27,6 +27,7 @@ from serve.auth import Credentials, operator_call, read_call, service_call
 from serve.backend import QUIET, Backend, Unavailable, knn_tables
 from serve.http import (RETRY_AFTER_S, FeedbackRequest, RankRequest, RankResponse,
                         ScaleRequest, api, problem)
+from solaris import metrics
 from solaris.online import health, verifier
 from solaris.cache.query import Slots
 from solaris.clock import ClockSkewError, SkewGuard, event_clock
@@ -149,29 +150,17 @@ class LookupRouter:
         # router has accepted; the serving profiles stamp requests with the wall clock
         self._replay = cfg.serve.profile == "replay"
         self._clock = SkewGuard(event_clock(cfg.serve)) if self._replay else None
-        self._m_latency = ray_metrics.Histogram(
-            "solaris_rank_latency_ms", description="router latency of /rank",
-            boundaries=[1, 2, 5, 10, 20, 50, 100, 200, 500, 1000], tag_keys=("mode", "task"))
-        self._m_tier = ray_metrics.Counter("solaris_candidates", description="candidates by tier",
-                                           tag_keys=("tier",))
-        self._m_agg = ray_metrics.Counter("solaris_aggregate_present",
-                                          description="candidates with the user slot present")
-        self._m_errors = ray_metrics.Counter("solaris_rank_errors", tag_keys=("code",),
-                                             description="non-2xx answers of /rank")
-        self._m_enqueued = ray_metrics.Counter("solaris_enqueued_pairs",
-                                               description="verifier picks handed to the queue")
+        self._m_latency = metrics.build(metrics.RANK_LATENCY_MS, ray_metrics)
+        self._m_tier = metrics.build(metrics.CANDIDATES, ray_metrics)
+        self._m_agg = metrics.build(metrics.AGGREGATE_PRESENT, ray_metrics)
+        self._m_errors = metrics.build(metrics.RANK_ERRORS, ray_metrics)
+        self._m_enqueued = metrics.build(metrics.ENQUEUED_PAIRS, ray_metrics)
         # what a dashboard needs that no request counts: shard liveness, the KNN table's
         # age, the control state's revision (a thread, every GAUGE_EVERY_S; every router
         # replica reports its own view)
-        self._m_shard_up = ray_metrics.Gauge(
-            "solaris_shard_up", tag_keys=("shard",),
-            description="1 if the cache shard answered this router's last ping in time")
-        self._m_knn_age = ray_metrics.Gauge(
-            "solaris_knn_table_age_s", description="seconds since the KNN tables this router "
-            "serves were built (-1: none published, or no knn.table_uri)")
-        self._m_control = ray_metrics.Gauge(
-            "solaris_control_revision", description="the control state's revision this "
-            "router serves (routers that differ for long are not following)")
+        self._m_shard_up = metrics.build(metrics.SHARD_UP, ray_metrics)
+        self._m_knn_age = metrics.build(metrics.KNN_TABLE_AGE_S, ray_metrics)
+        self._m_control = metrics.build(metrics.CONTROL_REVISION, ray_metrics)
         threading.Thread(target=self._gauge_loop, name="router-gauges", daemon=True).start()
         log.info("router: tasks %s, versions %s, mode %s, knn %s", self.tasks, list(self.arts),
                  cfg.serve.mode, self.knn.version if self.knn else None)

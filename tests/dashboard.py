@@ -14,9 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "deploy" / "grafana" / "solaris-dashboard.json"
 ALERTS = ROOT / "deploy" / "prometheus" / "solaris-alerts.yaml"
 RUNBOOK = ROOT / "docs" / "guides" / "runbook.md"
-_DEFINED = re.compile(r"ray_metrics\.(Gauge|Counter|Histogram)\(\s*f?\"(solaris_[a-z0-9_{}]+)\"")
 _NAMED = re.compile(r"\b(ray_solaris_[a-z0-9_]+)")
-SUFFIXES = {"Gauge": ("",), "Counter": ("_total",), "Histogram": ("_bucket", "_sum", "_count")}
 
 
 def dashboard_exprs() -> list[str]:
@@ -35,15 +33,10 @@ def named_metrics() -> set[str]:
 
 
 def exported_names() -> set[str]:
-    """The Prometheus names of the metrics the code defines (the gauges named in a loop in
-    serve/precompute.py are listed there as ``solaris_{k}``: expanded from its tuple)."""
-    out: set[str] = set()
-    for path in [*ROOT.glob("serve/*.py"), *ROOT.glob("actors/*.py"), *ROOT.glob("jobs/*.py")]:
-        text = path.read_text()
-        for kind, name in _DEFINED.findall(text):
-            names = [name]
-            if "{k}" in name:  # ("queue_depth", "pending ..."), ...
-                names = [name.replace("{k}", k) for k in
-                         re.findall(r"\(\"([a-z_]+)\", \"", text[text.index(name):])]
-            out |= {f"ray_{n}{s}" for n in names for s in SUFFIXES[kind]}
-    return out
+    """The Prometheus names of the metrics the code defines: the registry the router, the
+    precompute deployment and the FM worker pools build their Ray metrics from
+    (``solaris/metrics.py``; tests/unit/test_reference_pages.py checks that no Ray metric is
+    made outside it)."""
+    from solaris.metrics import prometheus_names
+
+    return prometheus_names()
