@@ -7,7 +7,7 @@
 The live pieces are the production ones: the Serve app (``serve_app.py``: lookup router and
 VMs over HTTP on loopback, the cache shards with their history stores, the precompute queue,
 the FM workers) and the KNN rebuild job (``jobs/rebuild_knn.py``, Ray Data), all on a local
-Ray. The protocol (README, "Replay"):
+Ray. The protocol (``docs/guides/replay.md``):
 
 1. The window is the split's test period; the FM, encoder, VMs (and the VM alone the
    transfer ratio compares against) train on earlier periods only, checked before serving.

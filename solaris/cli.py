@@ -285,7 +285,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The README's main job: the event-time replay of the embedded synthetic data through
+    """The quickstart's main job: the event-time replay of the embedded synthetic data through
     the live system (Serve, cache shards, queue, FM workers, KNN job), with its report."""
     from solaris.data.profiles import DEMO_SIZE, SERVING
 
