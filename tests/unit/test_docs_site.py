@@ -9,6 +9,7 @@ warning fail the build. The nav test says the same about unlisted pages by name.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,3 +50,27 @@ def test_every_page_under_docs_is_in_the_nav() -> None:
     absent = [p for p in listed if not (DOCS / p).is_file()]
     assert not absent, f"nav entries with no page under docs/: {absent}"
     assert len(listed) == len(set(listed)), "a page is listed twice in the nav"
+
+
+README_MAX_LINES, README_MAX_WORDS = 200, 2000
+_LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+
+
+def test_the_readme_is_short_and_its_links_resolve() -> None:
+    text = (ROOT / "README.md").read_text()
+    lines, words = len(text.splitlines()), len(text.split())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES})"
+    assert words <= README_MAX_WORDS, f"README.md has {words} words (at most {README_MAX_WORDS})"
+    targets = [t for t in _LINK.findall(text) if "://" not in t]
+    assert targets, "README.md links no page of docs/"
+    broken = [t for t in targets if not (ROOT / t).exists()]
+    assert not broken, f"README.md links missing files: {broken}"
+
+
+def test_ci_runs_the_readmes_test_command_verbatim() -> None:
+    """The quickstart's second command is what ``.ci/run`` runs; both commands are the first
+    two code blocks of the README."""
+    blocks = re.findall(r"```bash\n(.*?)\n```", (ROOT / "README.md").read_text(), re.S)
+    install, test = blocks[0].strip(), blocks[1].strip()
+    assert "solaris demo" in install and "pytest" in test
+    assert test in (ROOT / ".ci" / "run").read_text().splitlines()
