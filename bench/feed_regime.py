@@ -1,7 +1,7 @@
 """Benchmark: SOLARIS in the feed world (the paper's regime), over training seeds.
 
     python bench/feed_regime.py --out runs/feed [--seeds 0 1 2] [--profile feed]
-        [--summarize-only]
+        [--set KEY=VALUE ...] [--no-closed-loop] [--summarize-only]
 
 Per training seed, in the ``feed`` profile of the synthetic generator
 (``solaris/data/profiles.py``): ``solaris replay`` of the window (the live system; it trains
@@ -10,7 +10,9 @@ closed loop, the same artifacts) and ``solaris estimate`` (the prediction beside
 a run whose output exists is not run again. Then the seeds are pooled with
 ``bench/replay_seeds.py`` (online TR, paired over seeds and requests) and
 ``bench/closed_loop.py`` (the click lift), and the figures the feed world is held to are
-printed beside their bars. Every number goes to ``OUT/feed_regime.json``.
+printed beside their bars. Every number goes to ``OUT/feed_regime.json``. ``--set`` adds
+config overrides after the profile's serving settings (e.g. ``verifier.fraction=1.0``);
+``--no-closed-loop`` runs the replay and the estimate only.
 """
 
 from __future__ import annotations
@@ -39,12 +41,14 @@ def run(cmd: list[str], log: Path) -> float:
     return time.perf_counter() - t
 
 
-def seed_runs(out: Path, seed: int, profile: str) -> dict:
+def seed_runs(out: Path, seed: int, profile: str, sets: list[str], closed_loop: bool) -> dict:
     from solaris.data.profiles import SERVING
 
     world = ["--dataset", "synthetic", "--set", f"data.synthetic.profile={profile}"]
     for k, v in SERVING[profile].items():
         world += ["--set", f"{k}={v}"]
+    for kv in sets:
+        world += ["--set", kv]
     sched = SERVING[profile]
     schedule = [*(["--lag-s", str(sched["schedule.lag_s"])] if "schedule.lag_s" in sched else []),
                 *(["--budget", str(sched["schedule.budget_per_hour"])]
@@ -56,7 +60,7 @@ def seed_runs(out: Path, seed: int, profile: str) -> dict:
         rp.mkdir(parents=True, exist_ok=True)
         took["replay_s"] = run([*solaris, "replay", *world, *schedule, "--seed", str(seed),
                                 "--out", str(rp), "--no-progress"], out / f"replay-s{seed}.log")
-    if not (sim / "closed_loop.json").exists():
+    if closed_loop and not (sim / "closed_loop.json").exists():
         took["simulate_s"] = run([*solaris, "simulate", *world, "--seed", str(seed),
                                   "--artifacts", str(rp / "artifacts"), "--out", str(sim)],
                                  out / f"simulate-s{seed}.log")
@@ -67,12 +71,14 @@ def seed_runs(out: Path, seed: int, profile: str) -> dict:
     return took
 
 
-def pooled(out: Path, seeds: list[int]) -> tuple[dict, dict]:
+def pooled(out: Path, seeds: list[int], closed_loop: bool) -> tuple[dict, dict | None]:
     py = sys.executable
     rp = [str(out / f"replay-s{s}") for s in seeds]
     sim = [str(out / f"simulate-s{s}") for s in seeds]
     run([py, "bench/replay_seeds.py", *rp, "--json", str(out / "replay_seeds.json")],
         out / "replay_seeds.log")
+    if not closed_loop:
+        return json.loads((out / "replay_seeds.json").read_text()), None
     run([py, "bench/closed_loop.py", *sim, "--json", str(out / "closed_loop.json")],
         out / "closed_loop.log")
     return (json.loads((out / "replay_seeds.json").read_text()),
@@ -84,13 +90,13 @@ def tier_steps(rep: dict) -> list[tuple[str, float | None]]:
     return [(k, v.get("tr")) for k, v in rep["tr_online_by_tier"].items()]
 
 
-def summarize(out: Path, seeds: list[int], took: dict) -> dict:
+def summarize(out: Path, seeds: list[int], took: dict, closed_loop: bool = True) -> dict:
     reps = {s: json.loads((out / f"replay-s{s}" / "replay.json").read_text()) for s in seeds}
     ests = {s: json.loads((out / f"estimate-s{s}" / "estimate.json").read_text())
             for s in seeds}
     sims = {s: json.loads((out / f"simulate-s{s}" / "closed_loop.json").read_text())
-            for s in seeds}
-    pool_rp, pool_cl = pooled(out, seeds)
+            for s in seeds} if closed_loop else {}
+    pool_rp, pool_cl = pooled(out, seeds, closed_loop)
     per_seed = {}
     for s in seeds:
         r, e = reps[s], ests[s]
@@ -106,7 +112,7 @@ def summarize(out: Path, seeds: list[int], took: dict) -> dict:
             "estimate_check": e.get("check"),
             "replay_seconds": r["seconds"], "artifacts_seconds": r["artifacts_seconds"],
             "scales": {t: v["scales"] for t, v in man["vms"].items()},
-            "closed_loop_lift": sims[s]["lift"].get("click_lift"),
+            "closed_loop_lift": sims[s]["lift"].get("click_lift") if closed_loop else None,
         }
     def mean(get) -> float:
         return sum(get(per_seed[s]) for s in seeds) / len(seeds)
@@ -148,15 +154,19 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("runs/feed"))
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--profile", default="feed")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config overrides after the profile's serving settings")
+    ap.add_argument("--no-closed-loop", action="store_true",
+                    help="the replay and the estimate only")
     ap.add_argument("--summarize-only", action="store_true")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     took = {}
     if not args.summarize_only:
         for s in args.seeds:
-            took[s] = seed_runs(args.out, s, args.profile)
+            took[s] = seed_runs(args.out, s, args.profile, args.set, not args.no_closed_loop)
             print(f"seed {s}: {took[s]}", flush=True)
-    sm = summarize(args.out, args.seeds, took)
+    sm = summarize(args.out, args.seeds, took, not args.no_closed_loop)
     print(table(sm))
     print(f"wrote {args.out / 'feed_regime.json'}")
     return 0

@@ -86,10 +86,15 @@ def main() -> int:
            "cos_random": float(cos_rand.mean()),
            "cos_top10_by_hidden_interest": float(best.mean()),
            "knn_sim_top10": float(table.sims[rows, :10][ok].mean())}
-    print(json.dumps(out, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
+    report(out, args.json)
     return 0
+
+
+def report(out: dict, path: Path | None) -> None:
+    """Print ``out`` as JSON, and write it to ``path`` if given."""
+    print(json.dumps(out, indent=2))
+    if path:
+        path.write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":
