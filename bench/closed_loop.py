@@ -52,7 +52,7 @@ def shadow_inputs(run: Path, rep: dict) -> tuple:
     policies read it (which items were shown) and the schedule it ran with, for
     ``solaris.replay.coverage``'s simulation; plus the (R, shown) positions it showed and
     whether each was the exploration slot (propensity below 1)."""
-    from solaris.config import QueueConfig, VerifierConfig
+    from solaris.config import VerifierConfig
     from solaris.replay.closed_loop import empty_log, shown_log
     from solaris.simulate.log import RequestLog
 
@@ -69,7 +69,6 @@ def shadow_inputs(run: Path, rep: dict) -> tuple:
     kw = dict(horizon_s=float(rep.get("horizon_s", VerifierConfig.horizon_s)),
               read_ttl_s=float(rep["read_ttl_s"]), lag_s=float(rep["lag_s"]),
               tick_s=float(rep["tick_s"]), budget_per_hour=float(rep["budget_per_hour"]),
-              merge=str(rep.get("queue_merge", QueueConfig.merge)),
               seed=int(rep["options"]["seed"]))
     return closed, base, kw, shadow.pos, explore
 

@@ -7,7 +7,8 @@ the scores the verifier ranked by come from ``served.npz`` (runs written before 
 them: the log is rebuilt from the run's config and window with the replay's ``SEED``, and the
 served scores stand in). Every policy of ``solaris.precompute.speculation`` then runs on the key-level
 schedule simulation with the run's lag, tick, TTL and budget, over a sweep of fractions
-(the oracle once: it computes exactly what will be read). Reported per run:
+(the oracle once: it computes exactly what will be read); the simulation merges a pending pair
+as the live queue does (it stays with the earlier request). Reported per run:
 
 * each policy's cost curve: pair coverage of labelled pairs, FM evaluations (and per 1,000
   requests), precision;
@@ -48,7 +49,7 @@ def load_log(run: Path, seed: int):
     from solaris.simulate.log import build_request_log
 
     rep = json.loads((run / "replay.json").read_text())
-    cfg = load_config(run / "replay-config.yaml", {})
+    cfg = load_config(run / "replay-config.yaml", stored=True)
     ds = load_dataset(cfg.data)
     lg = build_request_log(ds, int(rep["window_start"]),
                            num_candidates=int(rep["candidates_per_request"]),
@@ -67,16 +68,7 @@ def load_log(run: Path, seed: int):
     return lg, np.nan_to_num(s.astype(np.float64), nan=0.0), rep, cfg, rebuilt
 
 
-def _merge_rule(run: Path) -> str:
-    """The queue's merge rule the run served with (runs from before ``queue.merge`` existed
-    moved a pending pair to the later request)."""
-    import yaml
-
-    raw = yaml.safe_load((run / "replay-config.yaml").read_text()) or {}
-    return str((raw.get("queue") or {}).get("merge", "later"))
-
-
-def run_one(run: Path, seed: int, fractions: tuple[float, ...], merge: str = "run") -> dict:
+def run_one(run: Path, seed: int, fractions: tuple[float, ...]) -> dict:
     from solaris.replay.coverage import compare_policies
 
     t0 = time.perf_counter()
@@ -86,14 +78,12 @@ def run_one(run: Path, seed: int, fractions: tuple[float, ...], merge: str = "ru
                            horizon_s=float(cfg.verifier.horizon_s),
                            read_ttl_s=float(rep["read_ttl_s"]), lag_s=float(rep["lag_s"]),
                            tick_s=float(rep["tick_s"]),
-                           budget_per_hour=float(rep["budget_per_hour"]),
-                           merge=_merge_rule(run) if merge == "run" else merge)
+                           budget_per_hour=float(rep["budget_per_hour"]))
     live = float(rep["coverage"]["pair"])
     sim = cmp["at_verifier_cost"]["pair"]["verifier"]
     return {
         "run": str(run), "seed": seed, "dataset": rep["dataset"], "log_rebuilt": rebuilt,
         "requests": int(lg.num_requests), "fraction": frac,
-        "merge": _merge_rule(run) if merge == "run" else merge,
         "live_check": {"live_pair": live, "simulated_pair": sim,
                        "abs_diff": abs(live - sim), "ok": abs(live - sim) <= 0.005},
         **cmp, "seconds": round(time.perf_counter() - t0, 1)}
@@ -109,14 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, required=True)
     p.add_argument("--plot", type=Path, required=True)
     p.add_argument("--fractions", type=float, nargs="+", default=list(FRACTIONS))
-    p.add_argument("--merge", choices=["run", "earlier", "later"], default="run",
-                   help="the queue's merge rule to simulate (run: the one the run served with)")
     a = p.parse_args(argv)
     t0 = time.perf_counter()
     out = []
     for spec in tqdm(a.runs, desc="runs"):
         run, _, seed = spec.partition(":")
-        out.append(run_one(Path(run), int(seed or 0), tuple(a.fractions), a.merge))
+        out.append(run_one(Path(run), int(seed or 0), tuple(a.fractions)))
     panels = {f"{r['dataset']} seed {r['seed']}": r["curves"] for r in out}
     policy_cost_plot(panels, a.plot)
     from machine import NO_FM, machine

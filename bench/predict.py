@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     for run in args.runs:
         art = run / "artifacts"
         manifest = json.loads((art / "manifest.json").read_text())
-        cfg = config_from_dict(manifest["config"])
+        cfg = config_from_dict(manifest["config"], stored=True)
         if args.data_dir is not None:
             cfg = with_overrides(cfg, {"data.data_dir": str(args.data_dir)})
         rep = json.loads((run / "replay.json").read_text())

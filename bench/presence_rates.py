@@ -11,8 +11,8 @@ positive rate stands above the VM alone's mean, the tier's presence carries info
 alone lacks (the verifier bet on the pair, or it was asked for before), and a map fitted on one
 period (``residual.present_affine``) transfers to another only if the periods agree. The VM
 period is in sample for the VM alone (it trained there), and here the VM alone also ranks its
-candidates (``residual.train_verifier: base``); training itself ranks them by the cross-fitted
-models by default (``crossfit``, not kept in the artifacts), and records what it saw per tier
+candidates; training itself ranks them by the cross-fitted models (out of sample, not kept in
+the artifacts: ``solaris.train.residual.training_verifier``), and records what it saw per tier
 in the manifest (``vms.<task>.served.presence``: training and validation rows).
 """
 
@@ -58,7 +58,7 @@ def run_rates(run: Path, task: str | None) -> dict:
     from solaris.features import FeatureTables
     from solaris.artifacts import Artifacts, load_models
 
-    cfg = load_config(run / "replay-config.yaml")
+    cfg = load_config(run / "replay-config.yaml", stored=True)
     ds = load_dataset(cfg.data)
     task = task or ds.tasks[0]
     if task not in ds.tasks:

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--datasets", default="synthetic,movielens")
     ap.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
                     help="override a config field on both datasets, e.g. "
-                    "--set residual.pair_scale_on=served")
+                    "--set residual.present_affine=served")
     args = ap.parse_args(argv)
     from solaris.config import load_config, parse_overrides
 

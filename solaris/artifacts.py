@@ -157,8 +157,9 @@ class Artifacts:
 
     @property
     def config(self) -> SolarisConfig:
-        """The config the artifacts were trained with."""
-        return config_from_dict(self.manifest["config"])
+        """The config the artifacts were trained with (less any option since removed:
+        ``solaris.config.REMOVED``)."""
+        return config_from_dict(self.manifest["config"], stored=True)
 
     @cached_property
     def spec(self) -> FeatureSpec:

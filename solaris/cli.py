@@ -242,7 +242,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     """Before deploying: the online TR, coverage and FM evaluations per 1,000 requests of a
     replay window predicted from the data before it, with the shipped artifacts
     (``solaris.replay.predict``); beside a finished replay's figures with ``--replay``."""
-    from solaris.config import config_from_dict, with_overrides
+    from solaris.config import with_overrides
     from solaris.eval.render import to_json
     from solaris.replay.plots import estimate_plot
     from solaris.replay.predict import compare, predict, prediction_table
@@ -261,8 +261,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     ds = _load(_config(args), getattr(args, "fetch", False))
     from solaris.artifacts import Artifacts
 
-    cfg = with_overrides(config_from_dict(Artifacts.open(art).manifest["config"]),
-                         parse_overrides(args.set or []))
+    cfg = with_overrides(Artifacts.open(art).config, parse_overrides(args.set or []))
     bar = _Bar(3 + (args.backtest is not None), "estimate")
     try:
         pred = predict(art, ds, start_ts=args.start, num_candidates=args.candidates,

@@ -7,12 +7,15 @@ Sub-configs are passed whole (``FMConfig`` to the FM, ``VMConfig`` to a VM, ...)
 from __future__ import annotations
 
 import dataclasses
+import logging
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from solaris.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 
 def _check(cond: bool, name: str, value: Any, why: str) -> None:
@@ -280,55 +283,30 @@ class ResidualConfig:
     # scales tried per slot and tier on validation; 0 is the kill switch (tier not looked up)
     scales: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
     # an input learned on simulated serving (imputed tiers, the aggregate) is served only if
-    # its validation gain is at least this many standard errors of the per-row gain; with
-    # ``guard_family: bonferroni`` this z is the level of the family of inputs the guard
-    # judges together (user neighbour, item neighbour, aggregate), so each input needs
-    # ``family_z(min_gain_z, 3)`` (2.43 at z = 2) -- the chance that noise switches on any of
-    # the three stays that of one input at ``min_gain_z``; ``per_input``: each needs z itself
+    # its validation gain is at least this many standard errors of the per-row gain, as the
+    # level of the family of inputs the guard judges together (user neighbour, item
+    # neighbour, aggregate): each input needs ``family_z(min_gain_z, 3)`` (2.43 at z = 2), so
+    # the chance that noise switches on any of the three stays that of one input at
+    # ``min_gain_z`` (Bonferroni)
     min_gain_z: float = 2.0
-    guard_family: str = "bonferroni"
     # share of the training rows (the latest) that stops training on simulated serving early
     holdout_share: float = 0.2
-    # where the own pair's scale is chosen: "full" -- validation with every row carrying its
-    # pair; "served" -- the validation rows simulated serving covers (the verifier's rows),
-    # as the other tiers' scales are
-    pair_scale_on: str = "full"
-    # the own pair's tier-and-age gate: "fixed" -- as the pair correction trained it (fresh z);
-    # "served" -- fine-tuned (the gate only, delta frozen) on the training rows simulated
-    # serving covers with an own pair, at the ages they are read: the verifier's rows
-    # "served_delta": the gate and the correction delta itself fine-tuned there
-    pair_gate_on: str = "fixed"
     # where a pair tier is served, the logit mapped once more (alpha + beta * logit, per tier):
     # "off" -- identity; "served" -- fitted on the training rows simulated serving covers with
     # that tier (out-of-sample base logits), kept only if it passes the guard on validation
     present_affine: str = "off"
-    # who ranks the training (VM) period's candidates in the schedule simulation that builds
-    # the imputed tiers' and the aggregate's training rows: "base" -- the VM alone, which
-    # trained on those very rows (in sample: its top-ranked, precomputed pairs are enriched in
-    # positives it has memorised); "crossfit" -- each candidate scored by the cross-fitted VM
-    # alone that did not train on its pair's row, out of sample as the base is when it serves
-    train_verifier: str = "crossfit"
 
     def __post_init__(self) -> None:
         _check(self.hidden >= 1, "residual.hidden", self.hidden, "must be >= 1")
         _check(self.folds >= 2, "residual.folds", self.folds, "must be >= 2")
-        _check(self.train_verifier in ("base", "crossfit"), "residual.train_verifier",
-               self.train_verifier, "must be 'base' or 'crossfit'")
         _check(self.lr > 0, "residual.lr", self.lr, "must be > 0")
         _check(self.epochs >= 1, "residual.epochs", self.epochs, "must be >= 1")
         _check(len(self.scales) >= 1 and all(0.0 <= x <= 1.0 for x in self.scales)
                and 0.0 in self.scales, "residual.scales", self.scales,
                "must be values in [0, 1] including 0")
         _check(self.min_gain_z >= 0, "residual.min_gain_z", self.min_gain_z, "must be >= 0")
-        _check(self.guard_family in ("bonferroni", "per_input"), "residual.guard_family",
-               self.guard_family, "must be 'bonferroni' or 'per_input'")
         _check(0 < self.holdout_share < 1, "residual.holdout_share", self.holdout_share,
                "must be in (0, 1)")
-        _check(self.pair_scale_on in ("full", "served"), "residual.pair_scale_on",
-               self.pair_scale_on, "must be 'full' or 'served'")
-        _check(self.pair_gate_on in ("fixed", "served", "served_delta"),
-               "residual.pair_gate_on", self.pair_gate_on,
-               "must be 'fixed', 'served' or 'served_delta'")
         _check(self.present_affine in ("off", "served"), "residual.present_affine",
                self.present_affine, "must be 'off' or 'served'")
 
@@ -539,7 +517,9 @@ class HistoryConfig:
 
 @dataclass(frozen=True)
 class QueueConfig:
-    """The precompute queue: bounded, priority by verifier score, leased to FM workers."""
+    """The precompute queue: bounded, priority by verifier score, leased to FM workers. A
+    pair already pending when another request bets on it keeps the higher priority and stays
+    with the earlier request by event time (``solaris.precompute.pqueue``)."""
 
     capacity: int = 100_000  # pending + leased pairs; past it the lowest priority is dropped
     lease_timeout_s: float = 30.0  # wall seconds before an un-acked lease returns to the queue
@@ -548,17 +528,9 @@ class QueueConfig:
     # profile defaults it under $SOLARIS_STATE_URI: solaris/state.py)
     snapshot_uri: str | None = None
     snapshot_every_s: float = 5.0  # wall seconds between queue snapshots
-    # a pair already pending when another request bets on it: "earlier" keeps it with the
-    # earlier request (it is computed as soon as it is due: in a session, requests a minute
-    # or two apart would otherwise push it back again and again), "later" moves it to the
-    # later request (its history is fresher) -- by event time, whatever order the puts came
-    # in. Either way the higher priority is kept.
-    merge: str = "earlier"
 
     def __post_init__(self) -> None:
         _check(self.capacity >= 1, "queue.capacity", self.capacity, "must be >= 1")
-        _check(self.merge in ("earlier", "later"), "queue.merge", self.merge,
-               "one of 'earlier', 'later'")
         _check(self.lease_timeout_s > 0, "queue.lease_timeout_s", self.lease_timeout_s,
                "must be > 0")
         _check(self.lease_pairs >= 1, "queue.lease_pairs", self.lease_pairs, "must be >= 1")
@@ -847,6 +819,55 @@ class SolarisConfig:
     serve: ServeConfig = field(default_factory=ServeConfig)
 
 
+# Options removed once their default had won, each with the behaviour that is now the only
+# one and the dated note that measured it. A config that sets one is refused with that note;
+# a stored config (an artifact's manifest, a finished run's replay-config.yaml) that holds one
+# still loads, the key ignored.
+REMOVED: dict[str, tuple[Any, str]] = {
+    "residual.guard_family": ("bonferroni", "docs/results/2026-12-03-replay-guard-family.md"),
+    "residual.train_verifier": ("crossfit",
+                                "docs/results/2026-12-04-replay-presence-signal.md"),
+    "residual.pair_scale_on": ("full", "docs/results/2026-12-03-replay-pair-scale-on.md"),
+    "residual.pair_gate_on": ("fixed", "docs/results/2026-12-04-replay-own-pair-gate.md"),
+    "queue.merge": ("earlier",
+                    "docs/results/2026-12-02-speculation-policies-merge-earlier.md"),
+}
+
+
+def _removed_error(name: str, value: Any) -> ConfigError:
+    only, note = REMOVED[name]
+    return ConfigError(f"{name}={value!r}: the option was removed, {only!r} is always the "
+                       f"behaviour (its result: {note})")
+
+
+def _without_removed(values: Any, where: str) -> Any:
+    """A stored config's ``values`` without the removed options it holds (a copy where it
+    holds any; ``values`` itself is not changed). One that held another value than the
+    behaviour now is logged: the config loaded is not the one its artifacts were made with."""
+    if not isinstance(values, dict):
+        return values  # _build names the bad shape
+    out = values
+    for name, (only, note) in REMOVED.items():
+        *path, key = name.split(".")
+        node: Any = out
+        for p in path:
+            node = node.get(p) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or key not in node:
+            continue
+        if node[key] != only:
+            log.warning("%s: %s=%r is a removed option, loaded as %r (its result: %s)",
+                        where, name, node[key], only, note)
+        out = _drop(out, [*path, key])
+    return out
+
+
+def _drop(values: dict[str, Any], path: list[str]) -> dict[str, Any]:
+    head, *rest = path
+    if not rest:
+        return {k: v for k, v in values.items() if k != head}
+    return {**values, head: _drop(values[head], rest)}
+
+
 def _build(cls: type, values: dict[str, Any], where: str) -> Any:
     """Build dataclass ``cls`` from a plain dict, recursing into nested dataclasses."""
     if not isinstance(values, dict):
@@ -859,11 +880,13 @@ def _build(cls: type, values: dict[str, Any], where: str) -> Any:
         values = {**profile_values(values["profile"], where), **values}
     kwargs: dict[str, Any] = {}
     for key, val in values.items():
+        name = f"{where + '.' if where else ''}{key}"
+        if key not in known and name in REMOVED:
+            raise _removed_error(name, val)
         if key not in known:
-            raise ConfigError(f"{where + '.' if where else ''}{key}={val!r}: unknown field "
+            raise ConfigError(f"{name}={val!r}: unknown field "
                               f"(known: {', '.join(sorted(known))})")
         hint = hints[key]
-        name = f"{where + '.' if where else ''}{key}"
         if dataclasses.is_dataclass(hint):
             kwargs[key] = _build(hint, val, name)
         elif isinstance(val, list):
@@ -873,13 +896,21 @@ def _build(cls: type, values: dict[str, Any], where: str) -> Any:
     return cls(**kwargs)
 
 
-def config_from_dict(values: dict[str, Any]) -> SolarisConfig:
-    """Build the config tree from nested dicts (e.g. parsed YAML)."""
+def config_from_dict(values: dict[str, Any], *, stored: bool = False) -> SolarisConfig:
+    """Build the config tree from nested dicts (e.g. parsed YAML). ``stored``: ``values`` is a
+    config an earlier run wrote (an artifact manifest's ``config``): the removed options it
+    may hold (``REMOVED``) are ignored instead of refused."""
+    if stored:
+        values = _without_removed(values, "stored config")
     return _build(SolarisConfig, values, "")
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> SolarisConfig:
-    """Load YAML (if given) and apply dotted ``overrides`` such as ``{"fm.emb_dim": 32}``."""
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None,
+                *, stored: bool = False) -> SolarisConfig:
+    """Load YAML (if given) and apply dotted ``overrides`` such as ``{"fm.emb_dim": 32}``.
+    ``stored``: the file is a config an earlier run wrote (a finished replay's
+    ``replay-config.yaml``): the removed options it holds are ignored; ``overrides`` are
+    checked as always."""
     import yaml
 
     values: dict[str, Any] = {}
@@ -888,7 +919,7 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         loaded = yaml.safe_load(text) or {}
         if not isinstance(loaded, dict):
             raise ConfigError(f"{path}: top level must be a mapping, got {type(loaded).__name__}")
-        values = loaded
+        values = _without_removed(loaded, str(path)) if stored else loaded
     return config_from_dict(_apply(values, overrides))
 
 

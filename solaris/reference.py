@@ -182,7 +182,16 @@ def config_page() -> str:
             doc = f"as `{prefix}.{doc[1:]}`, above" if doc.startswith("=") else _escape(doc)
             rows.append([_code(key), _type(str(f.type)), _code(yaml_value(default)), doc])
         out += _table(["key", "type", "default", "description"], rows) + [""]
-    return "\n".join(out)
+    out += ["## Removed options", "",
+            "Options removed once their default had won: the behaviour is always the one "
+            "given, and the dated note says how the others were measured. A config or `--set` "
+            "that names one is refused with its note; a config stored by an earlier version "
+            "(an artifact's manifest, a finished replay's `replay-config.yaml`) still loads, "
+            "the key ignored.", ""]
+    out += _table(["key", "behaviour", "result"],
+                  [[_code(key), _code(yaml_value(now)), f"[{Path(note).name}](../results/"
+                    f"{Path(note).name})"] for key, (now, note) in config.REMOVED.items()])
+    return "\n".join(out + [""])
 
 
 # -- command line -------------------------------------------------------------------------------

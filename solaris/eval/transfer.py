@@ -138,8 +138,7 @@ class TransferExperiment:
         return simulate_period(self.cfg, self.ds, self.tables, self.periods, base, teacher.fm,
                                teacher.encoder, teacher.version, period, seed,
                                self._logs[period],
-                               verifier=training_verifier(self.cfg.residual, cf, self.tables,
-                                                          period))
+                               verifier=training_verifier(cf, self.tables, period))
 
     def served_arms(self, run: "SeedRun", base: VerticalModel, pair_model: torch.nn.Module,
                     cf: CrossFit, task: int, seed: int, teacher: Teacher,

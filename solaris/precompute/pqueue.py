@@ -3,12 +3,12 @@
 What the queue actor wraps. Pairs arrive from the verifier in batches (``put``), each with
 its priority (the VM score) and the request it came from (user, event time, surface);
 identical (user, item, version) pairs are merged: the higher priority is kept, and the pair
-keeps its place (``cfg.merge = "earlier"``: it is computed as soon as it is due) or moves to
-the later request, whose history is fresher (``"later"``). A worker ``lease``s whole request
-groups, highest priority first, so it runs the FM's request part once per group; it
-``ack``s after its cache write. A lease not acked within ``cfg.lease_timeout_s`` wall
-seconds returns its pairs to the queue on the next call (pairs may then be evaluated twice;
-the cost ledger counts such duplicates).
+stays with the earlier request by event time, whatever order the puts came in (it is computed
+as soon as it is due: in a session, requests a minute or two apart would otherwise push it
+back again and again). A worker ``lease``s whole request groups, highest priority first, so
+it runs the FM's request part once per group; it ``ack``s after its cache write. A lease not
+acked within ``cfg.lease_timeout_s`` wall seconds returns its pairs to the queue on the next
+call (pairs may then be evaluated twice; the cost ledger counts such duplicates).
 
 Bound: pending + leased pairs never exceed ``cfg.capacity``; past it the lowest-priority
 pending pairs are dropped (ties: the oldest entry first) and counted. Leased pairs are in a
@@ -217,9 +217,9 @@ class PrecomputeQueue:
             heapq.heappush(self._drop_heap, (prio, p.token, key))
             return "new"
         old = self._groups[p.gid]
-        # "later": the fresher history; "earlier": the earlier request, whatever order the
-        # puts came in (a router's concurrent requests flush in the order they finish)
-        if (now > old.key[1]) if self.cfg.merge == "later" else (now < old.key[1]):
+        # the earlier request, whatever order the puts came in (a router's concurrent
+        # requests flush in the order they finish)
+        if now < old.key[1]:
             self._group_remove(p.gid, key[1])
             p.gid = self._group_for(gkey)
         p.prio = max(p.prio, prio)

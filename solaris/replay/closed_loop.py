@@ -459,8 +459,7 @@ def schedule(cfg: SolarisConfig, lg: RequestLog, base: np.ndarray, seed: int) ->
     return simulate_pair_coverage(
         lg, base, fraction=cfg.verifier.fraction, horizon_s=cfg.verifier.horizon_s,
         read_ttl_s=float(cfg.cache.read_ttl_s), lag_s=s.lag_s, tick_s=s.tick_s,
-        budget_per_hour=s.budget_per_hour, seed=seed, record_writes=True,
-        merge=cfg.queue.merge)
+        budget_per_hour=s.budget_per_hour, seed=seed, record_writes=True)
 
 
 def write_outputs(out: Path, ctx: LoopContext, logs: dict[str, ArmLog], report: dict) -> None:
@@ -610,12 +609,11 @@ def run_world(ctx: LoopContext, opts: LoopOptions,
     policies = compare_policies(
         closed, ctx.base, fraction=cfg.verifier.fraction, fractions=POLICY_FRACTIONS,
         seed=opts.seed, horizon_s=float(cfg.verifier.horizon_s), read_ttl_s=ttl, lag_s=lag,
-        tick_s=s.tick_s, budget_per_hour=s.budget_per_hour, merge=cfg.queue.merge)
+        tick_s=s.tick_s, budget_per_hour=s.budget_per_hour)
     report = {
         **ctx.info, "options": dataclasses.asdict(opts), "lag_s": lag, "read_ttl_s": ttl,
         "tick_s": s.tick_s, "budget_per_hour": s.budget_per_hour,
         "fraction": cfg.verifier.fraction, "horizon_s": cfg.verifier.horizon_s,
-        "queue_merge": cfg.queue.merge,
         "arms": {a: arm_metrics(g) for a, g in logs.items()},
         "lift": paired_lift({a: [g.p_true.sum(1)] for a, g in logs.items()}, seed=opts.seed),
         "shadow_coverage": cov, "coverage_bounds": bounds,

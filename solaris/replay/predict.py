@@ -116,7 +116,7 @@ def predict(art_dir: str | Path, ds: Dataset, *, start_ts: int | None = None,
     art_dir = Path(art_dir)
     art = Artifacts.open(art_dir)
     manifest = art.manifest
-    cfg = cfg or config_from_dict(manifest["config"])
+    cfg = cfg or config_from_dict(manifest["config"], stored=True)
     start = window_start(manifest) if start_ts is None else int(start_ts)
     check_trained_before(manifest, start)
     seed = int(manifest.get("seed", 0)) if seed is None else int(seed)

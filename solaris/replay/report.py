@@ -231,8 +231,7 @@ def coverage_report(lg: Any, live: dict, cfg: SolarisConfig, *, lag_s: float, ti
     cov = coverage_by_tier(live["tiers"][lab].astype(np.int64), live["agg"][lab])
     ttl = float(cfg.cache.read_ttl_s)
     kw = dict(fraction=cfg.verifier.fraction, horizon_s=cfg.verifier.horizon_s, read_ttl_s=ttl,
-              lag_s=lag_s, tick_s=tick_s, budget_per_hour=budget_per_hour, seed=seed,
-              merge=cfg.queue.merge)
+              lag_s=lag_s, tick_s=tick_s, budget_per_hour=budget_per_hour, seed=seed)
     scores = served_scores(live)
     same = simulate_pair_coverage(lg, scores, **kw)
     rand = simulate_pair_coverage(lg, scores, random_picks=True, **kw)

@@ -16,11 +16,10 @@ from solaris.simulate.log import RequestLog
 
 
 class _Pending:
-    __slots__ = ("prio", "req_ts", "order", "token", "group", "item")
+    __slots__ = ("prio", "req_ts", "token", "group", "item")
 
-    def __init__(self, prio: float, req_ts: float, order: int, token: int, group: tuple,
-                 item: int) -> None:
-        self.prio, self.req_ts, self.order, self.token = prio, req_ts, order, token
+    def __init__(self, prio: float, req_ts: float, token: int, group: tuple, item: int) -> None:
+        self.prio, self.req_ts, self.token = prio, req_ts, token
         self.group, self.item = group, item
 
 
@@ -28,7 +27,7 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
                            horizon_s: float, read_ttl_s: float, lag_s: float, tick_s: float,
                            budget_per_hour: float, seed: int = 0, random_picks: bool = False,
                            skip_pending: bool = False, record_writes: bool = False,
-                           policy: Policy | None = None, merge: str = "earlier") -> dict:
+                           policy: Policy | None = None) -> dict:
     """Pair coverage of the precompute schedule, simulated on (user, item) keys.
 
     Event time advances in ticks of ``tick_s`` from ``floor(ts[0] / tick_s) * tick_s``; the
@@ -41,12 +40,10 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
       many; ``policy``: any ``solaris.precompute.speculation`` policy's bets, the verifier's by
       default), those not found or with age > ``read_ttl_s - horizon_s``. They are queued with
       the policy's priority (the verifier's: the score; random picks': uniform random) and
-      the request's ts. A pair
-      already pending is merged as the live queue does (the router sends no in-flight mask):
-      the higher priority is kept and the pair keeps its place (``merge="earlier"``, the
-      queue's default) or moves to the later request, its ts and queue order
-      (``merge="later"``; ``QueueConfig.merge``).
-      ``skip_pending=True`` drops pending pairs at the verifier instead;
+      the request's ts. A pair already pending is merged as the live queue does (the router
+      sends no in-flight mask): the higher priority is kept and the pair keeps its place,
+      with the earlier request. ``skip_pending=True`` drops pending pairs at the verifier
+      instead;
     * at the tick's end ``T_end = T + tick_s``: pending pairs whose request ts <=
       ``T_end - lag_s`` are eligible; ``budget_per_hour * tick_s / 3600`` evaluations are
       added to an allowance, its whole part is spent and lost if unused, its fraction
@@ -68,8 +65,6 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
     ``written_at`` (the request ts its age counts from) and ``visible_at`` (the end of the
     tick that released it: requests from then on read it).
     """
-    if merge not in ("later", "earlier"):
-        raise ConfigError(f"merge={merge!r}: 'later' or 'earlier'")
     r, c = request_log.candidates.shape
     s = np.asarray(scores, np.float64)
     if s.shape != (r, c):
@@ -116,18 +111,15 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
     per_tick = budget_per_hour * tick_s / 3600.0
     log: list[tuple] | None = [] if record_writes else None
 
-    def enqueue(key: int, prio: float, req_ts: float, order: int, group: tuple,
-                item: int) -> None:
+    def enqueue(key: int, prio: float, req_ts: float, group: tuple, item: int) -> None:
         state["token"] += 1
         group_order.setdefault(group, len(group_order))
         p = pending.get(key)
         if p is None:
-            p = pending[key] = _Pending(prio, req_ts, order, state["token"], group, item)
+            p = pending[key] = _Pending(prio, req_ts, state["token"], group, item)
         else:
             state["merged"] += 1
             p.prio = max(p.prio, prio)
-            if merge == "later" and req_ts > p.req_ts:
-                p.req_ts, p.order, p.group = req_ts, order, group
             p.token = state["token"]
         heapq.heappush(waiting, (p.req_ts, p.token, key))
 
@@ -215,7 +207,7 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
                 key = row_keys[j]
                 if skip_pending and key in pending:
                     continue
-                enqueue(key, pr, t, i * c + rank, group, int(cand[i, j]))
+                enqueue(key, pr, t, group, int(cand[i, j]))
                 rank += 1
             sent[i] = rank
             i += 1

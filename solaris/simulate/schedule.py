@@ -82,8 +82,7 @@ def simulated_presence(cfg: SolarisConfig, ds: Dataset, tables: FeatureTables,
     sim = simulate_pair_coverage(lg, scores, fraction=cfg.verifier.fraction,
                                  horizon_s=cfg.verifier.horizon_s,
                                  read_ttl_s=float(cfg.cache.read_ttl_s), lag_s=s.lag_s,
-                                 tick_s=s.tick_s, budget_per_hour=s.budget_per_hour, seed=seed,
-                                 merge=cfg.queue.merge)
+                                 tick_s=s.tick_s, budget_per_hour=s.budget_per_hour, seed=seed)
     lab = lg.labelled
     ri, ci = np.nonzero(lab)
     within = cfg.features.request_granularity_s if ds.requests is None else 1

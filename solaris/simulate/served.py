@@ -246,7 +246,7 @@ def simulate_serving(cfg: SolarisConfig, ds: Dataset, tables: FeatureTables, lg:
                                  horizon_s=cfg.verifier.horizon_s,
                                  read_ttl_s=float(cfg.cache.read_ttl_s), lag_s=s.lag_s,
                                  tick_s=s.tick_s, budget_per_hour=s.budget_per_hour,
-                                 seed=seed, record_writes=True, merge=cfg.queue.merge)
+                                 seed=seed, record_writes=True)
     wr = sim["writes"]
     z = write_vectors(fm, encoder, tables, version, wr, history_at=s.history_at)
     store = PairStore(dataclasses.replace(cfg.cache, dim=encoder.width))

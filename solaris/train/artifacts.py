@@ -120,7 +120,7 @@ def _train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed:
         sv = {per: simulate_period(cfg, ds, tables, periods, base, teacher.fm, teacher.encoder,
                                    teacher.version, per, seed,
                                    val_log if per == "val" else None,
-                                   verifier=training_verifier(cfg.residual, cf, tables, per))
+                                   verifier=training_verifier(cf, tables, per))
               for per in ("vm", "val")}
         say(f"training the imputed tiers and the aggregate for {task} on simulated serving")
         fit = fit_served_tiers(served.fit.model, tables, cfg.residual, cfg.train, task=t,

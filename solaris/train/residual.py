@@ -67,12 +67,13 @@ class CrossFit:
         return scores
 
 
-def training_verifier(res: ResidualConfig, cf: CrossFit, tables, period: str
+def training_verifier(cf: CrossFit, tables, period: str
                       ) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray] | None:
     """The verifier a period's schedule simulation ranks by: on the training (``vm``) period
-    with ``res.train_verifier == "crossfit"`` the cross-fitted models' out-of-sample scores;
-    otherwise None (the VM alone, which is out of sample on every later period)."""
-    return cf.verifier(tables) if period == "vm" and res.train_verifier == "crossfit" else None
+    the cross-fitted models' out-of-sample scores (the VM alone trained on those rows: its
+    top-ranked, precomputed pairs would be enriched in positives it has memorised); None on
+    every later period (the VM alone, out of sample there as when it serves)."""
+    return cf.verifier(tables) if period == "vm" else None
 
 
 def crossfit_base(inputs: VMInputs, cfg: VMConfig, train: TrainConfig, res: ResidualConfig,
@@ -303,9 +304,8 @@ def family_z(z: float, k: int) -> float:
 
 
 def guard_z(res: ResidualConfig) -> float:
-    """The z each guarded input must reach (``res.min_gain_z``, ``res.guard_family``)."""
-    if res.guard_family == "per_input":
-        return float(res.min_gain_z)
+    """The z each guarded input must reach: ``res.min_gain_z`` as the level of the family of
+    ``GUARDED_INPUTS`` inputs (``family_z``)."""
     return family_z(res.min_gain_z, GUARDED_INPUTS)
 
 
@@ -431,7 +431,7 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
     ``res.holdout_share`` (by request time), never on validation. Scales are chosen on validation in lookup order
     (user neighbour, item neighbour, aggregate), each with the ones before fixed, by
     ``choose_scale_guarded`` at ``guard_z(res)`` (``res.min_gain_z``, Bonferroni over the three
-    inputs by default), standard errors clustered by user.
+    inputs), standard errors clustered by user.
     ``pair_curves``: the own pair's scale
     curve, kept beside the new ones (the validation curves behind every scale)."""
     if pair_model.pair is None:
@@ -480,60 +480,6 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
         b = train_slots.batch(tables, idx, read_ttl_s, None, agg)
         return lambda: _bce(model(b, base_logit=tr_b[idx]), tr_y[idx])
 
-    # 0a. ``res.pair_gate_on == "served"``: the own pair's gate (tier and age; delta frozen)
-    # fine-tuned on the training rows simulated serving covers with an own pair -- the
-    # verifier's rows, at the ages they are read -- stopped early on the latest of them;
-    # ``"served_delta"``: the correction delta with it (the whole own-pair term). Either is
-    # kept only past the holdout and then the guard on validation's own-pair rows.
-    if res.pair_gate_on in ("served", "served_delta"):
-        tr_p, ho_p = split(train_slots.pair_tier == int(Tier.PAIR))
-        info["own_pair_rows"] = {"train": int(len(tr_p)), "holdout": int(len(ho_p))}
-        if len(tr_p) and len(ho_p) and float(model.scale[0, Tier.PAIR]) > 0:
-            tuned = model.pair if res.pair_gate_on == "served_delta" else model.pair.gate
-            fixed = copy.deepcopy(tuned.state_dict())
-            with torch.no_grad():
-                before = holdout_loss(ho_p, False)()
-            _served_fit(model, list(tuned.parameters()),
-                        lambda i, rng: loss_on(tr_p[i], False), holdout_loss(ho_p, False),
-                        len(tr_p), res, train, seed, "residual_pair_gate_served")
-            with torch.no_grad():
-                after = holdout_loss(ho_p, False)()
-            rec = {"holdout_bce_fixed": before, "holdout_bce_tuned": after}
-            # kept only if it beats the term as it came on the holdout and then on the
-            # validation rows served their own pair by the guard (clustered by user)
-            keep = after < before
-            own_v = np.flatnonzero(val_slots.pair_tier == int(Tier.PAIR))
-            if keep and not len(own_v):  # no validation row to pass the guard on: refused
-                keep = False
-                rec["val_rows"] = 0
-            if keep:
-                vb_own = val_slots.batch(tables, own_v, read_ttl_s, None, False)
-
-                @torch.no_grad()
-                def val_rows_bce() -> np.ndarray:
-                    return _bce_rows(model(vb_own, base_logit=va_b[own_v]), va_y[own_v])
-
-                tuned_state = copy.deepcopy(tuned.state_dict())
-                bce_tuned = val_rows_bce()
-                tuned.load_state_dict(fixed)
-                d = val_rows_bce() - bce_tuned
-                tuned.load_state_dict(tuned_state)
-                keep, guard_rec = passes_guard(d, users[own_v], z_in)
-                rec.update(val_rows=int(len(own_v)), **guard_rec)
-            if not keep:
-                tuned.load_state_dict(fixed)
-            info["own_pair_gate"] = {**rec, "kept": "served" if keep else "fixed"}
-    # 0. ``res.pair_scale_on == "served"``: the own pair's scale chosen again on the
-    # validation rows simulated serving covers, every other input off (the best scale of
-    # the grid, 0 unless it gains)
-    if res.pair_scale_on == "served":
-        own = np.flatnonzero(val_slots.pair_tier == int(Tier.PAIR))
-        info["own_pair_val_rows"] = int(len(own))
-        if len(own):
-            vb_own = val_slots.batch(tables, own, read_ttl_s, None, False)
-            g = choose_scale_guarded(model, "pair", int(Tier.PAIR), res.scales, vb_own,
-                                     va_b[own], va_y[own], 0.0, users[own])
-            curves["pair_served"], guard["pair"] = g["curve"], g
     # 1. the imputed tiers' gate, both at scale 1 while it learns (the aggregate off)
     for t in IMPUTED:
         model.set_scale("pair", int(t), 1.0)

@@ -24,8 +24,7 @@ def test_yaml_and_overrides(tmp_path):
     ({"data.dataset": "generic"}, "data.data_dir=None"),
     ({"synthetic_typo": 1}, "synthetic_typo=1: unknown field"),
     ({"report.coverages": [0.0]}, "report.coverages"),
-    ({"residual.pair_scale_on": "test"}, "residual.pair_scale_on='test'"),
-    ({"residual.guard_family": "holm"}, "residual.guard_family='holm'"),
+    ({"residual.present_affine": "test"}, "residual.present_affine='test'"),
 ])
 def test_bad_values_name_the_field(override, field):
     with pytest.raises(ConfigError, match=field.replace("(", r"\(").replace(")", r"\)")):
@@ -55,3 +54,110 @@ def test_every_shipped_config_loads():
     assert {p.name for p in ours} >= {"default.yaml", "example-causal-fm.yaml"}
     for p in ours:
         load_config(p)
+
+
+# options removed once their default had won: (key, a value an old config may hold, the note)
+OLD_OPTIONS = [
+    ("residual.guard_family", "per_input", "docs/results/2026-12-03-replay-guard-family.md"),
+    ("residual.train_verifier", "base", "docs/results/2026-12-04-replay-presence-signal.md"),
+    ("residual.pair_scale_on", "served", "docs/results/2026-12-03-replay-pair-scale-on.md"),
+    ("residual.pair_gate_on", "served_delta",
+     "docs/results/2026-12-04-replay-own-pair-gate.md"),
+    ("queue.merge", "later", "docs/results/2026-12-02-speculation-policies-merge-earlier.md"),
+]
+
+
+def _nested(dotted: dict) -> dict:
+    out: dict = {}
+    for key, value in dotted.items():
+        section, name = key.split(".")
+        out.setdefault(section, {})[name] = value
+    return out
+
+
+def test_the_removed_options_are_the_table_of_their_notes():
+    import dataclasses
+    from pathlib import Path
+
+    from solaris.config import REMOVED
+
+    root = Path(__file__).resolve().parents[2]
+    assert {k: note for k, (_, note) in REMOVED.items()} == {k: n for k, _, n in OLD_OPTIONS}
+    for key, (_, note) in REMOVED.items():
+        assert (root / note).is_file(), note
+        section, name = key.split(".")
+        assert name not in {f.name for f in dataclasses.fields(getattr(SolarisConfig(), section))}
+
+
+@pytest.mark.parametrize("key, old, note", OLD_OPTIONS)
+def test_a_config_that_sets_a_removed_option_is_refused_with_its_note(key, old, note,
+                                                                      tmp_path):
+    from solaris.config import REMOVED, config_from_dict, parse_overrides, with_overrides
+
+    want = rf"{key}='{old}': the option was removed, '{REMOVED[key][0]}' is always the " \
+           rf"behaviour \(its result: {note}\)"
+    with pytest.raises(ConfigError, match=want):  # --set KEY=VALUE
+        load_config(None, parse_overrides([f"{key}={old}"]))
+    p = tmp_path / "c.yaml"
+    p.write_text(f"{key.split('.')[0]}:\n  {key.split('.')[1]}: {old}\n")
+    with pytest.raises(ConfigError, match=want):  # a YAML file
+        load_config(p)
+    with pytest.raises(ConfigError, match=want):
+        config_from_dict(_nested({key: old}))
+    with pytest.raises(ConfigError, match=want):
+        with_overrides(SolarisConfig(), {key: old})
+    # even set to the behaviour it now always has: the key is gone
+    with pytest.raises(ConfigError, match=f"{key}=.*the option was removed"):
+        load_config(None, {key: REMOVED[key][0]})
+
+
+def test_a_stored_config_with_removed_options_still_loads(tmp_path, caplog):
+    """An artifact's manifest and a finished run's replay-config.yaml embed the whole config
+    of the version that wrote them: the removed options they hold are ignored (a value other
+    than today's behaviour is logged), while an override naming one is refused."""
+    import copy
+    import json
+    import logging
+
+    import yaml
+
+    from solaris.artifacts import Artifacts
+    from solaris.config import REMOVED, config_from_dict, config_to_dict
+
+    cfg = load_config(None, {"encoder.width": 8, "queue.capacity": 77})
+    old = config_to_dict(cfg)
+    for key, value, _ in OLD_OPTIONS:
+        section, name = key.split(".")
+        old[section][name] = value
+    kept = copy.deepcopy(old)
+    with caplog.at_level(logging.WARNING, logger="solaris.config"):
+        assert config_from_dict(old, stored=True) == cfg
+    assert old == kept  # the stored dict itself is left as it was
+    for key, value, _ in OLD_OPTIONS:
+        assert f"{key}={value!r} is a removed option" in caplog.text
+    # an artifact manifest written by an older version (solaris train stores its config)
+    art = tmp_path / "art"
+    art.mkdir()
+    (art / "manifest.json").write_text(json.dumps({
+        "schema": 2, "version": "v-old", "tasks": ["click"], "vms": {"click": {"file": "x.pt"}},
+        "sizes": {"num_users": 4, "num_items": 4}, "config": old}))
+    assert Artifacts.open(art).config == cfg
+    # a finished replay's replay-config.yaml
+    p = tmp_path / "replay-config.yaml"
+    p.write_text(yaml.safe_dump(old, sort_keys=False))
+    assert load_config(p, stored=True) == cfg
+    got = load_config(p, {"queue.capacity": 5}, stored=True)
+    assert got.queue.capacity == 5
+    with pytest.raises(ConfigError, match="queue.merge='later': the option was removed"):
+        load_config(p, {"queue.merge": "later"}, stored=True)
+    with pytest.raises(ConfigError, match="the option was removed"):
+        load_config(p)  # read as a user's config: refused by name
+    # a stored config at today's behaviour loads without a word
+    caplog.clear()
+    same = config_to_dict(cfg)
+    for key, (now, _) in REMOVED.items():
+        section, name = key.split(".")
+        same[section][name] = now
+    with caplog.at_level(logging.WARNING, logger="solaris.config"):
+        assert config_from_dict(same, stored=True) == cfg
+    assert "removed option" not in caplog.text

@@ -31,7 +31,7 @@ def _run(path: Path, seed: int = 0) -> Path:
     path.mkdir(parents=True)
     (path / "closed_loop.json").write_text(json.dumps({
         "options": {"seed": seed}, "read_ttl_s": 7200.0, "lag_s": 300.0, "tick_s": 60.0,
-        "budget_per_hour": 0.0, "horizon_s": 0.0, "queue_merge": "earlier"}))
+        "budget_per_hour": 0.0, "horizon_s": 0.0}))
     np.savez(path / "arms.npz", user=user, ts=ts, candidates=cand, base=base, **{
         "vm/pos": pos, "vm/propensity": prop})
     return path

@@ -22,12 +22,10 @@ class FakeClock:
         return self.t
 
 
-def make_queue(capacity: int = 100, timeout: float = 10.0, lease_pairs: int = 16,
-               merge: str = "earlier"
+def make_queue(capacity: int = 100, timeout: float = 10.0, lease_pairs: int = 16
                ) -> tuple[PrecomputeQueue, FakeClock]:
     clock = FakeClock()
-    cfg = QueueConfig(capacity=capacity, lease_timeout_s=timeout, lease_pairs=lease_pairs,
-                      merge=merge)
+    cfg = QueueConfig(capacity=capacity, lease_timeout_s=timeout, lease_pairs=lease_pairs)
     return PrecomputeQueue(cfg, clock), clock
 
 
@@ -108,48 +106,35 @@ def test_flood_keeps_leased_work_and_the_bound():
     assert q.ack(ls.lease_id)
 
 
-def test_identical_pairs_merge_keeping_the_max_priority_and_the_later_request():
-    q, _ = make_queue(merge="later")
+def test_identical_pairs_merge_keeping_the_max_priority_and_the_earlier_request():
+    q, _ = make_queue()
     assert put(q, 7, [1, 2], [0.3, 0.9], now=100.0) == 2
-    assert put(q, 7, [1], [0.7], now=200.0, surface=1) == 0
-    assert put(q, 7, [1, 1], [0.1, 0.2], now=150.0) == 0  # earlier request: stays at 200
+    assert put(q, 7, [1], [0.7], now=200.0, surface=1) == 0  # later request: stays at 100
+    assert put(q, 7, [1, 1], [0.1, 0.2], now=150.0) == 0  # later too: stays at 100
     assert put(q, 7, [1], [0.5], now=100.0, version="fm-v2") == 1  # other version: distinct
     m = q.metrics()
     assert m["depth"] == 3 and m["merged"] == 3 and m["accepted"] == 3
     ls = q.lease(10, version=V)
     got = {(g.now, g.surface): dict(zip(g.items.tolist(), g.priorities.tolist()))
            for g in ls.groups}
-    assert got == {(200.0, 1): {1: 0.7}, (100.0, 0): {2: 0.9}}
+    assert got == {(100.0, 0): {2: 0.9, 1: 0.7}}
     # a pair in flight is not queued again
     assert put(q, 7, [2], [0.99], now=300.0) == 0
     assert q.contains(np.array([7, 7, 7]), np.array([2, 1, 3]), V).tolist() == [True, True, False]
     assert q.metrics()["depth"] == 1  # only the fm-v2 pair
 
 
-def test_by_default_a_merged_pair_keeps_its_place_with_the_max_priority():
-    q, _ = make_queue()
-    assert put(q, 7, [1, 2], [0.3, 0.9], now=100.0) == 2
-    assert put(q, 7, [1], [0.7], now=200.0, surface=1) == 0  # later request: stays at 100
-    ls = q.lease(10, version=V)
-    got = {(g.now, g.surface): dict(zip(g.items.tolist(), g.priorities.tolist()))
-           for g in ls.groups}
-    assert got == {(100.0, 0): {2: 0.9, 1: 0.7}}
-    with pytest.raises(Exception, match="queue.merge"):
-        QueueConfig(merge="newest")
-
-
-@pytest.mark.parametrize("merge,owner", [("earlier", 100.0), ("later", 300.0)])
-def test_a_merged_pair_lands_in_the_same_group_whatever_order_the_puts_came_in(merge, owner):
+def test_a_merged_pair_lands_in_the_same_group_whatever_order_the_puts_came_in():
     """A router's concurrent requests flush in the order they finish: the request that owns
-    a pair bet on by several is chosen by event time, not by arrival."""
+    a pair bet on by several is chosen by event time (the earliest), not by arrival."""
     import itertools
 
     for order in itertools.permutations([100.0, 200.0, 300.0]):
-        q, _ = make_queue(merge=merge)
+        q, _ = make_queue()
         for t in order:
             put(q, 7, [1], [t / 1000], now=t)
         (g,) = q.lease(10, version=V).groups
-        assert (g.now, g.items.tolist(), g.priorities.tolist()) == (owner, [1], [0.3]), order
+        assert (g.now, g.items.tolist(), g.priorities.tolist()) == (100.0, [1], [0.3]), order
 
 
 def test_lease_returns_whole_request_groups_best_first():

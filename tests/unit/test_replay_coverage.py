@@ -19,9 +19,8 @@ _log = request_log
 
 
 def _sim(lg, scores=None, **kw):
-    # the merge rule these cases spell out: a pending pair moves to the later request
     args = dict(fraction=1.0, horizon_s=0.0, read_ttl_s=100.0, lag_s=0.0, tick_s=10.0,
-                budget_per_hour=0.0, merge="later")
+                budget_per_hour=0.0)
     args.update(kw)
     if scores is None:
         scores = np.zeros(lg.candidates.shape)
@@ -76,11 +75,13 @@ BASIC = [(0, 0, [1, 2], None), (0, 5, [1, 3], None), (0, 20, [1, 2], None)]
 
 
 def test_writes_land_at_the_end_of_the_tick_with_the_request_time():
-    got = _sim(_log(BASIC))
+    got = _sim(_log(BASIC), record_writes=True)
     # tick [0, 10): nothing found yet (ts 5 is served before the tick ends); at its end 1
-    # (merged, moved to the request at ts 5), 2 and 3 are written
+    # (merged, kept with the request at ts 0), 2 and 3 are written
     assert got["found"].tolist() == [[False, False], [False, False], [True, True]]
-    assert got["age_s"][2].tolist() == [15.0, 20.0]  # item 1 written at 5, item 2 at 0
+    assert got["age_s"][2].tolist() == [20.0, 20.0]  # items 1 and 2 written as of ts 0
+    w = got["writes"]
+    assert dict(zip(w["item"].tolist(), w["written_at"].tolist())) == {1: 0.0, 2: 0.0, 3: 5.0}
     # both released at the end of the first tick (10): read 10 s after their release
     assert got["visible_age_s"][2].tolist() == [10.0, 10.0]
     assert np.isnan(got["visible_age_s"][:2]).all()
@@ -91,20 +92,29 @@ def test_writes_land_at_the_end_of_the_tick_with_the_request_time():
 
 
 def test_entries_past_the_read_ttl_are_not_found():
+    # both pairs read at ts 20 were written as of ts 0: age 20, found up to a TTL of 20
     assert _sim(_log(BASIC), read_ttl_s=10)["found"][2].tolist() == [False, False]
-    assert _sim(_log(BASIC), read_ttl_s=15)["found"][2].tolist() == [True, False]
+    assert _sim(_log(BASIC), read_ttl_s=19)["found"][2].tolist() == [False, False]
+    assert _sim(_log(BASIC), read_ttl_s=20)["found"][2].tolist() == [True, True]
     # a horizon reaching the TTL re-enqueues every found pair
     assert _sim(_log(BASIC), horizon_s=100)["per_request_enqueued"].tolist() == [2, 2, 2]
 
 
 def test_lag_delays_eligibility_by_whole_ticks():
     # lag 15: at the end of tick [10, 20) pairs requested at ts <= 5 are eligible (all)
-    assert _sim(_log(BASIC), lag_s=15)["found"][2].tolist() == [True, True]
-    # lag 16: only those requested at ts <= 4 (item 2); item 1 moved to ts 5 waits a tick
-    got = _sim(_log(BASIC), lag_s=16)
-    assert got["found"][2].tolist() == [False, True]
-    # lag 25: nothing is eligible before ts 20 is served
-    assert not _sim(_log(BASIC), lag_s=25)["found"].any()
+    got = _sim(_log(BASIC), lag_s=15, record_writes=True)
+    assert got["found"][2].tolist() == [True, True]
+    assert got["writes"]["visible_at"].tolist() == [20.0, 20.0, 20.0]
+    # lag 16: only those requested at ts <= 4 (items 1 and 2); item 3 (ts 5) waits a tick
+    got = _sim(_log(BASIC), lag_s=16, record_writes=True)
+    assert got["found"][2].tolist() == [True, True]
+    w = got["writes"]
+    assert dict(zip(w["item"].tolist(), w["visible_at"].tolist())) == {1: 20.0, 2: 20.0,
+                                                                        3: 30.0}
+    # lag 20: due at exactly the end of tick [10, 20); lag 21: a tick later, after ts 20
+    # is served: nothing is found
+    assert _sim(_log(BASIC), lag_s=20)["found"][2].tolist() == [True, True]
+    assert not _sim(_log(BASIC), lag_s=21)["found"].any()
 
 
 def test_the_budget_takes_the_highest_priority_first_and_carries_fractions_only():
@@ -130,28 +140,24 @@ def test_an_unused_allowance_is_not_banked():
     assert got["fm_evals"] == 3 + 1 + 1  # then one more at the end of tick 6
 
 
-def test_duplicates_merge_keeping_the_higher_priority_and_the_later_request():
+def test_duplicates_merge_keeping_the_higher_priority_and_their_place():
     lg = _log([(0, 0, [1, 2], None), (0, 5, [1, 3], None), (0, 104, [1, 2], None)])
     scores = [[0.2, 0.5], [0.9, 0.1], [0.0, 0.0]]
-    got = _sim(lg, scores, budget_per_hour=360)
-    # item 1 merged: priority 0.9, request ts 5 -> first out, written at 5; item 2 (ts 0)
-    # next tick; at ts 104 (TTL 100) item 1 is fresh (age 99), item 2 expired (104)
-    assert got["merged"] == 1
-    assert got["found"][2].tolist() == [True, False]
-    assert got["age_s"][2, 0] == 99.0
-    # dropping pending pairs at the verifier instead: item 1 keeps ts 0 and priority 0.2
-    got = _sim(lg, scores, budget_per_hour=360, skip_pending=True)
-    assert got["merged"] == 0 and got["per_request_enqueued"][1] == 1
-    assert got["found"][2].tolist() == [False, False]
-    # the queue's default rule: item 1 keeps its place (ts 0) with priority 0.9, so it is
-    # written first, as of ts 0, and has expired by ts 104
-    got = _sim(lg, scores, budget_per_hour=360, merge="earlier", record_writes=True)
+    got = _sim(lg, scores, budget_per_hour=360, record_writes=True)
+    # one evaluation per tick. Item 1 merged: priority 0.9, its place (request ts 0) kept ->
+    # first out, written as of ts 0; then item 2 (0.5, ts 0), then item 3 (0.1, ts 5); at
+    # ts 104 (TTL 100) items 1 and 2 have expired
     assert got["merged"] == 1
     w = got["writes"]
-    assert w["item"][0] == 1 and w["written_at"][0] == 0.0 and w["visible_at"][0] == 10.0
+    assert w["item"].tolist()[:3] == [1, 2, 3]
+    assert w["written_at"].tolist()[:3] == [0.0, 0.0, 5.0]
+    assert w["visible_at"].tolist()[:3] == [10.0, 20.0, 30.0]
     assert got["found"][2].tolist() == [False, False]
-    with pytest.raises(ConfigError, match="merge="):
-        _sim(lg, scores, merge="newest")
+    # dropping pending pairs at the verifier instead: item 1 keeps priority 0.2 and goes
+    # after item 2
+    got = _sim(lg, scores, budget_per_hour=360, skip_pending=True, record_writes=True)
+    assert got["merged"] == 0 and got["per_request_enqueued"][1] == 1
+    assert got["writes"]["item"].tolist()[:3] == [2, 1, 3]
 
 
 def test_random_picks_spend_the_same_evaluations_on_other_pairs():

@@ -16,9 +16,11 @@ import transfer  # noqa: E402
 from solaris.errors import ConfigError  # noqa: E402
 
 
-@pytest.mark.parametrize("bad, named", [("residual.pair_scale_on=test", "residual.pair_scale_on"),
+@pytest.mark.parametrize("bad, named", [("residual.present_affine=test", "residual.present_affine"),
                                         ("nokey", "nokey"),
-                                        ("residual.nope=1", "residual.nope")])
+                                        ("residual.nope=1", "residual.nope"),
+                                        ("queue.merge=later", "queue.merge='later': the option "
+                                                              "was removed")])
 def test_bad_set_is_refused_before_any_process_starts(bad, named, tmp_path, monkeypatch) -> None:
     def no_spawn(*a, **k):
         raise AssertionError("a dataset process was started")
