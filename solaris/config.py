@@ -468,8 +468,8 @@ class VerifierConfig:
     # horizon_s). The default, 5 min short of the default 4 h TTL, computes a found pair of
     # the top fraction again, with the user's history as of this request, once it is 5 min
     # old: fresher embeddings earn more clicks in the closed loop, for 11% more FM evaluations
-    # on the synthetic data and 88% on MovieLens' bursts of requests (README, "Refreshing
-    # found pairs"; 1800 is the former rule)
+    # on the synthetic data and 88% on MovieLens' bursts of requests (1800 was the rule it
+    # was compared with: docs/results/2026-12-04-verifier-refresh.md)
     horizon_s: float = 14100.0
     # budget: pair-evaluations per second of the controller's clock (event or wall time, the
     # caller's choice); 0 = no budget, the fraction stays fixed
@@ -584,7 +584,8 @@ class PrecomputeConfig:
     # a worker that runs on a GPU uses these instead, and leases this many pairs (on the CPU:
     # queue.lease_pairs). At 256-pair leases and blocks an H200 is launch-bound (about one
     # CPU core's pairs/s); at 4096 it computes 4.5-5.5x as many pairs a second as with the
-    # CPU's blocks, with the same vectors to 2e-6 (bench/precompute_gpu.py, README)
+    # CPU's blocks, with the same vectors to 2e-6 (bench/precompute_gpu.py;
+    # docs/results/2026-12-04-gpu-workers.md)
     gpu_block_requests: int = 512
     gpu_block_pairs: int = 4096
     gpu_lease_pairs: int = 4096
