@@ -1,7 +1,7 @@
 """Benchmark: SOLARIS in the feed world (the paper's regime), over training seeds.
 
     python bench/feed_regime.py --out runs/feed [--seeds 0 1 2] [--profile feed]
-        [--set KEY=VALUE ...] [--no-closed-loop] [--summarize-only]
+        [--set KEY=VALUE ...] [--no-closed-loop] [--port 8000] [--summarize-only]
 
 Per training seed, in the ``feed`` profile of the synthetic generator
 (``solaris/data/profiles.py``): ``solaris replay`` of the window (the live system; it trains
@@ -41,7 +41,8 @@ def run(cmd: list[str], log: Path) -> float:
     return time.perf_counter() - t
 
 
-def seed_runs(out: Path, seed: int, profile: str, sets: list[str], closed_loop: bool) -> dict:
+def seed_runs(out: Path, seed: int, profile: str, sets: list[str], closed_loop: bool,
+              port: int = 8000) -> dict:
     from solaris.data.profiles import SERVING
 
     world = ["--dataset", "synthetic", "--set", f"data.synthetic.profile={profile}"]
@@ -59,7 +60,8 @@ def seed_runs(out: Path, seed: int, profile: str, sets: list[str], closed_loop: 
     if not (rp / "replay.json").exists():
         rp.mkdir(parents=True, exist_ok=True)
         took["replay_s"] = run([*solaris, "replay", *world, *schedule, "--seed", str(seed),
-                                "--out", str(rp), "--no-progress"], out / f"replay-s{seed}.log")
+                                "--out", str(rp), "--port", str(port), "--no-progress"],
+                               out / f"replay-s{seed}.log")
     if closed_loop and not (sim / "closed_loop.json").exists():
         took["simulate_s"] = run([*solaris, "simulate", *world, "--seed", str(seed),
                                   "--artifacts", str(rp / "artifacts"), "--out", str(sim)],
@@ -158,13 +160,15 @@ def main() -> int:
                     help="config overrides after the profile's serving settings")
     ap.add_argument("--no-closed-loop", action="store_true",
                     help="the replay and the estimate only")
+    ap.add_argument("--port", type=int, default=8000, help="the replays' Serve HTTP port")
     ap.add_argument("--summarize-only", action="store_true")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     took = {}
     if not args.summarize_only:
         for s in args.seeds:
-            took[s] = seed_runs(args.out, s, args.profile, args.set, not args.no_closed_loop)
+            took[s] = seed_runs(args.out, s, args.profile, args.set, not args.no_closed_loop,
+                                args.port)
             print(f"seed {s}: {took[s]}", flush=True)
     sm = summarize(args.out, args.seeds, took, not args.no_closed_loop)
     print(table(sm))
