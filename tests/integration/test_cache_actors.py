@@ -205,14 +205,17 @@ def test_a_restarted_shard_refuses_a_time_beyond_the_skew_as_before(local_ray, t
         assert group.put(*one, NOW + 1e9) == 0  # refused: the shard's part is lost, logged
         group.snapshot_now()
         group.shards[0].crash.remote()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        # the crash is asynchronous: the shard may still answer before it goes down, so wait
+        # (bounded) until the restarted one answers
+        deadline, m = time.monotonic() + 60, {}
+        while time.monotonic() < deadline and not m.get("restarted"):
             try:
                 group.wait_ready(timeout_s=5)
-                break
+                m = group.metrics()["shards"][0]
             except Exception:
+                pass
+            if not m.get("restarted"):
                 time.sleep(0.5)
-        m = group.metrics()["shards"][0]
         assert m["restarted"] and m["entries"] == 1 and m["latest_event_s"] == NOW
         assert group.put(*one, NOW + 1e9) == 0  # refused again, by the restored reference
         m = group.metrics()["shards"][0]
