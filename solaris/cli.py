@@ -286,7 +286,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     """The quickstart's main job: the event-time replay of the embedded synthetic data through
     the live system (Serve, cache shards, queue, FM workers, KNN job), with its report."""
-    from solaris.data.profiles import DEMO_SIZE, SERVING
+    from solaris.data.profiles import DEMO_REQUESTS, DEMO_SIZE, SERVING
 
     replay = _replay_module()
     ns = replay.build_parser().parse_args(["--dataset", "synthetic", "--out", str(args.out),
@@ -299,6 +299,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     ns.lag_s = serving.get("schedule.lag_s", ns.lag_s)  # the replay's own schedule options
     ns.budget = serving.get("schedule.budget_per_hour", ns.budget)
     ns.port, ns.verbose = args.port, args.verbose
+    ns.max_requests = DEMO_REQUESTS[args.profile]
     print("SOLARIS demo: generating the embedded synthetic dataset, training the FM, its "
           "encoder and the vertical models on the periods before the replay window, then "
           "replaying the window through the live system (Ray Serve over HTTP, cache shards, "

@@ -49,12 +49,15 @@ SERVING: dict[str, dict[str, Any]] = {
              "schedule.budget_per_hour": 0.0},
 }
 
-# the demo's size of a profile: the same request process (per user) for half the users (its
-# window ~1,560 requests, so the demo stays within minutes on a laptop)
+# the demo's size of a profile: the same request process (per user) for 500 of the 800
+# users, the fewest at which the FM trained there still beats the VM alone across training
+# floats (400: behind at 1 and 2 threads; docs/results/2026-12-07-feed-regime-walls.md); and
+# the requests it replays, the window's first (None: all), so it stays within minutes
 DEMO_SIZE: dict[str, dict[str, Any]] = {
     "classic": {},
-    "feed": {"num_users": 400, "target_interactions": 66_000},
+    "feed": {"num_users": 500, "target_interactions": 82_500},
 }
+DEMO_REQUESTS: dict[str, int | None] = {"classic": None, "feed": 1564}
 
 
 def profile_values(name: Any, where: str = "synthetic") -> dict[str, Any]:

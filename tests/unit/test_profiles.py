@@ -163,9 +163,9 @@ def test_the_demo_runs_in_the_feed_world_and_the_classic_one_on_request(monkeypa
     assert syn.profile == "feed" and syn.num_users == 410
     assert syn.target_interactions == DEMO_SIZE["feed"]["target_interactions"]
     assert cfg.verifier.fraction == 0.5 and ns.lag_s == 60.0 and ns.budget == 0.0
-    assert ns.rollover_at == 0.5 and ns.dataset == "synthetic"
+    assert ns.rollover_at == 0.5 and ns.dataset == "synthetic" and ns.max_requests == 1564
     assert cli.main(["demo", "--out", "x", "--profile", "classic"]) == 0
     ns = seen["ns"]
     cfg = load_config(ns.config, parse_overrides(ns.set))
     assert cfg.data.synthetic == SyntheticConfig()
-    assert ns.lag_s == 300.0 and cfg.verifier.fraction == 0.2
+    assert ns.lag_s == 300.0 and cfg.verifier.fraction == 0.2 and ns.max_requests is None
