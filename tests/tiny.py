@@ -4,6 +4,7 @@ quality is not under test), and a free loopback port for Serve's HTTP proxy."""
 from __future__ import annotations
 
 import os
+import random
 import socket
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,7 +48,23 @@ def train_tiny(out: Path, seed: int = 0, **overrides: Any) -> Path:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
+    """A free loopback port between Ray's worker ports (10002-19999 by default) and the
+    kernel's ephemeral range: a port-0 bind would hand out an ephemeral port, which the
+    processes a local Ray starts before Serve binds it can take for their own connections."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, max(low, 20001))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # every try taken: whatever the kernel gives
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
