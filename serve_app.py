@@ -2,7 +2,8 @@
 
     serve run serve_app:app                      # local: default artifacts, built once if missing
     serve run serve_app:build_app config=PATH    # a config tree (YAML) with a serve: section
-    serve deploy configs/serve.yaml              # replicas, queues, autoscaling
+    serve run configs/serve-local.yaml           # a Serve config file: replicas, queues
+    serve deploy configs/serve.yaml              # the same onto a running cluster
 
 The deployments live in ``serve/``: ``serve.router.LookupRouter`` (``POST /rank``: cache
 lookup, the task's VM, the answer, then speculation), ``serve.vm.VMReplicas`` (one task's
@@ -24,23 +25,34 @@ from serve.router import LookupRouter
 from serve.vm import VMReplicas
 from solaris.config import load_config
 from solaris.artifacts import Artifacts
-from solaris.online.serving import default_artifacts_dir, ensure_artifacts, settings_from_args
+from solaris.online.serving import (default_artifacts_dir, deployment_options, ensure_artifacts,
+                                    positive_int, settings_from_args)
 from solaris.state import durable_overrides
 
 __all__ = ["FeedbackRequest", "LookupRouter", "Precompute", "RankRequest", "RankResponse",
            "ScaleRequest", "VMReplicas", "api", "build_app"]
 
 
-def build_app(args: dict[str, str] | None = None, *, router_replicas: int | None = None
-              ) -> Any:
-    """The Serve application. ``args`` (``serve run serve_app:build_app key=value``):
+def build_app(args: dict[str, Any] | None = None) -> Any:
+    """The Serve application, as Ray's app builder calls it (one parameter: the ``args`` of
+    ``serve run serve_app:build_app key=value ...`` as strings, or a config file's ``args``
+    with their YAML types).
+
     ``config`` (YAML of the config tree), ``artifacts`` (a directory; a comma-separated list
     rolls out the later versions), ``mode`` (solaris | vm | inline), ``app_id``, ``profile``
     (serving | cluster | replay: whose clock event time is, and who may call what;
     ``serve/auth.py``; cluster also keeps the app's state under ``$SOLARIS_STATE_URI``,
-    ``solaris/state.py``). ``router_replicas``: a fixed number of router replicas, for an app
-    built in Python (a Serve config file sets it in its ``deployments`` section)."""
-    settings = settings_from_args(args or {})
+    ``solaris/state.py``), ``precompute`` (false: no FM workers), and the deployments' options
+    where a config file cannot name them: ``vm`` (Serve options applied to every ``VM_<task>``
+    deployment, one per task of the artifacts, so a config never names the tasks),
+    ``router_replicas`` (a fixed number of router replicas). Relative paths in ``config`` and
+    ``artifacts`` resolve against the working directory of the process that builds the app:
+    the shell's for ``serve run``, the Ray cluster's (where ``ray start`` ran) for ``serve
+    deploy``."""
+    args = dict(args or {})
+    vm_opts = deployment_options(args.pop("vm", None), "vm")
+    router_replicas = positive_int(args.pop("router_replicas", None), "router_replicas")
+    settings = settings_from_args(args)
     cfg = load_config(settings.get("config"), settings.get("overrides"))
     # the cluster profile's durable state (solaris/state.py), resolved here once: every
     # deployment reads the same locations from its overrides, whatever its node's environment
@@ -48,7 +60,7 @@ def build_app(args: dict[str, str] | None = None, *, router_replicas: int | None
     if not settings["artifact_dirs"]:
         settings["artifact_dirs"] = [str(ensure_artifacts(cfg, default_artifacts_dir(cfg)))]
     tasks = sorted({t for d in settings["artifact_dirs"] for t in Artifacts.open(d).tasks})
-    vms = {t: VMReplicas.options(name=f"VM_{t}").bind(settings, t) for t in tasks}
+    vms = {t: VMReplicas.options(name=f"VM_{t}", **vm_opts).bind(settings, t) for t in tasks}
     pre = Precompute.bind(settings) if settings["precompute"] else None
     opts = {"num_replicas": router_replicas} if router_replicas else {}
     return LookupRouter.options(name="LookupRouter", **opts).bind(settings, vms, pre)

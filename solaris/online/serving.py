@@ -60,6 +60,48 @@ def settings_from_args(args: dict[str, Any]) -> dict[str, Any]:
             "app_id": str(args.get("app_id") or "solaris"), "precompute": precompute}
 
 
+# what a VM deployment's options in the app's ``vm`` argument may set (Ray Serve's names)
+VM_OPTIONS = ("num_replicas", "max_ongoing_requests", "max_queued_requests",
+              "backpressure_config", "autoscaling_config", "ray_actor_options",
+              "max_replicas_per_node", "health_check_period_s", "health_check_timeout_s",
+              "graceful_shutdown_wait_loop_s", "graceful_shutdown_timeout_s")
+
+
+def deployment_options(value: Any, name: str) -> dict[str, Any]:
+    """A deployment's Serve options from an app argument: a mapping (a config file's YAML) or
+    its JSON text (``serve run ... vm='{"num_replicas": 2}'``); None is no options. Keys
+    outside ``VM_OPTIONS`` are an error naming them."""
+    if value is None or value == "":
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"app arg {name}={value!r}: not a JSON object ({e.msg})") from e
+    if not isinstance(value, dict):
+        raise ConfigError(f"app arg {name}={value!r}: must be a mapping of Serve deployment "
+                          f"options")
+    unknown = sorted(set(value) - set(VM_OPTIONS))
+    if unknown:
+        raise ConfigError(f"app arg {name}: options {unknown} unknown (known: "
+                          f"{', '.join(VM_OPTIONS)})")
+    return dict(value)
+
+
+def positive_int(value: Any, name: str) -> int | None:
+    """An app argument that is a count: an int, or its text from ``serve run``; None if
+    absent."""
+    if value is None or value == "":
+        return None
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = 0
+    if isinstance(value, bool) or n < 1 or str(n) != str(value).strip():
+        raise ConfigError(f"app arg {name}={value!r}: must be a positive integer")
+    return n
+
+
 def default_artifacts_dir(cfg: SolarisConfig) -> Path:
     """Where the embedded default's artifacts live: ``$SOLARIS_ARTIFACTS`` or a per-config
     folder under ``~/.cache/solaris/artifacts``."""

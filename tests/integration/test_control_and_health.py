@@ -51,8 +51,8 @@ def app(tmp_path_factory):
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(serve_app.build_app({"artifacts": str(art), "config": str(conf),
-                                       "app_id": "ctl", "precompute": "false"},
-                                      router_replicas=2), blocking=False)
+                                       "app_id": "ctl", "precompute": "false",
+                                       "router_replicas": "2"}), blocking=False)
         yield {"base": f"http://127.0.0.1:{port}", "control": control}
     finally:
         serve.shutdown()
