@@ -4,7 +4,7 @@ object store, so router replicas never decode the Parquet tables themselves."""
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Mapping
 
 import ray
 
@@ -47,9 +47,11 @@ def create_knn_holder(cfg: KnnConfig, app_id: str, detached: bool = False) -> An
                              lifetime="detached" if detached else None).remote(cfg)
 
 
-def holder_tables(cfg: KnnConfig, holder: Any) -> KnnTables:
+def holder_tables(cfg: KnnConfig, holder: Any, served: Mapping[str, str] | None = None
+                  ) -> KnnTables:
     """A router's ``KnnTables`` over the holder: the pointer check is a call to the holder,
-    a swap one ``ray.get`` of the shared snapshot."""
+    a swap one ``ray.get`` of the shared snapshot; ``served`` (FM version -> id map digest)
+    disables the tables of other FM versions (``KnnTables``)."""
     def probe(uri: str) -> str | None:
         return ray.get(holder.version.remote(), timeout=10)
 
@@ -57,4 +59,4 @@ def holder_tables(cfg: KnnConfig, holder: Any) -> KnnTables:
         (ref,) = ray.get(holder.snapshot.remote(), timeout=10)
         return ray.get(ref, timeout=30).usable()
 
-    return KnnTables(cfg, load, probe, time.monotonic)
+    return KnnTables(cfg, load, probe, time.monotonic, served)

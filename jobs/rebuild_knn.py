@@ -29,7 +29,9 @@ local ``DATA`` into a local ``ARTIFACTS`` first. ``URI`` (a ``pyarrow.fs`` URI o
 3. the driver builds the user index (exact or IVF by size), tunes it, checks recall@10
    against exact search and publishes the table, the faiss index and the pointer swap
    (``solaris.knn.tables``); then the same for the items' FM embeddings. A recall below
-   ``knn.min_recall`` is refused (exit 2, the previous version stays current).
+   ``knn.min_recall`` is refused (exit 2, the previous version stays current). Each table
+   records the FM version and the id map it was built from; an app serving another FM
+   version disables it (``solaris.knn.provenance``).
 
 On a schedule, run one rebuild per trigger from something that outlives a driver -- cron
 on the head node with one submission id per period (Ray refuses a second job with the same
@@ -384,11 +386,15 @@ def inputs_fingerprint(data: str | Path, artifacts: str | Path, cfg: KnnConfig,
 
 def up_to_date(out_uri: str, fingerprint: str) -> str | None:
     """The published version when both the user and the item tables under ``out_uri`` were
-    built from ``fingerprint``; None when a rebuild has work to do."""
-    from solaris.knn.tables import published_inputs
+    built from ``fingerprint`` and record their FM version and id map; None when a rebuild
+    has work to do (a table without that record is rebuilt so that apps can check it)."""
+    from solaris.knn.tables import published_built_from, published_inputs
 
     (uv, ui), (iv, ii) = published_inputs(out_uri, "user"), published_inputs(out_uri, "item")
-    return uv if uv is not None and ui == fingerprint and ii == fingerprint else None
+    if uv is None or ui != fingerprint or ii != fingerprint:
+        return None
+    recorded = all(published_built_from(out_uri, k) is not None for k in ("user", "item"))
+    return uv if recorded else None
 
 
 def rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConfig, *,
@@ -426,6 +432,7 @@ def _rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConf
              all_users: bool, inputs: str | None = None) -> dict:
     import torch
 
+    from solaris.knn.provenance import of_artifacts
     from solaris.knn.tables import build_table, new_version, publish
     from solaris.artifacts import load_models
     from solaris.knn.user_encoder import item_embeddings
@@ -435,11 +442,12 @@ def _rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConf
     check_artifacts(artifacts)
     torch.set_num_threads(1)
     fm, _enc, fm_version = load_models(artifacts)
+    built_from = of_artifacts(artifacts, fm_version)  # recorded with both tables
     if use_gpu is None:
         use_gpu = ray.cluster_resources().get("GPU", 0) >= 1
     version = version or new_version()
     out: dict[str, Any] = {"version": version, "fm_version": fm_version, "uri": out_uri,
-                           "inputs": inputs}
+                           "inputs": inputs, "ids": built_from.ids if built_from else None}
 
     t = time.perf_counter()
     users, uvec, as_of = user_embeddings(open_data(data, artifacts), fm, as_of, encoders, batch_size,
@@ -451,7 +459,8 @@ def _rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConf
     for kind, ids, vecs, k in (("user", users, uvec, cfg.k),
                                ("item", np.arange(len(ivec)), ivec, cfg.item_k)):
         t = time.perf_counter()
-        table, live = build_table(kind, ids, vecs, k, cfg, version, _bar(f"{kind} neighbours"))
+        table, live = build_table(kind, ids, vecs, k, cfg, version, _bar(f"{kind} neighbours"),
+                                  built_from)
         publish(out_uri, table, cfg, live, inputs=inputs)
         out[kind] = {"rows": int(len(ids)), "dim": int(vecs.shape[1]), "k": int(table.nbr.shape[1]),
                      "index": table.index, "recall_at_10": round(table.recall_at_10, 4),

@@ -5,7 +5,7 @@ tables, and the deployments' shared logging setting."""
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -19,15 +19,19 @@ from solaris.online.serving import KnnTables
 QUIET = {"enable_access_log": False}
 
 
-def knn_tables(cfg: SolarisConfig, app_id: str) -> KnnTables | None:
+def knn_tables(cfg: SolarisConfig, app_id: str, served: Mapping[str, str] | None = None
+               ) -> KnnTables | None:
     """The published KNN tables (``jobs/rebuild_knn.py``) if ``knn.table_uri`` is set, read
-    once per version by the app's holder actor and shared through the object store."""
+    once per version by the app's holder actor and shared through the object store;
+    ``served``: the app's FM versions and their id maps' digests (a table built from
+    another is disabled, ``solaris.knn.provenance``)."""
     if not cfg.knn.table_uri:
         return None
     from actors.knn import create_knn_holder, holder_tables
 
     return holder_tables(cfg.knn, create_knn_holder(cfg.knn, app_id,
-                                                    detached=cfg.serve.detached_state))
+                                                    detached=cfg.serve.detached_state),
+                         served)
 
 
 class Unavailable(SolarisError):

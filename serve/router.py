@@ -112,12 +112,14 @@ class LookupRouter:
             self.replica = ReplicaClient(self.backend.group, cfg.serve.replica_refresh_s,
                                          cfg.serve.replica_stale_s)
             self.replica.refresh()
-        self.knn = knn_tables(cfg, settings["app_id"])
+        # a published KNN table built from an FM version not served here is disabled
+        self.knn = knn_tables(cfg, settings["app_id"], {a.version: a.ids().digest() for a in arts})
         self._knn_poll: Any = None  # the pointer poll running on a thread, if any
         if self.knn is not None:
             self.knn.current()  # the published tables, if any, before the first request
         self._inline: InlineFM | None = None
-        self._user_enc: tuple | None = None  # (UserEncoder, side tables, history_len), lazily
+        # (FM version, UserEncoder, side tables, history_len), lazily
+        self._user_enc: tuple | None = None
         self._history_timeout_s = cfg.cache.deadline_ms / 1000.0  # request-path history reads
         self._cold_starts = 0
         self._cold_memo = ColdStartMemo(cfg.serve.cold_start_memo)
@@ -259,18 +261,24 @@ class LookupRouter:
 
     def _cold_neighbours(self, user: int, now: float, surface: int, knn: Any
                          ) -> NeighbourTable | None:
-        """Neighbours of a user the published table lacks: the user encoder over the user's
-        history as of ``now``, queried against the live index. None (next tier) on failure."""
+        """Neighbours of a user the published table lacks: the user encoder of the FM the
+        index was built from (the active version's for a table that records none) over the
+        user's history as of ``now``, queried against the live index. None (next tier) on
+        failure."""
         try:
+            built = knn.built_from.get("user")
+            version = (built.fm_version if built is not None and built.fm_version in self.arts
+                       else self.policy.active[self.tasks[0]])
             with self._inline_lock:
-                if self._user_enc is None:
+                if self._user_enc is None or self._user_enc[0] != version:
                     from solaris.artifacts import load_models
                     from solaris.knn.user_encoder import UserEncoder
 
-                    art = self.arts[self.policy.active[self.tasks[0]]]
+                    art = self.arts[version]
                     fm, _, _ = load_models(art.root)
-                    self._user_enc = (UserEncoder(fm), art.side_tables(), fm.history_len)
-            enc, side, hlen = self._user_enc
+                    self._user_enc = (version, UserEncoder(fm), art.side_tables(),
+                                      fm.history_len)
+            _, enc, side, hlen = self._user_enc
             req = cold_start_inputs(self.backend.history_provider(self._history_timeout_s),
                                     user, now, surface, hlen, side)
             probe = self.cfg.enrich.user_knn_probe + 1
@@ -377,7 +385,8 @@ class LookupRouter:
                                {"depth": q.get("depth", 0)} if q is not None else None),
                   fm, *vms,
                   health.knn_check(self.knn is not None, self.knn.version if self.knn else None,
-                                   time.time(), self.cfg.serve.health_knn_max_age_s),
+                                   time.time(), self.cfg.serve.health_knn_max_age_s,
+                                   self.knn.verdicts if self.knn else ()),
                   self._control_check()]
         if self.replica is not None:
             checks.append(self._replica_check())
@@ -782,6 +791,8 @@ class LookupRouter:
                                "replica": _replica_id(),
                                "knn": {"version": self.knn.version, "swaps": self.knn.swaps,
                                        "errors": self.knn.errors,
+                                       "disabled": [v.line() for v in self.knn.verdicts
+                                                    if not v.served],
                                        "cold_starts": self._cold_starts,
                                        "cold_start_memo": self._cold_memo.metrics()}
                                if self.knn else None}

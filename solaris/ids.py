@@ -184,6 +184,22 @@ class IdMap:
         self.users.check_extends(older.users, where)
         self.items.check_extends(older.items, where)
 
+    def digest(self) -> str:
+        """sha256 (hex) of both sides' raw ids in code order and their kind: equal maps,
+        saved or the identity of artifacts written without one, have equal digests (what a
+        KNN table records of the map its ids are codes of)."""
+        h = hashlib.sha256()
+        for name in SIDES:
+            side = self.side(name)
+            h.update(f"{name}|{'int' if side.is_int else 'str'}|{len(side)}|".encode())
+            if side.is_int:
+                h.update(np.ascontiguousarray(side.raw.to_numpy(), "<i8").tobytes())
+            else:  # length-prefixed, so no two lists of strings hash alike
+                for v in side.raw.to_pylist():
+                    b = v.encode()
+                    h.update(len(b).to_bytes(4, "little") + b)
+        return h.hexdigest()
+
     def save(self, root: str | Path) -> Path:
         """Write ``root/ids/{users,items}.parquet`` (each file atomically)."""
         out = Path(root) / IDS_DIR

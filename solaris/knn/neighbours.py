@@ -2,7 +2,8 @@
 
 - ``NeighbourTable``: neighbour lists, row r = id ``first + r``: a published table (dense
   over ids, ``first`` 0) or a cold-start user's query (one row);
-- ``KnnSnapshot``: one published build: the user and item tables and the live user index.
+- ``KnnSnapshot``: one published build: the user and item tables, the live user index and
+  what each table was built from (``solaris.knn.provenance``).
 
 ``solaris.knn.tables.KnnTable`` is the build record on disk (the rows of the ids the build
 held, with its recall check); ``KnnTable.neighbour_table`` turns it into a ``NeighbourTable``.
@@ -11,7 +12,8 @@ No faiss, no Ray here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -120,6 +122,9 @@ class KnnSnapshot:
     users: NeighbourTable | None
     items: NeighbourTable | None
     live: Any = None  # solaris.knn.tables.LiveIndex | None, or (index bytes, ids, version) in transit
+    # kind ("user", "item") -> solaris.knn.provenance.BuiltFrom of that table; a kind
+    # missing here was published without a record
+    built_from: dict[str, Any] = field(default_factory=dict)
 
     def shareable(self) -> "KnnSnapshot":
         """This snapshot with the faiss index as bytes: plain arrays, so one copy in Ray's
@@ -127,7 +132,7 @@ class KnnSnapshot:
         live = self.live
         if live is not None and not isinstance(live, tuple):
             live = (live.to_bytes(), live.ids, live.version)
-        return KnnSnapshot(self.version, self.users, self.items, live)
+        return dataclasses.replace(self, live=live)
 
     def usable(self) -> "KnnSnapshot":
         """``shareable``'s inverse: the faiss index rebuilt from its bytes (per replica; the
@@ -136,4 +141,4 @@ class KnnSnapshot:
             return self
         from solaris.knn.tables import LiveIndex
 
-        return KnnSnapshot(self.version, self.users, self.items, LiveIndex.from_bytes(*self.live))
+        return dataclasses.replace(self, live=LiveIndex.from_bytes(*self.live))

@@ -16,6 +16,10 @@ immutable file, so it sees the old table or the new one, never a partial one; th
 ``keep_versions`` versions stay on storage for readers holding an older pointer. A build
 whose recall is below ``min_recall`` is refused before anything is written.
 
+Each table records what it was built from (``solaris.knn.provenance.BuiltFrom``: the FM
+version and the id map's digest) in its Parquet metadata and its pointer; an app serves only
+the tables built from an FM version it serves.
+
 Read: ``current_version(uri)`` reads only the pointer (cheap enough to poll);
 ``load_current(uri)`` returns the ``solaris.online.enrich.NeighbourTable`` the router's enrichment
 consumes; ``load_live(uri)`` the ``LiveIndex`` that answers cold-start queries for users the
@@ -42,6 +46,7 @@ from solaris.atomic import filesystem, save_on
 from solaris.cache.snapshot import write_snapshot
 from solaris.config import KnnConfig
 from solaris.knn.neighbours import NeighbourTable
+from solaris.knn.provenance import BuiltFrom
 from solaris.errors import DataError, RequestError
 
 log = logging.getLogger(__name__)
@@ -233,6 +238,7 @@ class KnnTable:
     version: str
     index: str  # index_name of the index that answered
     recall_at_10: float  # measured on cfg.recall_queries fresh random rows
+    built_from: BuiltFrom | None = None  # the FM version and id map; None: not recorded
 
     def neighbour_table(self) -> NeighbourTable:
         """The dense in-memory table the enrichment consumes: row r = id r (-1 rows for ids
@@ -245,10 +251,11 @@ class KnnTable:
 
 
 def build_table(kind: str, ids: np.ndarray, emb: np.ndarray, k: int, cfg: KnnConfig,
-                version: str | None = None, progress: Progress | None = None
-                ) -> tuple[KnnTable, LiveIndex]:
+                version: str | None = None, progress: Progress | None = None,
+                built_from: BuiltFrom | None = None) -> tuple[KnnTable, LiveIndex]:
     """Index ``emb`` (n, d) of ``ids`` (n,), tune and check recall, fill every row's k
-    nearest other ids. Refusing a low recall is ``publish``'s job."""
+    nearest other ids; ``built_from``: the FM version and id map ``emb`` and ``ids`` come
+    from, recorded with the table. Refusing a low recall is ``publish``'s job."""
     if kind not in KINDS:
         raise RequestError(f"kind={kind!r}: must be one of {KINDS}")
     ids = np.asarray(ids)
@@ -271,7 +278,7 @@ def build_table(kind: str, ids: np.ndarray, emb: np.ndarray, k: int, cfg: KnnCon
     rows, sims = neighbours(index, x, min(k, len(x) - 1), cfg.search_batch, progress)
     nbr = np.where(rows >= 0, ids[np.clip(rows, 0, None)], -1)
     table = KnnTable(kind, ids, nbr, np.where(rows >= 0, sims, 0.0).astype(np.float32),
-                     version, index_name(index), recall)
+                     version, index_name(index), recall, built_from)
     return table, LiveIndex(index, ids, version)
 
 
@@ -288,7 +295,8 @@ def _location(uri: str, kind: str) -> tuple[pafs.FileSystem, str]:
 def _arrow(t: KnnTable) -> pa.Table:
     n, k = t.nbr.shape
     meta = {"format": FORMAT, "kind": t.kind, "version": t.version, "k": k, "n": n,
-            "index": t.index, "recall_at_10": t.recall_at_10}
+            "index": t.index, "recall_at_10": t.recall_at_10,
+            "built_from": t.built_from.to_dict() if t.built_from else None}
     return pa.table({
         "id": pa.array(t.ids),
         "nbr": pa.FixedSizeListArray.from_arrays(pa.array(t.nbr.ravel()), k),
@@ -320,7 +328,8 @@ def publish(uri: str, table: KnnTable, cfg: KnnConfig, live: LiveIndex | None = 
                "index_name": table.index, "recall_at_10": table.recall_at_10,
                "n": int(len(table.ids)), "k": int(table.nbr.shape[1]),
                "published_at": clock(), "versions": versions[:cfg.keep_versions],
-               "inputs": inputs}
+               "inputs": inputs,
+               "built_from": table.built_from.to_dict() if table.built_from else None}
     text = json.dumps(pointer, indent=1).encode()
     save_on(fs, f"{root}/{POINTER}", lambda f: f.write(text))
     _prune(fs, root, table.kind, set(pointer["versions"]))
@@ -375,6 +384,15 @@ def published_inputs(uri: str, kind: str = "user") -> tuple[str | None, str | No
     return str(pointer["version"]), pointer.get("inputs")
 
 
+def published_built_from(uri: str, kind: str = "user") -> BuiltFrom | None:
+    """What the table published as ``kind`` under ``uri`` records it was built from (None
+    before the first publish, or for a table published without a record); reads only the
+    pointer."""
+    fs, root = _location(uri, kind)
+    pointer = _read_pointer(fs, root)
+    return None if pointer is None else BuiltFrom.from_dict(pointer.get("built_from"))
+
+
 def current_version(uri: str, kind: str = "user") -> str | None:
     """The published version of ``kind`` under ``uri`` (None before the first publish); reads
     only the small pointer file, so a router can poll it."""
@@ -400,15 +418,17 @@ def read_table(fs: pafs.FileSystem, path: str, kind: str) -> KnnTable:
         for c in ("nbr", "sim"):
             if cols[c].type.list_size != k or cols[c].null_count:
                 raise ValueError(f"column {c!r}: type {cols[c].type}, {cols[c].null_count} nulls")
+        built_from = BuiltFrom.from_dict(meta.get("built_from"))
         ids = cols["id"].to_numpy().astype(np.int64)
         nbr = cols["nbr"].flatten().to_numpy().astype(np.int64).reshape(len(ids), k)
         sims = cols["sim"].flatten().to_numpy().astype(np.float32).reshape(len(ids), k)
-    except (KeyError, ValueError, TypeError, AttributeError, pa.ArrowException) as e:
+    except (KeyError, ValueError, TypeError, AttributeError, DataError,
+            pa.ArrowException) as e:
         raise DataError(f"{path}: malformed KNN table ({e!r})") from e
     if len(ids) and (ids.min() < 0 or len(np.unique(ids)) != len(ids) or nbr.min() < -1):
         raise DataError(f"{path}: ids must be unique and >= 0, neighbours >= -1")
     return KnnTable(kind, ids, nbr, sims, str(meta["version"]), str(meta.get("index", "")),
-                    float(meta.get("recall_at_10", float("nan"))))
+                    float(meta.get("recall_at_10", float("nan"))), built_from)
 
 
 def _read_current(uri: str, kind: str, attempts: int = 3
@@ -432,19 +452,28 @@ def _read_current(uri: str, kind: str, attempts: int = 3
     return fs, root, pointer, table
 
 
-def load_published(uri: str, kind: str = "user"
-                   ) -> tuple[str, NeighbourTable, LiveIndex | None]:
-    """(version, NeighbourTable, live index or None) of the version the pointer under
-    ``uri`` names: one pointer read, one table read, so the three always match."""
+def load_build(uri: str, kind: str = "user", with_index: bool = True
+               ) -> tuple[KnnTable, LiveIndex | None]:
+    """(table, live index or None) of the version the pointer under ``uri`` names: one
+    pointer read, one table read, so they always match. ``with_index`` False: the faiss
+    index is not read (None)."""
     fs, root, pointer, table = _read_current(uri, kind)
     live = None
-    if pointer.get("index"):
+    if with_index and pointer.get("index"):
         path = f"{root}/{pointer['index']}"
         try:
             with fs.open_input_stream(path) as f:
                 live = LiveIndex.from_bytes(f.readall(), table.ids, table.version)
         except (OSError, RuntimeError) as e:  # faiss raises RuntimeError on a corrupt index
             raise DataError(f"{path}: not a readable faiss index ({e})") from e
+    return table, live
+
+
+def load_published(uri: str, kind: str = "user"
+                   ) -> tuple[str, NeighbourTable, LiveIndex | None]:
+    """(version, NeighbourTable, live index or None) of the version the pointer under
+    ``uri`` names (``load_build``)."""
+    table, live = load_build(uri, kind)
     return table.version, table.neighbour_table(), live
 
 

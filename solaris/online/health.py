@@ -67,19 +67,28 @@ def shards_check(up: list[bool], ms: float) -> Check:
     return Check("shards", not down, False, detail, ms, {"down": down, "shards": len(up)})
 
 
-def knn_check(configured: bool, version: str | None, now: float, max_age_s: float) -> Check:
+def knn_check(configured: bool, version: str | None, now: float, max_age_s: float,
+              verdicts: Iterable[Any] = ()) -> Check:
+    """The KNN tables' age and, from ``verdicts`` (``solaris.knn.provenance.Verdict`` of
+    each published table), which are disabled (built from an FM version this app does not
+    serve: not ok) or served unchecked (no record of their FM version: said, still ok)."""
     if not configured:
         return Check("knn", True, False, "no knn.table_uri: neighbour tiers off")
     age = knn_age_s(version, now)
     if version is None:
         return Check("knn", False, False, "no table published yet: neighbour tiers miss",
                      data={"version": None, "age_s": None, "max_age_s": max_age_s})
-    ok = age is None or age <= max_age_s
+    fresh = age is None or age <= max_age_s
     detail = (f"table {version} is {age / 3600:.1f} h old (budget {max_age_s / 3600:.1f} h)"
               if age is not None else f"table {version} (no build time in its name)")
-    return Check("knn", ok, False, detail if ok else f"stale: {detail}",
+    detail = detail if fresh else f"stale: {detail}"
+    verdicts = list(verdicts)
+    disabled = {v.kind: v.line() for v in verdicts if not v.served}
+    notes = [v.line() for v in verdicts if not v.served] + \
+        [v.line() for v in verdicts if v.served and v.reason]
+    return Check("knn", fresh and not disabled, False, "; ".join([detail, *notes]),
                  data={"version": version, "age_s": None if age is None else round(age, 1),
-                       "max_age_s": max_age_s})
+                       "max_age_s": max_age_s, "disabled": disabled})
 
 
 def fm_check(summary: dict[str, Any] | None, ms: float, error: str | None = None) -> Check:

@@ -4,7 +4,8 @@
 config under a file lock, so the first ``serve run serve_app:app`` on a fresh checkout works
 and no replica ever trains anything. ``KnnTables`` holds the published user / item neighbour
 tables and swaps to a newer published version when the pointer moves (checked every
-``knn.poll_s`` on the wall clock), without a restart.
+``knn.poll_s`` on the wall clock), without a restart; given the FM versions the app serves,
+it disables any table built from another (``solaris.knn.provenance``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 from cachetools import LRUCache
@@ -26,6 +27,7 @@ from solaris.artifact_store import canonical
 from solaris.config import KnnConfig, SolarisConfig, config_to_dict, load_config
 from solaris.errors import ConfigError
 from solaris.knn.neighbours import KnnSnapshot
+from solaris.knn.provenance import Verdict, restrict
 
 log = logging.getLogger(__name__)
 
@@ -152,16 +154,20 @@ def knn_version(uri: str) -> str | None:
 
 def load_knn(uri: str) -> KnnSnapshot:
     """The published tables under ``uri`` (``jobs/rebuild_knn.py``): the user table and
-    its live index; the item table where one is published."""
+    its live index; the item table where one is published; what each was built from."""
     from solaris.knn import tables as knn
 
-    uv, users, live = knn.load_published(uri, "user")
+    user, live = knn.load_build(uri, "user")
     if live is None:  # published without an index: no cold-start queries, tables still serve
-        log.warning("KNN %s: no live user index; cold-start users get no neighbours", uv)
+        log.warning("KNN %s: no live user index; cold-start users get no neighbours",
+                    user.version)
+    built = {"user": user.built_from}
     items, iv = None, ""
     if knn.current_version(uri, "item") is not None:
-        iv, items = knn.load_current(uri, "item")
-    return KnnSnapshot(f"{uv}|{iv}", users, items, live)
+        item, _ = knn.load_build(uri, "item", with_index=False)
+        iv, items, built["item"] = item.version, item.neighbour_table(), item.built_from
+    return KnnSnapshot(f"{user.version}|{iv}", user.neighbour_table(), items, live,
+                       {k: b for k, b in built.items() if b is not None})
 
 
 class ColdStartMemo:
@@ -249,15 +255,22 @@ class KnnTables:
     """The current published KNN tables; swaps to a newer version when the pointer moves.
 
     ``loader(uri) -> KnnSnapshot`` and ``probe(uri) -> version`` are injected (the KNN
-    module's reader); ``clock`` is the wall clock that paces the polls.
+    module's reader); ``clock`` is the wall clock that paces the polls. ``served`` (FM
+    version -> its id map's digest, ``IdMap.digest``): the app's FM versions; each loaded
+    version's tables are judged against them (``solaris.knn.provenance.restrict``), a
+    disabled table is dropped from the snapshot and said once in the log, and ``verdicts``
+    keeps what was decided. None: every table is served (a holder that only shares them).
     """
 
     def __init__(self, cfg: KnnConfig, loader: Callable[[str], KnnSnapshot],
-                 probe: Callable[[str], str | None], clock: Callable[[], float] = time.monotonic):
+                 probe: Callable[[str], str | None], clock: Callable[[], float] = time.monotonic,
+                 served: Mapping[str, str] | None = None):
         if not cfg.table_uri:
             raise ConfigError("knn.table_uri=None: no published KNN tables to read")
         self.cfg = cfg
         self._loader, self._probe, self._clock = loader, probe, clock
+        self._served = dict(served) if served is not None else None
+        self.verdicts: list[Verdict] = []  # on each table of the version in use
         self._lock = threading.Lock()
         self._snap: KnnSnapshot | None = None
         self._next_poll = -float("inf")
@@ -292,6 +305,11 @@ class KnnTables:
                 if v is not None and (self._snap is None or v != self._snap.version):
                     snap = self._loader(self.cfg.table_uri)
                     log.info("KNN tables: %s -> %s", self.version, snap.version)
+                    if self._served is not None:
+                        snap, self.verdicts = restrict(snap, self._served)
+                        for verdict in self.verdicts:
+                            if verdict.reason:
+                                log.warning("KNN tables: %s", verdict.line())
                     self._snap = snap
                     self.swaps += 1
             except Exception:

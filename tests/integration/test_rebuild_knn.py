@@ -103,7 +103,9 @@ def test_a_scheduled_run_on_unchanged_inputs_publishes_nothing(local_ray, world,
     """``--if-changed``: the published pointer keeps the inputs' fingerprint; a second
     trigger on the same data, artifacts and settings builds and publishes nothing, another
     ``--as-of`` (other inputs) does."""
-    from solaris.knn.tables import published_inputs
+    from solaris.ids import IdMap
+    from solaris.knn.provenance import BuiltFrom
+    from solaris.knn.tables import published_built_from, published_inputs
 
     data, art, users, items = world
     uri = f"file://{tmp_path}/knn"
@@ -113,12 +115,35 @@ def test_a_scheduled_run_on_unchanged_inputs_publishes_nothing(local_ray, world,
     assert "skipped" not in first and first["inputs"]
     assert published_inputs(uri, "user") == ("s1", first["inputs"])
     assert published_inputs(uri, "item") == ("s1", first["inputs"])
+    # both tables record the FM version and the id map (bare model files: the identity)
+    built = BuiltFrom(VERSION, IdMap.identity(users, items).digest())
+    assert first["ids"] == built.ids
+    assert published_built_from(uri, "user") == built == published_built_from(uri, "item")
     again = rebuild(data, art, uri, cfg, version="s2", **kw)
     assert again["skipped"] and again["version"] == "s1" and again["inputs"] == first["inputs"]
     assert current_version(uri) == "s1"
     other = rebuild(data, art, uri, cfg, version="s3", as_of=first["as_of"] - 86400, **kw)
     assert "skipped" not in other and other["inputs"] != first["inputs"]
     assert current_version(uri) == "s3"
+
+
+def test_a_scheduled_run_rebuilds_tables_that_record_no_fm_version(tmp_path):
+    """Tables published without what they were built from are rebuilt by the next
+    ``--if-changed`` run even on unchanged inputs, so the app can check them."""
+    from jobs.rebuild_knn import up_to_date
+    from solaris.knn.provenance import BuiltFrom
+    from solaris.knn.tables import build_table, publish
+
+    uri = f"file://{tmp_path}/knn"
+    cfg = KnnConfig(k=5, item_k=5, recall_queries=50)
+    x = np.random.default_rng(0).normal(size=(40, 8)).astype(np.float32)
+    for built, version in ((None, "old"), (BuiltFrom(VERSION, "digest"), "new")):
+        for kind in ("user", "item"):
+            table, live = build_table(kind, np.arange(40), x, 5, cfg, version,
+                                      built_from=built)
+            publish(uri, table, cfg, live, inputs="fp")
+        assert up_to_date(uri, "fp") == (None if built is None else "new")
+    assert up_to_date(uri, "other") is None
 
 
 def test_missing_artifacts_is_a_clear_error(local_ray, world, tmp_path, capsys):
