@@ -57,7 +57,7 @@ def app(tmp_path_factory):
         serve.run(serve_app.build_app({"artifacts": str(art), "config": str(conf),
                                        "app_id": "test"}), blocking=False)
         yield {"base": f"http://127.0.0.1:{port}", "num_items": 200, "num_users": 300,
-               "knn_uri": str(knn_uri), "knn_cfg": load_config(conf).knn,
+               "knn_uri": str(knn_uri), "knn_cfg": load_config(conf).knn, "artifacts": art,
                "metrics": f"http://127.0.0.1:{metrics_port}/metrics"}
     finally:
         serve.shutdown()
@@ -336,16 +336,17 @@ def test_shard_then_vm_replica_killed_under_load(app):
     assert replica["whole"][0] >= 2 and replica["whole"][1] == 1
 
 
-def _publish_knn(app, seed: int) -> str:
+def _publish_knn(app, seed: int, built_from=None) -> str:
     from solaris.knn import tables as knn
 
     rng = np.random.default_rng(seed)
     users = np.arange(250)  # users 250.. are not in the table: cold starts
     emb = rng.normal(size=(len(users), 64)).astype(np.float32)  # the TINY FM's shared width
-    table, live = knn.build_table("user", users, emb, 10, app["knn_cfg"])
+    table, live = knn.build_table("user", users, emb, 10, app["knn_cfg"], built_from=built_from)
     knn.publish(app["knn_uri"], table, app["knn_cfg"], live)
     items = rng.normal(size=(200, 16)).astype(np.float32)
-    itable, ilive = knn.build_table("item", np.arange(200), items, 10, app["knn_cfg"])
+    itable, ilive = knn.build_table("item", np.arange(200), items, 10, app["knn_cfg"],
+                                    built_from=built_from)
     knn.publish(app["knn_uri"], itable, app["knn_cfg"], ilive)
     return f"{table.version}|{itable.version}"
 
@@ -387,6 +388,41 @@ def test_knn_publish_swaps_under_live_traffic_with_no_failed_request(app):
     assert _rank(app, user_id=290, now=T0 + 300).status_code == 200
     stats = requests.get(app["base"] + "/stats", timeout=TIMEOUT_S).json()["knn"]
     assert stats["cold_starts"] >= 1 and stats["errors"] == 0
+
+
+def test_knn_tables_of_another_fm_version_are_disabled_by_name(app):
+    """Runs after the swap test: tables recorded as built from an FM this app does not serve
+    are named in /healthz and /stats and give no neighbours (no cold-start query runs); a
+    rebuild from the served FM and id map turns them back on."""
+    from solaris.artifacts import Artifacts
+    from solaris.knn.provenance import BuiltFrom
+
+    art = Artifacts.open(app["artifacts"])
+    served = _rank(app).json()["versions"]["fm"]
+    assert served == art.version
+
+    def knn_check(version: str) -> dict:
+        deadline = time.monotonic() + 30
+        while True:
+            body = requests.get(app["base"] + "/healthz", timeout=TIMEOUT_S).json()
+            if body["knn"] == version or time.monotonic() > deadline:
+                return body["checks"]["knn"]
+            time.sleep(0.3)
+
+    other = _publish_knn(app, 3, BuiltFrom("another-fm", art.ids().digest()))
+    check = knn_check(other)
+    assert not check["ok"] and set(check["disabled"]) == {"user", "item"}
+    user_v = other.split("|")[0]
+    assert f"user table {user_v} disabled: built from FM another-fm" in check["detail"]
+    assert served in check["detail"]
+    before = requests.get(app["base"] + "/stats", timeout=TIMEOUT_S).json()["knn"]
+    assert len(before["disabled"]) == 2
+    assert _rank(app, user_id=291, now=T0 + 300).status_code == 200  # a cold user
+    after = requests.get(app["base"] + "/stats", timeout=TIMEOUT_S).json()["knn"]
+    assert after["cold_starts"] == before["cold_starts"]  # no index to query
+    ours = _publish_knn(app, 4, BuiltFrom(served, art.ids().digest()))
+    check = knn_check(ours)
+    assert check["ok"] and check["disabled"] == {} and "disabled" not in check["detail"]
 
 
 def test_replay_profile_refuses_a_time_beyond_the_skew(app):
