@@ -1,6 +1,10 @@
 """The precompute deployment: the FM worker pools (one per live version, scaled up and down
 with the queue's depth and lag every poll: ``WorkerPool.tick``, which also publishes the
-pool's own metrics), the queue and cache gauges, and the replay's stepping of the workers."""
+pool's own metrics), the queue and cache gauges, and the replay's stepping of the workers.
+
+An FM class that does not import where the app runs (``solaris.artifacts.check_fm_class``,
+checked before any worker starts) leaves the deployment up with no workers and the error in
+``health``: ``/healthz`` fails readiness with it, and nothing restarts in a loop."""
 
 from __future__ import annotations
 
@@ -14,8 +18,9 @@ from ray.util import metrics as ray_metrics
 from serve.backend import Backend
 from solaris import metrics
 from solaris.config import load_config
+from solaris.errors import SolarisError
 from solaris.precompute.ledger import speculation_report
-from solaris.artifacts import Artifacts
+from solaris.artifacts import Artifacts, check_fm_class
 from solaris.train.artifacts import served_unlike_trained
 
 log = logging.getLogger("solaris.serve")
@@ -26,13 +31,33 @@ class Precompute:
     """FM worker pools (one per live version) and the queue / cache gauges."""
 
     def __init__(self, settings: dict[str, Any]):
-        from actors.precompute import WorkerPool
-
+        self._stop = threading.Event()
+        self.pools: dict[str, Any] = {}
+        self.error: str | None = None  # why no FM worker runs (a plug-in that does not load)
         cfg = load_config(settings.get("config"), settings.get("overrides"))
         self.backend = Backend(cfg, settings)
-        self.pools = {}
-        for d in settings["artifact_dirs"]:
-            art = Artifacts.open(d)
+        try:
+            self._start_pools(cfg, settings["artifact_dirs"])
+        except SolarisError as e:
+            self.error = f"{type(e).__name__}: {e}"
+            log.error("precompute: no FM workers: %s (fix it and redeploy)", self.error)
+        # keyed as _collect names them: the metric's name less "solaris_"
+        self._gauges = {m.name.removeprefix("solaris_"): metrics.build(m, ray_metrics)
+                        for m in metrics.exported_by("precompute")}
+        self._last: dict[str, Any] = {}
+        self._counts: tuple[dict | None, list[dict]] = (None, [])  # ledger, shards (last poll)
+        self._paused = False
+        threading.Thread(target=self._poll, name="solaris-gauges", daemon=True).start()
+
+    def _start_pools(self, cfg: Any, dirs: list[str]) -> None:
+        """One started pool per artifact version; every version's FM class is imported here
+        first, so a class that does not import starts no worker at all."""
+        from actors.precompute import WorkerPool
+
+        arts = [Artifacts.open(d) for d in dirs]
+        for d in dirs:
+            check_fm_class(d)
+        for d, art in zip(dirs, arts):
             if (why := served_unlike_trained(art.manifest, cfg)):
                 log.warning("%s", why)
             # the location, not this replica's copy: a worker opens it on its own node
@@ -43,14 +68,6 @@ class Precompute:
                               profile=cfg.serve.profile, name=art.version)
             pool.start()
             self.pools[art.version] = pool
-        # keyed as _collect names them: the metric's name less "solaris_"
-        self._gauges = {m.name.removeprefix("solaris_"): metrics.build(m, ray_metrics)
-                        for m in metrics.exported_by("precompute")}
-        self._last: dict[str, Any] = {}
-        self._counts: tuple[dict | None, list[dict]] = (None, [])  # ledger, shards (last poll)
-        self._paused = False
-        self._stop = threading.Event()
-        threading.Thread(target=self._poll, name="solaris-gauges", daemon=True).start()
 
     def _poll(self) -> None:
         while not self._stop.wait(2.0):
@@ -120,7 +137,7 @@ class Precompute:
         return {"workers": sum(len(p.workers) for p in self.pools.values()),
                 "paused": self._paused, "queue_depth": int(last.get("queue_depth", 0)),
                 "lag_s": float(last.get("precompute_lag_s", 0.0)),
-                "polled": self._last is not None}
+                "polled": self._last is not None, "error": self.error}
 
     def summary(self, served: int = 0) -> dict[str, Any]:
         """The last gauges, the queue's metrics, each pool's worker metrics and the

@@ -36,7 +36,7 @@ from solaris.online.rollout import RolloutPolicy
 from solaris.online.control import ControlState, scale_table
 from solaris.online.scales import ScaleError, ScaleTable, scale_dict
 from solaris.artifacts import Artifacts
-from solaris.errors import RequestError
+from solaris.errors import RequestError, SolarisError
 from solaris.ids import deployment_ids
 from solaris.online.scoring import (InlineFM, PackedSlots, ResidualHead,
                                     ScoreRequest, decode_scores, encode_score_request)
@@ -96,12 +96,19 @@ class LookupRouter:
         # each VM's corrections, run here while the VM replica runs the VM alone beside the
         # lookup round (serve.overlap; without it the replica runs both)
         self.heads: dict[tuple[str, str], ResidualHead] = {}
+        # why the corrections did not load here (a VM class that does not import): the
+        # router stays up to say so in /healthz, which fails readiness with it
+        self._load_error: str | None = None
         if cfg.serve.overlap:
             import torch
 
             torch.set_num_threads(1)  # as the VM replicas: the corrections round as theirs do
-            self.heads = {(a.version, t): ResidualHead(a, t, cfg.cache.read_ttl_s)
-                          for a in arts for t in a.tasks}
+            try:
+                self.heads = {(a.version, t): ResidualHead(a, t, cfg.cache.read_ttl_s)
+                              for a in arts for t in a.tasks}
+            except SolarisError as e:
+                self._load_error = f"{type(e).__name__}: {e}"
+                log.error("router: the VMs' corrections did not load: %s", self._load_error)
         self.backend = Backend(cfg, settings)
         # the lookups' read replica of the cache shards (serve.cache_reads: replica), pulled
         # once here so the first request reads the shards as they are
@@ -344,12 +351,14 @@ class LookupRouter:
         budget = self.cfg.serve.health_budget_ms / 1000.0
 
         async def call() -> Any:
-            return await self.vms[task].versions.remote()
+            return await self.vms[task].health.remote()
 
         try:
-            versions = await asyncio.wait_for(call(), budget)
-            return health.Check(f"vm_{task}", True, True, f"versions {versions}",
-                                (time.perf_counter() - t0) * 1e3)
+            got = await asyncio.wait_for(call(), budget)
+            ms = (time.perf_counter() - t0) * 1e3
+            if got["error"]:
+                return health.loaded_check(f"vm_{task}", got["error"], ms)
+            return health.Check(f"vm_{task}", True, True, f"versions {got['versions']}", ms)
         except Exception as e:
             return health.Check(f"vm_{task}", False, True,
                                 f"no VM replica answered in {budget * 1000:.0f} ms "
@@ -390,6 +399,8 @@ class LookupRouter:
                   self._control_check()]
         if self.replica is not None:
             checks.append(self._replica_check())
+        if self._load_error is not None:
+            checks.append(health.loaded_check("router", self._load_error))
         status = health.verdict(checks)
         return {"status": status, "ok": status != health.UNREADY,
                 "checks": {c.name: c.to_dict() for c in checks},

@@ -2,7 +2,12 @@
 ``@serve.batch``: ``score`` (the served probabilities and the VM alone's) and, for a residual
 VM, ``base`` (the VM alone's logits, which the router completes with the corrections). Named
 ``VMReplicas``, not after the ``nn.Module`` it serves (``solaris.models.vm.VerticalModel``);
-its deployments are named ``VM_<task>``."""
+its deployments are named ``VM_<task>``.
+
+A VM that does not load here (its class does not import where the app runs, a checkpoint
+that does not fit) leaves the replica up, scoring nothing, with the error in ``health``: the
+router's ``/healthz`` fails readiness with it, and Serve does not restart the replica in a
+loop."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ from ray import serve
 
 from serve.backend import QUIET
 from solaris.config import load_config
+from solaris.errors import SolarisError
 from solaris.online.scoring import (Artifacts, ScoreRequest, VMScorer, decode_score_request,
                                     encode_scores)
 
@@ -32,11 +38,17 @@ class VMReplicas:
         cfg = load_config(settings.get("config"), settings.get("overrides"))
         self.task = task
         self.scorers: dict[str, VMScorer] = {}
-        for d in settings["artifact_dirs"]:
-            art = Artifacts.open(d)
-            if task in art.tasks:
-                self.scorers[art.version] = VMScorer(art, task, art.side_tables(),
-                                                     cfg.cache.read_ttl_s)
+        self.error: str | None = None  # why this replica scores nothing
+        try:
+            for d in settings["artifact_dirs"]:
+                art = Artifacts.open(d)
+                if task in art.tasks:
+                    self.scorers[art.version] = VMScorer(art, task, art.side_tables(),
+                                                         cfg.cache.read_ttl_s)
+        except SolarisError as e:
+            self.scorers = {}
+            self.error = f"{type(e).__name__}: {e}"
+            log.error("VM %s: scores nothing: %s (fix it and redeploy)", task, self.error)
         for method in (self.score, self.base):
             method.set_max_batch_size(cfg.serve.vm_batch_size)
             method.set_batch_wait_timeout_s(cfg.serve.vm_batch_wait_s)
@@ -62,6 +74,8 @@ class VMReplicas:
                     ) -> list[bytes]:
         """Decode the ``score_request`` frames, ``run`` each version's scorer on its
         requests, and answer each with a ``scores`` frame, in the order given."""
+        if self.error is not None:
+            raise SolarisError(f"VM {self.task} did not load: {self.error}")
         reqs = [decode_score_request(p) for p in payloads]
         out: list[bytes | None] = [None] * len(reqs)
         for version in {v for v, _ in reqs}:
@@ -72,3 +86,8 @@ class VMReplicas:
 
     def versions(self) -> list[str]:
         return list(self.scorers)
+
+    def health(self) -> dict[str, Any]:
+        """What the router's ``/healthz`` reads: the versions scored, and the error that
+        left this replica scoring nothing (None when it loaded)."""
+        return {"versions": list(self.scorers), "error": self.error}

@@ -114,6 +114,24 @@ def fm_from_checkpoint(ck: dict, where: str | Path) -> Any:
     return fm.eval()
 
 
+def check_fm_class(root: str | Path) -> str:
+    """The FM class path the artifacts' FM checkpoint names, after importing it here (the
+    checkpoint memory-mapped: no weights read, no model built); a ``ConfigError`` naming the
+    checkpoint and the class where it does not import. A deployment that starts FM workers
+    checks this first: a class missing where the app runs is then one clear error, not a
+    worker that fails as it starts."""
+    root = local_artifacts(root)
+    manifest = read_manifest(root) if (root / "manifest.json").exists() else {}
+    path = root / manifest.get("fm", "fm.pt")
+    ck = load_checkpoint(path, "fm", mmap=True)
+    try:
+        cls = config_from_dict({"fm": ck["config"]}).fm.cls
+        api.import_class(cls, "fm.cls")
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from e
+    return cls
+
+
 def vm_alone_from_checkpoint(ck: dict, where: str | Path = "") -> Any:
     """The VM alone a VM checkpoint's config describes (weights not loaded): the model
     itself, or the base inside a residual VM's checkpoint."""

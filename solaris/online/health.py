@@ -60,6 +60,15 @@ def knn_age_s(version: str | None, now: float) -> float | None:
     return max(0.0, now - built)
 
 
+def loaded_check(name: str, error: str | None, ms: float = 0.0,
+                 data: dict[str, Any] | None = None) -> Check:
+    """A deployment's plug-ins (its model classes) as it loaded them: ``error`` (why they did
+    not load) fails readiness; nothing serves until the app is fixed and redeployed."""
+    if error:
+        return Check(name, False, True, f"did not load: {error}", ms, data)
+    return Check(name, True, True, "loaded", ms, data)
+
+
 def shards_check(up: list[bool], ms: float) -> Check:
     down = [s for s, u in enumerate(up) if not u]
     detail = (f"shards {down} did not answer in time: their keys read as misses"
@@ -92,10 +101,15 @@ def knn_check(configured: bool, version: str | None, now: float, max_age_s: floa
 
 
 def fm_check(summary: dict[str, Any] | None, ms: float, error: str | None = None) -> Check:
-    """From the Precompute deployment's ``health``: workers, queue depth and lag."""
+    """From the Precompute deployment's ``health``: workers, queue depth and lag. Its
+    ``error`` (the FM did not load where the app runs: a deployment that cannot work until
+    it is fixed and redeployed) fails readiness."""
     if summary is None:
         return Check("fm_workers", False, False,
                      f"the precompute deployment did not answer ({error})", ms)
+    if summary.get("error"):
+        return Check("fm_workers", False, True,
+                     f"no FM worker can start: {summary['error']}", ms, dict(summary))
     workers, depth = int(summary.get("workers", 0)), int(summary.get("queue_depth", 0))
     ok = workers > 0 or depth == 0
     detail = (f"{workers} FM workers, {depth} pairs queued"

@@ -27,13 +27,14 @@ def save_checkpoint(path: str | Path, model: torch.nn.Module, kind: str, config:
     return path
 
 
-def load_checkpoint(path: str | Path, kind: str) -> dict[str, Any]:
-    """Read a checkpoint of ``kind``; raise CheckpointError naming the file on any problem."""
+def load_checkpoint(path: str | Path, kind: str, mmap: bool = False) -> dict[str, Any]:
+    """Read a checkpoint of ``kind``; raise CheckpointError naming the file on any problem.
+    ``mmap``: the tensors are memory-mapped, not read (for a reader of the config only)."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"{path}: checkpoint not found")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as e:  # corrupt or foreign file
         raise CheckpointError(f"{path}: cannot read checkpoint ({type(e).__name__}: {e})") from e
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:

@@ -42,3 +42,20 @@ def test_fm_workers_are_unhealthy_only_with_work_queued_and_no_worker():
     assert health.fm_check({"workers": 2, "queue_depth": 5}, 1).ok
     c = health.fm_check(None, 500, "GetTimeoutError")
     assert not c.ok and "GetTimeoutError" in c.detail
+
+
+def test_a_precompute_that_could_not_load_its_fm_fails_readiness_with_the_error():
+    err = "ConfigError: /a/fm.pt: fm.cls='nosuch.module:FM': cannot import 'nosuch.module'"
+    c = health.fm_check({"workers": 0, "queue_depth": 0, "error": err}, 1)
+    assert not c.ok and c.required and err in c.detail
+    assert health.verdict([c]) == health.UNREADY
+    assert health.fm_check({"workers": 1, "queue_depth": 0, "error": None}, 1).ok
+    late = health.fm_check(None, 1, "TimeoutError")  # not answering only degrades
+    assert not late.required and "TimeoutError" in late.detail
+
+
+def test_a_deployment_whose_plugin_did_not_load_fails_readiness():
+    bad = health.loaded_check("vm_click", "CheckpointError: vm.cls='x.y:Z': cannot import")
+    assert not bad.ok and bad.required and "x.y:Z" in bad.detail
+    assert health.verdict([bad]) == health.UNREADY
+    assert health.loaded_check("router", None).ok
