@@ -89,6 +89,11 @@ class CausalTransformerFM(nn.Module):
     shared layer (what SOLARIS compresses and caches), ``dropout`` in the blocks and the MLP.
     """
 
+    # ``solaris.models.api.ReadsUnseenUsers``: the user id is read nowhere, so a user it never
+    # saw (an id >= num_users, zero side features) is read like any other: its pairs are
+    # precomputed and served from its first requests on
+    reads_unseen_users = True
+
     def __init__(self, spec: FeatureSpec, num_users: int, num_items: int,
                  tasks: tuple[str, ...], history_len: int, version: str, dim: int = 32,
                  layers: int = 2, heads: int = 2, shared_dim: int = 128, dropout: float = 0.1):

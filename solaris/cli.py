@@ -307,6 +307,27 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return replay.run_from_args(ns)
 
 
+def cmd_check_fm(args: argparse.Namespace) -> int:
+    """``solaris check-fm``: every probe of ``solaris.models.check`` on an FM class; exit 1
+    naming each broken promise."""
+    from solaris.models.check import check_fm
+
+    cfg = _config(args)
+    path = args.fm or cfg.fm.cls
+    report = check_fm(path, cfg, seed=args.seed)
+    for p in report.problems:
+        print(f"FAIL  {p}")
+    for name in report.passed:
+        print(f"ok    {name}")
+    if report.ok:
+        print(f"{path}: every probe held; reads users it never saw (reads_unseen_users): "
+              f"{'yes' if report.reads_unseen_users else 'no'}")
+        return 0
+    print(f"{path}: {len(report.problems)} problem(s); the inputs' coding: "
+          "docs/reference/fm-inputs.md")
+    return 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="solaris", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true",
@@ -425,6 +446,16 @@ def build_parser() -> argparse.ArgumentParser:
                            "(default), or classic, a handful of requests per user a month")
     demo.add_argument("--port", type=int, default=8000, help="Serve's HTTP port (loopback)")
     demo.set_defaults(fn=cmd_demo)
+
+    chk = sub.add_parser("check-fm", help="probe an FM class against the interface and the "
+                         "input contract on a small synthetic world (exit 1 naming each "
+                         "broken promise)")
+    common(chk, dataset=False)
+    chk.add_argument("fm", nargs="?", metavar="MODULE:CLASS",
+                     help="the FM class (default: the config's fm.cls); the config's fm "
+                     "section gives its kwargs and version")
+    chk.add_argument("--seed", type=int, default=0, help="the world's and the weights' seed")
+    chk.set_defaults(fn=cmd_check_fm)
     return p
 
 

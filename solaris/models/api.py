@@ -25,7 +25,15 @@ these interfaces only; the built-ins (``solaris.models.fm.FoundationModel``,
   gets one from the same function as everyone);
 - ``item_vectors() -> (num_items, I)``: item vectors for the item-neighbour tier;
 - optionally ``flops_per_pair() -> float | None``; ``solaris.models.flops`` counts the
-  request and candidate parts itself where the FM does not say.
+  request and candidate parts itself where the FM does not say;
+- optionally ``reads_unseen_users = True`` (``ReadsUnseenUsers``), a class attribute: the
+  FM reads a user it never saw (a ``user`` id ``>= num_users``, zero ``user_cat`` and
+  ``user_cont``) and gives finite outputs for it, so a new user's pairs are precomputed and
+  served; without it such a user is answered by the VM alone until the FM is retrained.
+
+What each key of ``REQUEST_KEYS`` and ``CANDIDATE_KEYS`` holds (dtype, shape, coding,
+padding, unit) is ``solaris.models.contract.INPUTS``; ``solaris.models.check.check_fm``
+(``solaris check-fm``) probes a class against all of this.
 
 An FM class is built with ``Class.from_config(cfg, spec, num_users, num_items, tasks,
 history_len)`` where it has that class method (the built-in reads its ``FMConfig`` fields),
@@ -88,6 +96,23 @@ class FMModel(Protocol):
 
 
 @runtime_checkable
+class ReadsUnseenUsers(Protocol):
+    """An optional FM capability, declared by a class attribute (read from the class, so
+    the router knows it without building the model): ``reads_unseen_users = True`` promises
+    finite outputs for a user the FM never saw, an id ``>= num_users`` with zero side
+    features. An FM that indexes a user-id table of ``num_users`` rows cannot promise it
+    unless it maps such ids to a row of its own."""
+
+    reads_unseen_users: bool
+
+
+def reads_unseen_users(fm: Any) -> bool:
+    """Whether an FM class or instance declares ``ReadsUnseenUsers`` (the attribute is
+    ``True``; absent or anything else: it does not)."""
+    return getattr(fm, "reads_unseen_users", False) is True
+
+
+@runtime_checkable
 class VMModel(Protocol):
     """What SOLARIS reads of a VM alone (module docstring)."""
 
@@ -134,9 +159,10 @@ def _check_model(model: Any, path: str, field: str, attrs: tuple[str, ...],
 
 
 def build_fm(cfg: Any, spec: Any, num_users: int, num_items: int, tasks: tuple[str, ...],
-             history_len: int) -> Any:
-    """A new FM of class ``cfg.cls`` (``FMConfig``), checked against ``FMModel``."""
-    cls = import_class(cfg.cls, "fm.cls")
+             history_len: int, cls: type | None = None) -> Any:
+    """A new FM of class ``cfg.cls`` (``FMConfig``), checked against ``FMModel``; ``cls``:
+    that class itself, not imported (the FM checker's classes need not import by path)."""
+    cls = import_class(cfg.cls, "fm.cls") if cls is None else cls
     make = getattr(cls, "from_config", None)
     try:
         if callable(make):

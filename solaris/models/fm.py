@@ -72,6 +72,11 @@ class FoundationModel(nn.Module):
     """Multi-task ranking FM whose last shared layer is what SOLARIS caches (compressed);
     the built-in implementation of ``solaris.models.api.FMModel``."""
 
+    # ``ReadsUnseenUsers``: no. ``request_part`` reads the user id through ``user_emb``, a
+    # table of ``num_users`` rows, so a user it never saw has no row (its user vectors do
+    # not read the id: the user-KNN cold start still serves such a user)
+    reads_unseen_users = False
+
     @classmethod
     def from_config(cls, cfg: FMConfig, spec: FeatureSpec, num_users: int, num_items: int,
                     tasks: tuple[str, ...], history_len: int) -> "FoundationModel":
