@@ -36,15 +36,36 @@ _QUIET = ("ray", "ray.data", "ray.serve", "ray.data._internal.progress",
           "ray._private.authentication.authentication_token_setup")
 
 
+JOIN = ("no", "prefer", "require")
+
+
 def start(*, address: str | None = None, num_cpus: float | None = None,
           object_store_bytes: int | None = None, verbose: bool = False,
-          **init: Any) -> Any:
-    """``ray.init`` for a command: a local Ray with ``num_cpus`` and ``object_store_bytes``
-    when ``address`` is None and no ``RAY_ADDRESS`` is set, else the cluster at ``address``
-    (or ``RAY_ADDRESS``). ``init`` passes through (``runtime_env``, ``include_dashboard``, ...).
-    Returns what ``ray.init`` returns."""
+          join: str = "no", **init: Any) -> Any:
+    """``ray.init`` for a command: the cluster at ``address`` (or ``RAY_ADDRESS``) where one
+    is given; else, by ``join``, the cluster that ``ray start`` runs on this machine ("prefer":
+    that one if it runs, else a local Ray; "require": that one or a ``ClusterNotFound``;
+    Ray's ``address="auto"`` finds a cluster that ``ray start`` started, else the one Ray
+    runs on this machine, such as ``serve run``'s own) or a
+    local Ray of its own with ``num_cpus`` and ``object_store_bytes`` ("no"). ``init`` passes
+    through (``runtime_env``, ``include_dashboard``, ...). Returns what ``ray.init`` returns.
+    A cluster that cannot be reached (or asks for a token this process lacks) is a
+    ``ClusterNotFound`` that says how to give it one."""
     import ray
 
+    if join not in JOIN:
+        raise ValueError(f"join={join!r}: one of {JOIN}")
+    given = address not in (None, "local") or bool(os.environ.get("RAY_ADDRESS"))
+    if not given and join != "no":
+        found = _join_running(verbose, init)
+        if found is not None:
+            return found
+        if join == "require":
+            raise ClusterNotFound(
+                "no Ray cluster runs on this machine: a job reaches a running app on the "
+                "cluster the app runs on. Start one with `ray start --head`, deploy the app "
+                "onto it (`serve run CONFIG` then joins it), or pass --address (or "
+                "RAY_ADDRESS) of the app's cluster")
     local = address in (None, "local") and not os.environ.get("RAY_ADDRESS")
     if local:  # with or without verbose: -v changes the console, never how Ray runs
         os.environ.setdefault("RAY_worker_maximum_startup_concurrency",
@@ -61,9 +82,56 @@ def start(*, address: str | None = None, num_cpus: float | None = None,
             args["object_store_memory"] = int(object_store_bytes)
     elif address is not None:
         args["address"] = address
-    ctx = ray.init(**args)
+    try:
+        ctx = ray.init(**args)
+    except Exception as e:  # noqa: BLE001 -- Ray's own error types vary by release
+        if not local and (_is_auth_error(e) or isinstance(e, ConnectionError)):
+            where = f"the Ray cluster at {args.get('address') or os.environ['RAY_ADDRESS']}"
+            raise ClusterNotFound(f"{where}: could not connect ({e}). Is it running? If it "
+                                  f"does, it may use token authentication: "
+                                  f"{_token_hint(where)}") from e
+        raise
     quiet(verbose)
     return ctx
+
+
+class ClusterNotFound(RuntimeError):
+    """No Ray cluster this command may join: none runs, or it asks for a token."""
+
+
+def _join_running(verbose: bool, init: dict[str, Any]) -> Any:
+    """``ray.init`` on the cluster ``ray start`` runs on this machine, or None if none
+    runs."""
+    import ray
+
+    _levels(verbose)
+    try:
+        ctx = ray.init(address="auto", log_to_driver=verbose,
+                       logging_level=logging.INFO if verbose else logging.WARNING, **init)
+    except ConnectionError:  # Ray's "could not find any running Ray instance"
+        return None
+    except Exception as e:  # noqa: BLE001
+        if _is_auth_error(e):
+            raise ClusterNotFound(f"the Ray cluster on this machine asks for a token: "
+                                  f"{_token_hint('it')}") from e
+        raise
+    quiet(verbose)
+    return ctx
+
+
+def _is_auth_error(e: BaseException) -> bool:
+    text = f"{type(e).__name__} {e}".lower()
+    return "authentication" in text or "auth_token" in text or "invalidauthtoken" in text
+
+
+def _token_hint(where: str) -> str:
+    """How to give this process the token of a cluster that asks for one (a local Ray that
+    ``ray.init`` or ``serve run`` starts does; joined through ``address="auto"`` on its own
+    machine it needs none)."""
+    mode = os.environ.get("RAY_AUTH_MODE") or "unset"
+    return (f"to reach {where} with a token, `export RAY_AUTH_MODE=token` before the command "
+            f"(now {mode}); the token is read from ~/.ray/auth_token, RAY_AUTH_TOKEN_PATH or "
+            f"RAY_AUTH_TOKEN, as on the cluster's own nodes")
 
 
 def quiet(verbose: bool = False) -> None:

@@ -131,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config field, e.g. --set cache.num_shards=4")
     p.add_argument("--timeout-s", type=float, default=300.0, help="per chunk")
-    p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a local Ray)")
+    p.add_argument("--address", help="the app's Ray cluster (default: RAY_ADDRESS, else the "
+                   "cluster `ray start` runs on this machine)")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -163,14 +164,20 @@ def main(argv: list[str] | None = None) -> int:
     from actors import local
     from actors.cache import CacheGroup
 
-    local.start(address=args.address, verbose=args.verbose)
+    try:
+        local.start(address=args.address, verbose=args.verbose, join="require")
+    except local.ClusterNotFound as e:
+        print(f"seed_history: error: {e}", file=sys.stderr)
+        return 2
     try:
         try:
             group = CacheGroup.connect(cfg.cache, args.app_id, namespace=args.namespace)
             group.ping_all()
         except ValueError as e:  # no such actor
-            print(f"seed_history: error: no app {args.app_id!r} in namespace "
-                  f"{args.namespace!r} ({e}); is it running (serve run ... app_id=...)?",
+            where = ray.get_runtime_context().gcs_address
+            print(f"seed_history: error: the Ray cluster at {where} runs no app "
+                  f"{args.app_id!r} in namespace {args.namespace!r} ({e}): deploy it there "
+                  f"(serve run ... app_id={args.app_id}), or give the --app-id it runs under",
                   file=sys.stderr)
             return 2
         try:

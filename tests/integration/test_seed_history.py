@@ -35,6 +35,24 @@ SETTINGS = ["--set", "cache.num_shards=2", "--set", "cache.dim=16",
             "--set", f"history.max_events={MAX_EVENTS}"]
 
 
+def test_without_a_running_cluster_the_job_says_how_to_start_one(tmp_path) -> None:
+    """No --address, no RAY_ADDRESS and no Ray running on this machine (this test runs before
+    the module's cluster starts): the job starts no Ray of its own and says what to run."""
+    running = subprocess.run(["pgrep", "-f", "gcs_server"], capture_output=True, text=True)
+    if running.stdout.strip():  # Ray's "auto" would join that one, as a user's job should
+        pytest.skip(f"another Ray runs on this machine (gcs_server pids "
+                    f"{running.stdout.split()}): this test needs none")
+    mapping, art, _ = write_log(tmp_path / "log")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    p = subprocess.run([sys.executable, str(ROOT / "jobs" / "seed_history.py"), "--data",
+                        str(mapping), "--artifacts", str(art), "--app-id", APP, *SETTINGS],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**env, "PYTHONPATH": str(ROOT), "RAY_TMPDIR": str(tmp_path)})
+    assert p.returncode == 2, p.stderr
+    assert "no Ray cluster runs on this machine" in p.stderr
+    assert "ray start --head" in p.stderr
+
+
 @pytest.fixture(scope="module")
 def app_shards():
     """The cache shards an app named ``seedtest`` runs, in Serve's namespace."""
@@ -135,4 +153,20 @@ def test_no_such_app_is_a_clear_error(app_shards, tmp_path) -> None:
     mapping, art, _ = write_log(tmp_path / "log")
     code, out, err = run(gcs, "--data", str(mapping), "--artifacts", str(art),
                          "--app-id", "nope")
-    assert code == 2 and out is None and "no app 'nope'" in err
+    assert code == 2 and out is None
+    assert f"the Ray cluster at {gcs} runs no app 'nope'" in err
+
+
+def test_the_guides_command_joins_the_running_app(app_shards, tmp_path) -> None:
+    """The guide's command as written (no --address, no RAY_ADDRESS) finds the cluster the
+    app runs on and seeds it."""
+    mapping, art, _ = write_log(tmp_path / "log")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    p = subprocess.run([sys.executable, str(ROOT / "jobs" / "seed_history.py"), "--data",
+                        str(mapping), "--artifacts", str(art), "--app-id", APP, *SETTINGS,
+                        "--state", str(tmp_path / "state.json")],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT,
+                       env={**env, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0, p.stderr
+    out = json.loads([x for x in p.stdout.splitlines() if x.startswith("{")][-1])
+    assert out["app_id"] == APP and out["events"] == 40 * MAX_EVENTS
