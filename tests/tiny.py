@@ -1,12 +1,18 @@
 """Shared test set-up for the app tests: a tiny synthetic world trained in seconds (its
-quality is not under test), and a free loopback port for Serve's HTTP proxy."""
+quality is not under test), a free loopback port for Serve's HTTP proxy, and a Ray head
+started by ``ray start`` for the tests that run the commands a user runs."""
 
 from __future__ import annotations
 
 import os
 import random
+import re
+import signal
 import socket
+import subprocess
+import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -87,6 +93,120 @@ def local_serve(port: int, num_cpus: int = 2) -> Iterator[str]:
             serve.shutdown()
         finally:
             ray.shutdown()
+
+
+@dataclass(frozen=True)
+class RayHead:
+    address: str  # the GCS address, host:port (what `ray start --address` and RAY_ADDRESS take)
+    session_dir: Path  # its session directory (logs under logs/, Serve's under logs/serve/)
+
+
+@contextmanager
+def ray_head(num_cpus: int = 2, port: int | None = None,
+             env: dict[str, str] | None = None) -> Iterator[RayHead]:
+    """A Ray head started as a user starts one, ``ray start --head --num-cpus N --port P``
+    (``port`` default: a free one), in the environment ``env`` (default this process's; its
+    workers inherit it, PYTHONPATH included). It becomes the machine's current cluster, the
+    one ``ray.init()``, ``serve run`` and ``serve deploy`` find without an address.
+
+    Always stopped afterwards, and only it: every process of its session and their children,
+    then the machine's current-cluster file if it still names this head. Never ``ray stop``,
+    which stops every Ray on the machine. The dashboard, its agent and the client server get
+    free ports so that two heads can run side by side."""
+    port = port or free_port()
+    cmd = ["ray", "start", "--head", "--num-cpus", str(num_cpus), "--port", str(port),
+           "--include-dashboard", "false", "--disable-usage-stats",
+           "--dashboard-port", str(free_port()),
+           "--dashboard-agent-listen-port", str(free_port()),
+           "--ray-client-server-port", str(free_port())]
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n"
+                               f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        gcs = _gcs_args(port)
+        if gcs is None:
+            raise RuntimeError(f"{' '.join(cmd)}: no GCS server on port {port} after it "
+                               f"returned:\n{done.stderr[-3000:]}")
+        yield RayHead(f"{gcs['node-ip-address']}:{port}", Path(gcs["session-dir"]))
+    finally:
+        _stop_head(port)
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) of every process this user can read."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmdline = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        out[int(d.name)] = (ppid, cmdline)
+    return out
+
+
+def _gcs_args(port: int) -> dict[str, str] | None:
+    """The ``--key=value`` arguments of the GCS server listening on ``port``, if one runs."""
+    for _, cmdline in _processes().values():
+        if "gcs_server" in cmdline and f"--gcs_server_port={port} " in cmdline + " ":
+            return dict(re.findall(r"--([\w-]+)=(\S+)", cmdline))
+    return None
+
+
+def _head_pids(port: int, session: str | None) -> set[int]:
+    """The head's processes: those naming its session directory or its GCS address, and
+    every descendant of those (the raylet's workers name neither)."""
+    procs = _processes()
+    addr = re.compile(rf"[=:/@][\w.-]*:{port}(?!\d)")
+    roots = {pid for pid, (_, cmd) in procs.items()
+             if (session and session in cmd) or addr.search(cmd)}
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, ()))
+    me, pid = set(), os.getpid()
+    while pid > 1:  # never this process or its ancestors
+        me.add(pid)
+        pid = procs.get(pid, (0, ""))[0]
+    return found - me
+
+
+def _stop_head(port: int, wait_s: float = 15.0) -> None:
+    gcs = _gcs_args(port)
+    session = gcs.get("session-dir") if gcs else None
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        deadline = time.monotonic() + wait_s
+        while True:
+            pids = _head_pids(port, session)
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    try:
+        from ray._common.utils import get_ray_address_file
+
+        current = Path(get_ray_address_file(None))
+    except ImportError:
+        current = Path("/tmp/ray/ray_current_cluster")
+    try:
+        if re.search(rf":{port}$", current.read_text().strip()):
+            current.unlink()
+    except OSError:
+        pass
 
 
 def request_log(rows: list) -> Any:
