@@ -29,7 +29,7 @@ import ray
 
 from actors import names
 from solaris.errors import SolarisError
-from solaris.online.control import Control
+from solaris.online.control import Control, change_lag_s
 
 log = logging.getLogger(__name__)
 
@@ -114,13 +114,14 @@ class ControlClient:
                       "lag_s": None, "last_poll_ok": True}
         self._stop = threading.Event()
         self._promotions: list[tuple[str, str]] = []  # switches not yet recorded
-        self.accept(ray.get(self.holder.get.remote(), timeout=60))
+        self.accept(ray.get(self.holder.get.remote(), timeout=60), at_start=True)
         self._thread = threading.Thread(target=self._follow, name="control-follow",
                                         daemon=True)
         self._thread.start()
 
-    def accept(self, state: dict[str, Any] | None) -> bool:
-        """Hand ``state`` to the router if it is newer than the last one; True if it was."""
+    def accept(self, state: dict[str, Any] | None, at_start: bool = False) -> bool:
+        """Hand ``state`` to the router if it is newer than the last one; True if it was.
+        ``at_start``: the state found as the router starts (its lag is not measured)."""
         if state is None:
             return False
         with self._lock:
@@ -130,7 +131,7 @@ class ControlClient:
             self.revision = state["revision"]
             self.stats["states"] += 1
             # how long after its commit this router served it (wall clocks of one cluster)
-            self.stats["lag_s"] = round(max(0.0, time.time() - state["changed_at"]), 4)
+            self.stats["lag_s"] = change_lag_s(state, time.time(), at_start)
             return True
 
     def _follow(self) -> None:

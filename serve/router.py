@@ -35,6 +35,7 @@ from solaris.config import SolarisConfig, config_to_dict, load_config
 from solaris.online.rollout import RolloutPolicy
 from solaris.online.control import ControlState, scale_table
 from solaris.online.scales import ScaleError, ScaleTable, scale_dict
+from solaris.artifact_store import shown
 from solaris.artifacts import Artifacts
 from solaris.errors import RequestError, SolarisError
 from solaris.ids import deployment_ids
@@ -794,7 +795,11 @@ class LookupRouter:
                                # calls (history writes: cache_client.history_writes.sent)
                                "after_answer": {"requests": self._requests,
                                                 **self._after_calls},
-                               "serve": config_to_dict(self.cfg.serve),
+                               # the artifacts served (the app's args or the config;
+                               # oldest version first, credentials left out), as the
+                               # config field writes them
+                               "serve": {**config_to_dict(self.cfg.serve), "artifacts_dir":
+                                         ",".join(map(shown, self.settings["artifact_dirs"]))},
                                "auth_refused": dict(self.credentials.refused),
                                "clock": self._clock.metrics() if self._clock else None,
                                "scales": self.scales.state(),

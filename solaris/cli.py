@@ -114,19 +114,21 @@ def _compare_fms(args: argparse.Namespace, cfg, ds, out: Path) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from solaris.train.artifacts import train_artifacts
+    from solaris.train.artifacts import fm_warnings, train_artifacts, train_steps
 
     cfg = _config(args)
     ds = _load(cfg, args.fetch)
-    bar = _Bar(1 + 3 * len(ds.tasks), f"train {ds.name}")
+    bar = _Bar(train_steps(ds), f"train {ds.name}")
     try:
         manifest = train_artifacts(cfg, ds, args.out, seed=args.seed, coverage=args.coverage,
                                    progress=bar, base_dir=args.keep_vm_alone)
     finally:
         bar.close()
     for task, v in manifest["vms"].items():
-        print(f"{task}: VM test BCE {v['test_bce']:.4f} AUC {v['test_auc']:.4f} "
-              f"(FM {v['fm_test_bce']:.4f})")
+        print(f"{task}: VM test BCE {v['test_bce']:.4f} AUC {v['test_auc']:.4f}, "
+              f"VM alone {v['vm_alone_test_bce']:.4f}, FM {v['fm_test_bce']:.4f}")
+    for line in fm_warnings(manifest):
+        print(line)
     print(f"wrote artifacts of version {manifest['version']} to {args.out}")
     return 0
 

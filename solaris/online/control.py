@@ -163,6 +163,16 @@ class Control:
 
 
 # ---- the routers' side --------------------------------------------------------------------
+def change_lag_s(state: dict[str, Any], now: float, at_start: bool = False) -> float | None:
+    """Seconds from ``state``'s commit (its ``changed_at``, wall clock) to ``now``, when a
+    router serves it: how long a change took to reach the router. None for a state that was
+    never changed (revision 0) and for the state a router found as it started (committed
+    before the router followed it: that is the state's age, not a lag)."""
+    if at_start or not state.get("revision") or not state.get("changed_at"):
+        return None
+    return round(max(0.0, now - float(state["changed_at"])), 4)
+
+
 def scale_table(manifests: dict[str, dict], state: ControlState) -> tuple[Any, list[str]]:
     """The live scales a router serves at ``state``: its VMs' own, then every runtime
     setting in the order they were made; a setting for a VM this deployment does not serve

@@ -308,6 +308,19 @@ def compare(pred: dict[str, Any], rep: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def tr_missing_reason(bce: dict[str, float] | None, where: str) -> str | None:
+    """Why a TR measured on the BCEs ``bce`` (``vm``: the VM alone, ``fm``: the FM) is
+    missing, in words (None: it is not). TR is the share of the FM-VM gap the served VM
+    closes, so it is undefined where the FM is no better than the VM alone."""
+    vm, fm = (bce or {}).get("vm"), (bce or {}).get("fm")
+    if vm is None or fm is None or not (np.isfinite(vm) and np.isfinite(fm)):
+        return f"no BCE was measured {where} (no labelled rows)"
+    if vm - fm <= 0:
+        return (f"the FM's BCE {fm:.4f} is not below the VM alone's {vm:.4f} {where}: there "
+                "is no FM-VM gap for the served VM to close (TR is a share of that gap)")
+    return None
+
+
 def prediction_table(pred: dict[str, Any], check: dict[str, Any] | None = None) -> str:
     """The prediction as a text table (with the online figures and errors where given)."""
     from solaris.replay.report import fmt
@@ -337,4 +350,13 @@ def prediction_table(pred: dict[str, Any], check: dict[str, Any] | None = None) 
     lines.append(f"  {'FM evals / 1k requests':<28}"
                  f"{pred['fm_evals_per_1k_requests_predicted']:>10.0f}"
                  f"{'' if not o or o['online'] is None else format(o['online'], '>10.0f')}")
+    bce = pred.get("bce") or {}
+    for name, key, measured, where in (
+            ("TR (calibrated)", "tr_predicted", "calibrated_second_half",
+             "on the period's second half after calibration"),
+            ("TR (raw)", "tr_predicted_raw", "raw", "on the period's labelled rows")):
+        v = pred.get(key)
+        if v is None or not np.isfinite(v):
+            why = tr_missing_reason(bce.get(measured), where)
+            lines.append(f"{name} is n/a: {why or 'not measured'}")
     return "\n".join(lines)

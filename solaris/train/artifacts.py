@@ -42,6 +42,31 @@ from solaris.train.vertical import coverage_mask, predict_vm
 
 log = logging.getLogger(__name__)
 
+STAGES_PER_TASK = 6  # the stages ``train_artifacts`` reports for each task
+
+
+def train_steps(ds: Dataset) -> int:
+    """How many stages ``train_artifacts`` reports to its ``progress`` (one per call): the
+    FM and encoder, then ``STAGES_PER_TASK`` per task."""
+    return 1 + STAGES_PER_TASK * len(ds.tasks)
+
+
+def fm_warnings(manifest: dict) -> list[str]:
+    """A line per task whose FM is no better than its VM alone on the test period (the
+    manifest's ``fm_test_bce`` against ``vm_alone_test_bce``): what it means, what to do."""
+    out = []
+    for task, v in manifest.get("vms", {}).items():
+        fm, alone = v.get("fm_test_bce"), v.get("vm_alone_test_bce")
+        if fm is None or alone is None or fm < alone:
+            continue
+        out.append(f"warning: {task}: the FM's test BCE {fm:.4f} is not below the VM "
+                   f"alone's {alone:.4f}. On this log the FM knows nothing the VM does not, "
+                   "so its embeddings add nothing here (the corrections are scaled on "
+                   "validation and switched off where they do not help). Train the FM "
+                   "longer or on more history (train.fm_epochs, features.history_len), "
+                   "check its inputs, or serve the VM alone (serve.mode=vm).")
+    return out
+
 
 def train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: int = 0,
                     coverage: float = 0.5, progress: Callable[[str], None] | None = None,
@@ -130,6 +155,7 @@ def _train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed:
         mask = coverage_mask(len(periods.test), coverage, seed)
         off = np.zeros(len(periods.test), bool)
         pt = predict_vm(fit.model, inputs, periods.test, mask, off)
+        p_alone = predict_vm(fit.model, inputs, periods.test, off, off)  # no input: the base
         y = tables.labels[periods.test, t]
         meta = {**residual_meta(fit), "as_served": served.info, "served": fit.info}
         save_checkpoint(out / f"vm_{task}.pt", fit.model, "vm", vm_cfg, version=teacher.version,
@@ -137,6 +163,7 @@ def _train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed:
         vms[task] = {"file": f"vm_{task}.pt", "val_bce": fit.val_bce, "test_bce": M.bce(y, pt),
                      "test_auc": M.auc(y, pt), "test_coverage": coverage,
                      "fm_test_bce": M.bce(y, probs[periods.test, t]),
+                     "vm_alone_test_bce": M.bce(y, p_alone),
                      "scales": meta["scales"], "scale_curves": meta["scale_curves"],
                      "present_affine": meta["present_affine"],
                      "as_served": served.info, "served": fit.info}

@@ -57,7 +57,8 @@ def app(tmp_path_factory):
         serve.run(serve_app.build_app({"artifacts": str(art), "config": str(conf),
                                        "app_id": "test"}), blocking=False)
         yield {"base": f"http://127.0.0.1:{port}", "num_items": 200, "num_users": 300,
-               "knn_uri": str(knn_uri), "knn_cfg": load_config(conf).knn, "artifacts": art,
+               "knn_uri": str(knn_uri), "knn_cfg": load_config(conf).knn,
+               "artifacts": art,
                "metrics": f"http://127.0.0.1:{metrics_port}/metrics"}
     finally:
         serve.shutdown()
@@ -86,6 +87,12 @@ def test_rank_answers_every_candidate_with_provenance(app):
         r = _rank(app, mode=mode)
         assert r.status_code == 200 and r.json()["mode"] == mode
     assert set(_rank(app, mode="inline").json()["tiers"]) == {"pair"}
+
+
+def test_stats_name_the_served_artifacts_and_no_control_lag_before_a_change(app):
+    stats = requests.get(app["base"] + "/stats", timeout=TIMEOUT_S).json()
+    assert stats["serve"]["artifacts_dir"] == str(Path(app["artifacts"]).resolve())  # an arg
+    assert stats["control"]["revision"] == 0 and stats["control"]["lag_s"] is None
 
 
 def test_precompute_fills_the_cache_for_repeated_requests(app):

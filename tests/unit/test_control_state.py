@@ -86,3 +86,16 @@ def test_a_switch_recorded_by_another_router_moves_this_one_forward_only():
     assert not p.advance_to("click", "v1") and p.active["click"] == "v2"  # never back
     assert not p.advance_to("click", "v7") and not p.advance_to("view", "v3")
     assert p.advance_to("click", "v3") and p.active["click"] == "v3"
+
+
+def test_the_lag_is_measured_only_for_a_change_a_router_followed():
+    from solaris.online.control import change_lag_s
+
+    clock = [1_000.0]
+    c = Control(clock=lambda: clock[0])
+    fresh = c.snapshot()
+    assert fresh["revision"] == 0 and change_lag_s(fresh, 2e9) is None  # nothing changed yet
+    changed = c.set_scale(_setting())
+    assert change_lag_s(changed, 1_000.25) == 0.25
+    assert change_lag_s(changed, 999.0) == 0.0  # a router clock behind the holder's
+    assert change_lag_s(changed, 5_000.0, at_start=True) is None  # found at start: its age

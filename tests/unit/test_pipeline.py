@@ -19,7 +19,7 @@ from solaris.data.load import load_dataset
 from solaris.eval import metrics as M
 from solaris.eval.transfer import TransferExperiment, run_transfer
 from solaris.models.fm import FoundationModel
-from solaris.train.artifacts import train_artifacts
+from solaris.train.artifacts import fm_warnings, train_artifacts, train_steps
 from solaris.train.checkpoint import load_checkpoint
 from solaris.errors import CheckpointError
 from solaris.train.loop import seed_everything
@@ -189,8 +189,12 @@ def test_report_is_deterministic_and_complete(cfg, ds, report):
 
 
 def test_artifacts_reload_with_weights_only(cfg, ds, tmp_path):
-    manifest = train_artifacts(cfg, ds, tmp_path, seed=0, coverage=0.5)
+    stages: list[str] = []
+    manifest = train_artifacts(cfg, ds, tmp_path, seed=0, coverage=0.5, progress=stages.append)
     assert set(manifest["vms"]) == {"click", "conversion"}
+    assert len(stages) == train_steps(ds) == 13  # the CLI's bar total is the stages reported
+    for v in manifest["vms"].values():  # the VM alone's BCE on the test period, beside the FM's
+        assert 0.0 < v["vm_alone_test_bce"] < 1.0 and 0.0 < v["fm_test_bce"] < 1.0
     ckpt = load_checkpoint(tmp_path / "fm.pt", "fm")
     assert ckpt["meta"]["version"] == manifest["version"]
     fm_cfg = load_config(None, {f"fm.{k}": v for k, v in ckpt["config"].items()}).fm
@@ -202,6 +206,16 @@ def test_artifacts_reload_with_weights_only(cfg, ds, tmp_path):
     (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="bad.pt"):
         load_checkpoint(tmp_path / "bad.pt", "fm")
+
+
+def test_an_fm_no_better_than_the_vm_alone_is_a_plain_warning():
+    vms = {"click": {"fm_test_bce": 0.41, "vm_alone_test_bce": 0.43},
+           "cart": {"fm_test_bce": 0.2051, "vm_alone_test_bce": 0.2050},
+           "old": {"fm_test_bce": 0.5}}  # a manifest written without the VM alone's figure
+    (line,) = fm_warnings({"vms": vms})
+    assert line.startswith("warning: cart: the FM's test BCE 0.2051 is not below the VM "
+                           "alone's 0.2050")
+    assert "add nothing" in line and "serve.mode=vm" in line
 
 
 def test_cli_report_writes_json_table_and_plot(tmp_path, capsys):

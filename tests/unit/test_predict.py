@@ -190,3 +190,21 @@ def test_backtest_serves_the_validation_period_with_models_trained_before_it(
     assert json.dumps(again, sort_keys=True) == json.dumps(bt, sort_keys=True)
     with pytest.raises(ConfigError, match="holds other backtest artifacts"):
         predict(art, ds, backtest=art.parent / "artifacts", resamples=20)
+
+
+def test_the_table_says_why_a_tr_is_missing() -> None:
+    from solaris.replay.predict import prediction_table, tr_missing_reason
+
+    pred = {"from": {"requests": 10, "rows": 50}, "window_start": 0,
+            "tr_predicted": float("nan"), "tr_predicted_raw": 0.25,
+            "tr_predicted_base_calibrated": float("nan"),
+            "coverage_predicted": {"pair": 0.1, "effective": 0.3},
+            "fm_evals_per_1k_requests_predicted": 500.0,
+            "bce": {"raw": {"vm": 0.50, "x": 0.49, "fm": 0.46},
+                    "calibrated_second_half": {"vm": 0.44, "x": 0.44, "fm": 0.45}}}
+    lines = prediction_table(pred).splitlines()
+    (why,) = [x for x in lines if "is n/a" in x]  # the raw TR was measured: no line for it
+    assert why.startswith("TR (calibrated) is n/a: the FM's BCE 0.4500 is not below the VM "
+                          "alone's 0.4400 on the period's second half")
+    assert tr_missing_reason({"vm": 0.5, "fm": 0.4}, "here") is None
+    assert "no labelled rows" in tr_missing_reason({"vm": float("nan"), "fm": 0.4}, "here")
