@@ -602,7 +602,8 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
            say: Callable[[str], None] = print, truth: Any = None) -> dict[str, Any]:
     """One replay: prepare, serve, drive, measure; writes OUT/replay.json and the plots.
     ``truth``: the closed loop's MovieLens ground truth (``ds`` relabelled by it)."""
-    from solaris.replay.coverage import RECURRENCE_S, candidate_recurrence, coverage_over_time
+    from solaris.replay.coverage import (RECURRENCE_S, candidate_recurrence, coverage_over_time,
+                                         time_bin_s)
     from solaris.replay.plots import coverage_time_plot, rollover_plot
     from solaris.knn.tables import load_current
     from solaris.replay.report import (bounds_report, coverage_report, json_default,
@@ -683,7 +684,7 @@ def replay(cfg: SolarisConfig, ds: Any, out: str | Path, opts: ReplayOptions,
     r_i, _ = np.nonzero(lab)
     span = float(lg.ts[-1] - lg.ts[0])
     curve = coverage_over_time(lg.ts[r_i].astype(np.float64), live["tiers"][lab].astype(np.int64),
-                               live["agg"][lab], 6 * 3600.0 if span <= 7 * 86400 else 86400.0,
+                               live["agg"][lab], time_bin_s(span, len(r_i)),
                                start=float(lg.ts[0]))
     plots = [coverage_time_plot(curve, out / "coverage_over_time.png",
                                 f"{ds.name}: coverage of labelled pairs by tier")]

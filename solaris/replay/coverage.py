@@ -2,7 +2,8 @@
 way"): tier coverage as served, the coverage ceiling, and a key-level simulator of the
 precompute schedule.
 
-* ``coverage_by_tier`` / ``coverage_over_time``: cumulative tier shares of served rows.
+* ``coverage_by_tier`` / ``coverage_over_time``: cumulative tier shares of served rows
+  (``time_bin_s``: a bin width that cuts a window into several points).
 * ``coverage_ceiling``: share of labelled pairs that were a candidate of an earlier request
   of the same user within the TTL (and at least ``lag_s`` earlier): no speculation that only
   ever computes pairs it has seen as candidates can do better.
@@ -57,6 +58,20 @@ def coverage_by_tier(tiers: np.ndarray, aggregate: np.ndarray) -> dict:
     (shares are NaN when N = 0).
     """
     return _shares(*_check_tiers(tiers, aggregate))
+
+
+def time_bin_s(span_s: float, rows: int, bins: int = 20, min_rows: int = 30) -> float:
+    """A bin width for ``coverage_over_time`` over a window of ``span_s`` seconds holding
+    ``rows`` labelled rows: the window cut into ``bins`` equal bins, fewer where a bin would
+    hold under ``min_rows`` rows on average (a share of a handful of rows is noise), one
+    (the whole window) at the least. The width is ``(span_s + 1) / n``, so the window's last
+    event (at ``start + span_s``) falls in bin ``n - 1``, not in a bin of its own."""
+    if not (math.isfinite(span_s) and span_s >= 0):
+        raise ConfigError(f"span_s={span_s!r}: must be a finite number >= 0")
+    if not (bins >= 1 and min_rows >= 1):
+        raise ConfigError(f"bins={bins!r}, min_rows={min_rows!r}: each must be >= 1")
+    n = max(1, min(int(bins), int(rows) // int(min_rows)))
+    return (float(span_s) + 1.0) / n
 
 
 def coverage_over_time(ts: np.ndarray, tiers: np.ndarray, aggregate: np.ndarray,

@@ -36,20 +36,22 @@ def _save(fig, path: str | Path) -> Path:
 
 
 def coverage_time_plot(curve: dict, path: str | Path, title: str) -> Path:
-    """Cumulative tier coverage per time bin (``coverage.coverage_over_time``) against days
-    since the window start."""
+    """Cumulative tier coverage per time bin (``coverage.coverage_over_time``), one marked
+    point per bin, against the time since the window start (hours for a window under two
+    days, else days)."""
     plt = _pyplot()
     t = np.asarray(curve["t"], np.float64)
     start = curve.get("start")
     start = float(t[0]) if start is None and len(t) else float(start or 0.0)
-    x = (t - start) / DAY_S
+    hours = len(t) > 0 and float(t[-1] - start) < 2 * DAY_S
+    x = (t - start) / (3600.0 if hours else DAY_S)
     fig, ax = plt.subplots(figsize=(7.0, 4.2))
     for key, label, color in _TIER_LINES:
         if key in curve:
             y = 100.0 * np.asarray(curve[key], np.float64)
-            ax.plot(x, y, label=label, color=color, lw=1.2,
+            ax.plot(x, y, label=label, color=color, lw=1.2, marker="o", ms=2.5,
                     ls="--" if key == "aggregate" else "-")
-    ax.set_xlabel("event time (days since the window start)")
+    ax.set_xlabel(f"event time ({'hours' if hours else 'days'} since the window start)")
     ax.set_ylabel("labelled pairs covered (%)")
     ax.set_ylim(0, 100)
     ax.set_title(title)

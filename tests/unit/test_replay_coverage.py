@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from solaris.errors import ConfigError, DataError
 from solaris.replay.coverage import (ceiling_mask, coverage_by_tier, coverage_ceiling,
-                                     coverage_over_time)
+                                     coverage_over_time, time_bin_s)
 from solaris.simulate.coverage import simulate_pair_coverage
 from solaris.replay.plots import coverage_time_plot, rollover_plot, sweep_plot
 from solaris.replay.schedule import Ticks
@@ -51,6 +51,25 @@ def test_coverage_over_time_bins_and_leaves_empty_bins_nan():
     assert got["user_neighbour"][3] == 0.5 and got["item_neighbour"][3] == 1.0
     assert got["effective"][3] == 1.0 and got["aggregate"][3] == 0.5
     assert np.isnan(got["pair"][1:3]).all()
+
+
+def test_a_window_is_cut_into_several_bins_each_holding_enough_rows():
+    rng = np.random.default_rng(0)
+    start, span = 1_000, 5 * 3600  # a window of hours: one 6-hour bin would be one point
+    ts = np.sort(rng.integers(start, start + span + 1, 3000))
+    ts[0], ts[-1] = start, start + span  # its first and last events
+    tiers = rng.integers(0, 4, len(ts))
+    agg = rng.random(len(ts)) < 0.5
+    got = coverage_over_time(ts, tiers, agg, time_bin_s(span, len(ts)), start=start)
+    assert len(got["t"]) == 20 and (got["count"] > 0).all()  # the last event in bin 19
+    assert got["count"].sum() == len(ts)
+    sub = slice(None, None, 30)  # 100 rows over the window: 3 bins of about 33
+    few = coverage_over_time(ts[sub], tiers[sub], agg[sub], time_bin_s(span, 100), start=start)
+    assert len(few["t"]) == 3 and (few["count"] >= 30).all()
+    assert time_bin_s(span, 5) == span + 1.0  # too few rows to cut: the whole window
+    assert time_bin_s(0.0, 1000) == pytest.approx(1 / 20)  # one instant: never 0
+    with pytest.raises(ConfigError, match="span_s"):
+        time_bin_s(float("nan"), 10)
 
 
 # ------------------------------------------------------------ ceiling
