@@ -60,11 +60,13 @@ def fm_warnings(manifest: dict) -> list[str]:
         if fm is None or alone is None or fm < alone:
             continue
         out.append(f"warning: {task}: the FM's test BCE {fm:.4f} is not below the VM "
-                   f"alone's {alone:.4f}. On this log the FM knows nothing the VM does not, "
-                   "so its embeddings add nothing here (the corrections are scaled on "
-                   "validation and switched off where they do not help). Train the FM "
-                   "longer or on more history (train.fm_epochs, features.history_len), "
-                   "check its inputs, or serve the VM alone (serve.mode=vm).")
+                   f"alone's {alone:.4f}: on this log the FM predicts no better than the VM "
+                   "alone, so its embeddings have nothing to transfer and serving them adds "
+                   "cost, not accuracy (the corrections are scaled on validation and "
+                   "switched off where they do not help). Train the FM longer or on more "
+                   "history (train.fm_epochs, features.history_len), check a team's FM "
+                   "with `solaris check-fm MODULE:CLASS`, or serve the VM alone "
+                   "(serve.mode=vm).")
     return out
 
 

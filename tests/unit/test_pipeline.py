@@ -215,7 +215,7 @@ def test_an_fm_no_better_than_the_vm_alone_is_a_plain_warning():
     (line,) = fm_warnings({"vms": vms})
     assert line.startswith("warning: cart: the FM's test BCE 0.2051 is not below the VM "
                            "alone's 0.2050")
-    assert "add nothing" in line and "serve.mode=vm" in line
+    assert "nothing to transfer" in line and "serve.mode=vm" in line
 
 
 def test_cli_report_writes_json_table_and_plot(tmp_path, capsys):
