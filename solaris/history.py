@@ -284,15 +284,16 @@ class HistoryStore:
 
     def batch(self, users: np.ndarray, now: np.ndarray, surfaces: np.ndarray,
               history_len: int, item_cat: np.ndarray, user_cat: np.ndarray,
-              user_cont: np.ndarray) -> dict[str, np.ndarray]:
+              user_cont: np.ndarray, *, unseen_users: bool = False) -> dict[str, np.ndarray]:
         """FM request-side inputs (``REQUEST_KEYS``) of R requests, as of their ``now``:
-        ``request_inputs`` over ``window``.
+        ``request_inputs`` over ``window`` (``unseen_users`` as there).
 
         ``item_cat`` (num_items, n_ic), ``user_cat`` (num_users, n_uc) and ``user_cont``
         (num_users, n_ud) are the side-feature tables (as in ``FeatureTables``).
         """
         win = self.window(users, now, history_len)
-        return request_inputs(win, users, now, surfaces, item_cat, user_cat, user_cont)
+        return request_inputs(win, users, now, surfaces, item_cat, user_cat, user_cont,
+                              unseen_users=unseen_users)
 
     def events(self, user: int) -> int:
         """Events held for ``user`` (0 when unknown or evicted)."""
@@ -378,10 +379,16 @@ WINDOW_KEYS = ("valid", "item", "ts", "surface", "bits")
 
 def request_inputs(window: dict[str, np.ndarray], users: np.ndarray, now: np.ndarray,
                    surfaces: np.ndarray, item_cat: np.ndarray, user_cat: np.ndarray,
-                   user_cont: np.ndarray) -> dict[str, np.ndarray]:
+                   user_cont: np.ndarray, *, unseen_users: bool = False
+                   ) -> dict[str, np.ndarray]:
     """FM request-side inputs (``REQUEST_KEYS``) from R requests' history ``window``
     (``HistoryStore.window``) and the side-feature tables; the codes are the module
-    docstring's (the same ``FeatureTables.batch`` builds offline)."""
+    docstring's (the same ``FeatureTables.batch`` builds offline).
+
+    A user id past the user tables (one the FM never saw: an appended or provisional code)
+    is an error, unless ``unseen_users`` (an FM that declares
+    ``solaris.models.api.ReadsUnseenUsers``): then its ``user`` is its id and its side
+    features are zeros, as the VM reads such a user."""
     users = check_ids(users, "users")
     r = len(users)
     now = np.asarray(now, np.float64)
@@ -394,7 +401,8 @@ def request_inputs(window: dict[str, np.ndarray], users: np.ndarray, now: np.nda
     v = np.asarray(window["valid"], bool)  # (R, L)
     if v.ndim != 2 or v.shape[0] != r:
         raise RequestError(f"window: expected ({r}, L) arrays, got shape {v.shape}")
-    if r and users.max() >= len(user_cat):
+    seen = users < len(user_cat)  # (R,)
+    if not unseen_users and not seen.all():
         raise RequestError(f"users: id {int(users.max())} outside the user table "
                            f"({len(user_cat)} users)")
     item = np.where(v, window["item"], 0)  # (R, L)
@@ -408,11 +416,13 @@ def request_inputs(window: dict[str, np.ndarray], users: np.ndarray, now: np.nda
                                      for a in (v, item, ts, bits, surf_h))
         item = np.where(v, item, 0)
     age_h = (now[:, None] - ts) / 3600.0  # (R, L)
+    rows = np.where(seen, users, 0)  # (R,) an unseen user's side features: zeros, below
     return {
         "user": users.copy(),
         "surface": surf,
-        "user_cat": np.asarray(user_cat)[users].astype(np.int64),
-        "user_cont": np.asarray(user_cont)[users].astype(np.float32),
+        "user_cat": np.where(seen[:, None], np.asarray(user_cat)[rows], 0).astype(np.int64),
+        "user_cont": np.where(seen[:, None], np.asarray(user_cont)[rows], 0
+                              ).astype(np.float32),
         "hist_item": np.where(v, item + 1, 0),  # (R, L)
         "hist_action": np.where(v, 1 + bits, 0),  # (R, L)
         "hist_surface": np.where(v, surf_h + 1, 0),  # (R, L); unknown surface -> 0

@@ -1,6 +1,7 @@
 """The reference pages of the documentation, generated from the code they describe: the config
 tree (``solaris/config.py``), the command line (``solaris/cli.py``), the HTTP API (the OpenAPI
-schema of the app) and the metrics (``solaris/metrics.py``).
+schema of the app), the metrics (``solaris/metrics.py``) and the FM's inputs
+(``solaris/models/contract.py``).
 
     python -m solaris.reference            # write every page to docs/reference/
     python -m solaris.reference --check    # exit 1 naming each page that differs from the code
@@ -445,10 +446,85 @@ def metrics_page() -> str:
     return "\n".join(out)
 
 
+# -- FM inputs ------------------------------------------------------------------------------------
+def fm_inputs_page() -> str:
+    from solaris.data.schema import FeatureSpec
+    from solaris.models import api, check, contract
+
+    keys = [f.name for f in contract.INPUTS]
+    if keys != [*api.REQUEST_KEYS, *api.CANDIDATE_KEYS]:
+        raise SolarisError(f"solaris.models.contract.INPUTS names {keys}, the interface "
+                           f"{[*api.REQUEST_KEYS, *api.CANDIDATE_KEYS]}")
+    out = _banner("solaris/models/contract.py, solaris/models/api.py and "
+                  "solaris/data/schema.py") + [
+        "# FM inputs", "",
+        "What every key an FM reads holds: its dtype, shape, values, coding, padding and unit. "
+        "Training (`FeatureTables.batch`, `solaris/features.py`), the FM workers and the KNN "
+        "job (`request_inputs`, `solaris/history.py`) build the same codes; the interface "
+        "itself is on [Your own FM and VM](../guides/your-own-models.md). A test checks "
+        "this table against batches of both paths, and `solaris check-fm` holds a class to "
+        "it ([below](#check-a-class)).", "",
+        f"This page is generated from `solaris/models/contract.py` (the table), "
+        f"`solaris/models/api.py` (the capability) and `solaris/data/schema.py` (the spec) "
+        f"by `{COMMAND}`.", "",
+        "Codes of the history (`hist_*`) and of multi-hot lists are **shifted by one**: 0 "
+        "is padding. The candidate's own codes (`item`, `item_cat`) and the request's "
+        "`surface` are **not** shifted: an FM that shares one table between a candidate "
+        "and its history adds 1 to them itself. Every value of a padded history slot is 0.",
+        "", "## Shapes", ""]
+    out += _table(["symbol", "size"], [[_code(d), about] for d, about in contract.DIMS.items()])
+    sides = (("request", "Request side: `request_part(req)` and `user_vectors(req)`",
+              "`req` holds `REQUEST_KEYS`, R rows each, one per request."),
+             ("candidate", "Candidate side: `candidate_part(state, cand, req_index)`",
+              "`cand` holds `CANDIDATE_KEYS`, B rows each, one per (request, candidate) "
+              "pair; `req_index` (B,) `int64` is each pair's row of `state` (`0..R-1`)."))
+    for side, title, about in sides:
+        rows = []
+        for f in contract.INPUTS:
+            if f.side != side:
+                continue
+            values = "finite" if f.high == "-" else f"`0 .. {f.high}`"
+            shape = f"({', '.join(f.shape)}{',' if len(f.shape) == 1 else ''})"
+            rows.append([_code(f.name), _code(f.dtype), _code(shape),
+                         values, f.coding, f.padding, f.unit])
+        out += ["", f"## {title}", "", about, ""]
+        out += _table(["key", "dtype", "shape", "values", "coding", "padding", "unit"], rows)
+    out += ["", "In training every pair carries its own request side (R = B, `req_index` the "
+            "identity: `solaris.models.api.shared_layer`). The FM is not given the request-time "
+            "features (`spec.request_continuous`): only the VM reads them (`request_cont`).",
+            "", "Value names: `card` is the column's cardinality, `vocab` its vocabulary size "
+            "(the spec's values, below), T the number of tasks.", "",
+            "## The feature spec (`spec`)", "",
+            "The FM is built with the dataset's `FeatureSpec` (`solaris/data/schema.py`): the "
+            "column counts and sizes it sizes its tables by.", ""]
+    docs = field_docs(inspect.getsource(FeatureSpec), "spec.")
+    out += _table(["field", "type", "description"], [
+        [_code(f.name), _type(str(f.type)), _escape(docs[f.name])]
+        for f in dataclasses.fields(FeatureSpec)])
+    out += ["", "It is built with `num_users` and `num_items` (the id ranges above), `tasks` "
+            "(the heads' order and `hist_action`'s bits), `history_len` (L) and `version`; "
+            "the interface page says how.", "",
+            "## Users it never saw (`ReadsUnseenUsers`)", "",
+            _escape(" ".join(inspect.getdoc(api.ReadsUnseenUsers).split())), "",
+            "With it, a new user's candidates are queued for the FM workers and their pairs "
+            "served like anyone's; without it, such a user is answered by the VM alone (and "
+            "the user-KNN cold start) until the FM is retrained. The built-in FM does not "
+            "declare it (it reads a user-id table); `examples/causal_fm.py` does.", "",
+            "## Check a class", "",
+            "`solaris check-fm MODULE:CLASS` (`solaris.models.check.check_fm`) builds the "
+            "class on a small synthetic world with these inputs and exits 1 naming each "
+            "probe that fails; `--config FILE` gives its `fm.kwargs`:", "",
+            "```bash", "PYTHONPATH=. solaris check-fm examples.causal_fm:CausalTransformerFM",
+            "```", ""]
+    out += _table(["probe", "holds the class to"],
+                  [[_code(n), about] for n, about in check.PROBES.items()])
+    return "\n".join(out + [""])
+
+
 # -- the pages ------------------------------------------------------------------------------------
 PAGES: dict[str, Callable[[], str]] = {
     "configuration.md": config_page, "cli.md": cli_page, "metrics.md": metrics_page,
-    "http.md": http_page, "openapi.json": openapi_text}
+    "fm-inputs.md": fm_inputs_page, "http.md": http_page, "openapi.json": openapi_text}
 NEEDS_RAY = ("http.md", "openapi.json")
 
 

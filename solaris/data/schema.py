@@ -68,18 +68,24 @@ def request_schema(tasks: tuple[str, ...]) -> pa.Schema:
 class FeatureSpec:
     """Which side-feature columns exist and their sizes (what models size their tables by)."""
 
-    user_categorical: dict[str, int] = field(default_factory=dict)  # column -> cardinality
-    user_continuous: tuple[str, ...] = ()
-    item_categorical: dict[str, int] = field(default_factory=dict)  # column -> cardinality
-    item_multihot: dict[str, int] = field(default_factory=dict)  # column -> vocabulary size
-    item_continuous: tuple[str, ...] = ()
-    num_surfaces: int = 1
+    # the user table's categorical columns, in order: column -> cardinality (codes
+    # 0..cardinality-1)
+    user_categorical: dict[str, int] = field(default_factory=dict)
+    user_continuous: tuple[str, ...] = ()  # the user table's continuous columns, in order
+    # the item table's categorical columns, in order: column -> cardinality (codes
+    # 0..cardinality-1)
+    item_categorical: dict[str, int] = field(default_factory=dict)
+    # the item table's multi-hot (list) columns, in order: column -> vocabulary size (codes
+    # 0..size-1)
+    item_multihot: dict[str, int] = field(default_factory=dict)
+    item_continuous: tuple[str, ...] = ()  # the item table's continuous columns, in order
+    num_surfaces: int = 1  # surfaces a request comes from (codes 0..num_surfaces-1)
     # request-time features: numeric columns of the log, one value per request, standardised
     # float32 columns of the interaction (and request) table; the raw value's training mean
     # and std, per column, standardise a served request's value the same way
     request_continuous: tuple[str, ...] = ()
-    request_mean: tuple[float, ...] = ()
-    request_std: tuple[float, ...] = ()
+    request_mean: tuple[float, ...] = ()  # each request feature's training mean, raw
+    request_std: tuple[float, ...] = ()  # each request feature's training std, raw (> 0)
 
     def __post_init__(self) -> None:
         for name in ("user_continuous", "item_continuous", "request_continuous",

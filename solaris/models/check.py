@@ -54,6 +54,40 @@ CODE_KEYS = ("user", "surface", "user_cat", "hist_item", "hist_action", "hist_su
              "hist_item_cat", "item", "item_cat", "item_mh")
 CONTRACT_PAGE = "docs/reference/fm-inputs.md"
 
+# every probe, in the order it runs, and what it holds the class to
+PROBES: dict[str, str] = {
+    "builds": "the class builds as the loader builds it (`from_config`, else keyword "
+              "arguments) and has every member of the interface",
+    "attributes": "`version` is a non-empty string, `history_len` the length it was built "
+                  "with, `shared_dim` an int >= 1",
+    "request_part": "returns a dict of tensors, each with the R request rows first",
+    "calls": "`request_part`, `candidate_part`, `heads` and `user_vectors` run on the batch",
+    "shapes": "`candidate_part` (B, shared_dim), `heads` (B, T) with T the task count, "
+              "`user_vectors` (R, U), all floating",
+    "finite": "no NaN or inf in any output, a request with no history included",
+    "item_vectors": "(num_items, I), finite",
+    "deterministic": "two calls on the same batch in eval mode agree",
+    "rows permuted": "permuting the requests and the pairs changes no row's output",
+    "rows in blocks": "computing the batch in fixed-size blocks of requests and of pairs (as "
+                      "the FM workers do) changes no row's output",
+    "request side per pair": "the request side copied per pair (training's form) gives the "
+                             "same last shared layer as the request part shared by its pairs",
+    "padding unread": "randomising each history key where `hist_item == 0` (padding) changes "
+                      "no output",
+    "largest codes": "each key at its largest valid code (`num_items` for history items, the "
+                     "vocabulary size for multi-hot codes, `2^T` for actions, ...) is read "
+                     "without an error, outputs finite",
+    "smallest codes": "each key at 0 (no history, item 0, an empty multi-hot list, an unknown "
+                      "history surface) is read without an error, outputs finite",
+    "user id unread by user_vectors": "changing only `user` changes no user vector",
+    "unseen users": "only where the class declares `reads_unseen_users`: finite outputs for "
+                    "user ids `>= num_users` (`num_users` and a provisional code) with zero "
+                    "side features",
+    "training step": "a forward and backward pass in train mode: a finite loss, and finite "
+                     "gradients",
+    "flops_per_pair": "where defined: None or a count >= 0",
+}
+
 
 @dataclass(frozen=True)
 class Problem:

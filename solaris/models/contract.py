@@ -66,8 +66,8 @@ INPUTS: tuple[InputField, ...] = (
                "`0..cardinality-1`, not shifted",
                "none; all 0 for a user the FM never saw", "code"),
     InputField("user_cont", "request", "float32", ("R", "n_ud"), "-",
-               "column j: `spec.user_continuous`'s j-th column, standardised on the log "
-               "(mean 0, std 1); a missing value is 0",
+               "column j: `spec.user_continuous`'s j-th column, standardised over the user "
+               "table (mean 0, std 1); a missing value is 0, the mean",
                "none; all 0 for a user the FM never saw", "standard deviations"),
     InputField("hist_item", "request", "int64", ("R", "L"), "num_items",
                "the user's past events as of the request, most recent first (ties: the later "
@@ -79,15 +79,15 @@ INPUTS: tuple[InputField, ...] = (
     InputField("hist_action", "request", "int64", ("R", "L"), "2^T",
                "**1 + sum_k y_k 2^k** over the FM's `tasks` in order (`y_k` the event's label "
                "of task k, 0 or 1): 1 is an impression with no positive label (or whose "
-               "labels have not arrived), `2^T` every task positive (T tasks, T <= 15)",
+               "labels have not arrived), `2^T` every task positive (T tasks, at most 15)",
                "0", "code"),
     InputField("hist_surface", "request", "int64", ("R", "L"), "num_surfaces",
                "the event's surface **+ 1**", "0 (also an event whose surface is unknown)",
                "code"),
     InputField("hist_age", "request", "float32", ("R", "L"), "-",
                "**log1p(hours)** from the event to the time the history is read as of (the "
-               "request's time), clipped at 0: 0 is the same instant, 1 about 1.7 hours, "
-               "3.2 a day", "0.0", "log1p of hours"),
+               "request's time), so never negative: 0 is the same instant, 1 about 1.7 "
+               "hours, 3.2 a day", "0.0", "log1p of hours"),
     InputField("hist_item_cat", "request", "int64", ("R", "L", "n_ic"), "item card",
                "column j: the event's item's code of `spec.item_categorical`'s j-th column "
                "**+ 1**", "0", "code"),
@@ -104,8 +104,9 @@ INPUTS: tuple[InputField, ...] = (
                "each code **+ 1** (`1..vocab`), in the table's order",
                "0 after the list's end; an item with an empty list is all 0", "code"),
     InputField("item_cont", "candidate", "float32", ("B", "n_id"), "-",
-               "column j: `spec.item_continuous`'s j-th column as the item table holds it; "
-               "a missing value is 0", "none", "the table's"),
+               "column j: `spec.item_continuous`'s j-th column, standardised over the item "
+               "table (mean 0, std 1); a missing value is 0, the mean", "none",
+               "standard deviations"),
 )
 
 BY_NAME: dict[str, InputField] = {f.name: f for f in INPUTS}

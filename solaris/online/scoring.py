@@ -31,6 +31,7 @@ from solaris.data.schema import FeatureSpec
 from solaris.errors import RequestError
 from solaris.models.batch import base_batch, slot_batch, vm_batch
 from solaris.models.blocks import blockwise
+from solaris.online.newusers import computable
 from solaris.precompute.pqueue import Group
 from solaris.precompute.worker import HistoryProvider, PrecomputeWorker
 from solaris.tiers import NUM_TIERS, Tier
@@ -376,8 +377,9 @@ class InlineFM:
               ) -> tuple[np.ndarray, np.ndarray]:
         """(z (C, d) float32, known (C,) bool): the pair embedding of every known candidate."""
         items = np.asarray(items, np.int64)
-        # an unknown user has no trained row: none of its pairs is computed
-        known = (items < self.num_items) & (0 <= user < self.num_users)
+        # a user the FM never saw: none of its pairs, unless the FM reads such users
+        known = computable(user, items, self.num_users, self.num_items,
+                           self.worker.unseen_users)
         z = np.zeros((len(items), self.dim), np.float32)
         if not known.any():
             return z, known

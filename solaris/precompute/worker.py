@@ -27,7 +27,7 @@ import torch
 from solaris.config import PrecomputeConfig
 from solaris.errors import RequestError
 from solaris.history import request_inputs
-from solaris.models.api import REQUEST_KEYS, FMModel, shared_layer
+from solaris.models.api import REQUEST_KEYS, FMModel, reads_unseen_users, shared_layer
 from solaris.models.blocks import blockwise
 from solaris.models.encoder import PairEncoder
 from solaris.precompute.pqueue import Group
@@ -49,11 +49,13 @@ class SideFeatures(Protocol):
 
 
 class HistoryProvider(Protocol):
-    """What the worker needs of the history store (``solaris.history.HistoryStore``)."""
+    """What the worker needs of the history store (``solaris.history.HistoryStore``):
+    ``batch`` is ``solaris.history.request_inputs`` over the users' history windows."""
 
     def batch(self, users: np.ndarray, now: np.ndarray, surfaces: np.ndarray,
               history_len: int, item_cat: np.ndarray, user_cat: np.ndarray,
-              user_cont: np.ndarray) -> dict[str, np.ndarray]: ...
+              user_cont: np.ndarray, *, unseen_users: bool = False
+              ) -> dict[str, np.ndarray]: ...
 
 
 WindowFetch = Callable[[np.ndarray, np.ndarray, int], dict]  # (users, now, L) -> window
@@ -100,11 +102,12 @@ class WindowHistory:
 
     def batch(self, users: np.ndarray, now: np.ndarray, surfaces: np.ndarray,
               history_len: int, item_cat: np.ndarray, user_cat: np.ndarray,
-              user_cont: np.ndarray) -> dict[str, np.ndarray]:
+              user_cont: np.ndarray, *, unseen_users: bool = False) -> dict[str, np.ndarray]:
         """``HistoryProvider.batch`` from the fetched (or prefetched) window."""
         pending = self._ahead.pop(self._key(users, now, history_len), None)
         win = pending() if pending is not None else self.fetch(users, now, history_len)
-        return request_inputs(win, users, now, surfaces, item_cat, user_cat, user_cont)
+        return request_inputs(win, users, now, surfaces, item_cat, user_cat, user_cont,
+                              unseen_users=unseen_users)
 
 
 def device_sizes(cfg: PrecomputeConfig, device: str | torch.device
@@ -147,6 +150,9 @@ class PrecomputeWorker:
         self.version = version
         self.timer = timer  # measures FM-seconds (cost accounting, not TTL logic)
         self.num_items = len(tables.item_cat)
+        # an FM that reads users it never saw gets their groups (an id past the user
+        # tables, zero side features); any other refuses them (the router queues none)
+        self.unseen_users = reads_unseen_users(fm)
 
     # ------------------------------------------------------------------ batches
     def _check(self, groups: Sequence[Group]) -> list[Group]:
@@ -178,7 +184,7 @@ class PrecomputeWorker:
         r_now = self.history_times(groups, read_at)  # (R,)
         r_surf = np.array([g.surface for g in groups], np.int64)  # (R,)
         req_np = self.history.batch(r_users, r_now, r_surf, self.fm.history_len, t.item_cat,
-                                    t.user_cat, t.user_cont)
+                                    t.user_cat, t.user_cont, unseen_users=self.unseen_users)
         sizes = np.array([len(g.items) for g in groups], np.int64)
         items = np.concatenate([np.asarray(g.items, np.int64) for g in groups])  # (B,)
         req_index = np.repeat(np.arange(len(groups)), sizes)  # (B,)

@@ -80,9 +80,9 @@ class TableHistory:
 
     def batch(self, users: np.ndarray, now: np.ndarray, surfaces: np.ndarray,
               history_len: int, item_cat: np.ndarray, user_cat: np.ndarray,
-              user_cont: np.ndarray) -> dict[str, np.ndarray]:
+              user_cont: np.ndarray, *, unseen_users: bool = False) -> dict[str, np.ndarray]:
         return request_inputs(self.window(users, now, history_len), users, now, surfaces,
-                              item_cat, user_cat, user_cont)
+                              item_cat, user_cat, user_cont, unseen_users=unseen_users)
 
 
 def user_table_of(fm: FMModel, users: np.ndarray, items: np.ndarray, ts: np.ndarray,

@@ -149,6 +149,9 @@ def test_the_builtin_and_the_example_fm_pass(path):
     # the built-in indexes a user-id table; the example reads no user id
     assert report.reads_unseen_users == (path.startswith("examples"))
     assert ("unseen users" in report.passed) == report.reads_unseen_users
+    # every probe ran, in the order the reference page lists them
+    assert report.passed == [p for p in check.PROBES
+                             if p != "unseen users" or report.reads_unseen_users]
 
 
 def test_a_two_tower_written_from_the_contract_passes():
