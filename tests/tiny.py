@@ -114,6 +114,8 @@ def ray_head(num_cpus: int = 2, port: int | None = None,
     which stops every Ray on the machine. The dashboard, its agent and the client server get
     free ports so that two heads can run side by side."""
     port = port or free_port()
+    if _head_pids(port, None):  # another head's: never to be stopped here
+        raise RuntimeError(f"port {port}: a Ray cluster on this machine uses it already")
     cmd = ["ray", "start", "--head", "--num-cpus", str(num_cpus), "--port", str(port),
            "--include-dashboard", "false", "--disable-usage-stats",
            "--dashboard-port", str(free_port()),
@@ -179,10 +181,12 @@ def _head_pids(port: int, session: str | None) -> set[int]:
     return found - me
 
 
-def _stop_head(port: int, wait_s: float = 15.0) -> None:
+def _stop_head(port: int, grace_s: float = 3.0) -> None:
+    """SIGTERM to the head's processes, SIGKILL to those left after ``grace_s`` (the GCS
+    server and the autoscaler monitor outlast a SIGTERM by about 10 s)."""
     gcs = _gcs_args(port)
     session = gcs.get("session-dir") if gcs else None
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
         deadline = time.monotonic() + wait_s
         while True:
             pids = _head_pids(port, session)

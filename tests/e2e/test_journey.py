@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytest
+import yaml
 
 pytest.importorskip("ray")
 requests = pytest.importorskip("requests")
@@ -120,6 +121,24 @@ def write_shop_log(root: Path, seed: int = 0) -> Path:
     return mapping
 
 
+def write_serve_config(team: Path, port: int, knn: Path) -> Path:
+    """The team's Serve config file (``configs/serve-local.yaml``'s layout, on ``port``) and
+    the app's config tree it names (the KNN tables under ``knn``, polled every second)."""
+    (team / "app.yaml").write_text(yaml.safe_dump({
+        "knn": {"table_uri": f"file://{knn}", "poll_s": 1.0}}))
+    path = team / "serve.yaml"
+    path.write_text(yaml.safe_dump({
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "127.0.0.1", "port": port},
+        "applications": [{
+            "name": "shop", "route_prefix": "/", "import_path": "serve_app:build_app",
+            "args": {"artifacts": str(team / "artifacts" / "v1"), "app_id": "shop",
+                     "config": str(team / "app.yaml"),
+                     "vm": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0.25}}}}]},
+        sort_keys=False))
+    return path
+
+
 def _tail(text: str | bytes | None, lines: int = 40) -> str:
     if isinstance(text, bytes):
         text = text.decode(errors="replace")
@@ -189,23 +208,23 @@ def serve_run(config: Path, cwd: Path, env: dict[str, str], log: Path,
         run.stop()
 
 
-def wait_for(what: str, probe: Callable[[], Any], timeout_s: float, app: ServeRun,
-             interval_s: float = 1.0) -> Any:
-    """``probe()``'s first truthy value; fails naming ``what``, the last answer or error and
-    the serve log, once ``timeout_s`` passes or ``serve run`` has exited."""
+def wait_for(what: str, probe: Callable[[], tuple[bool, Any]], timeout_s: float,
+             app: ServeRun, interval_s: float = 1.0) -> Any:
+    """What ``probe()`` saw the first time it says done; fails naming ``what``, what it saw
+    last (or the error) and the serve log, once ``timeout_s`` passes or ``serve run`` has
+    exited."""
     deadline = time.monotonic() + timeout_s
-    last: Any = None
+    seen: Any = None
     while True:
         try:
-            got = probe()
-            if got:
-                return got
+            ok, seen = probe()
+            if ok:
+                return seen
         except (requests.RequestException, ValueError) as e:
-            got = f"{type(e).__name__}: {e}"
-        last = got if got is not None else last
+            seen = f"{type(e).__name__}: {e}"
         if app.proc.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout_s:.0f} s; last: {str(last)[-2000:]}\n"
-                        f"{app.diagnose()}")
+            pytest.fail(f"{what}: not within {timeout_s:.0f} s; last seen: {str(seen)[-2000:]}"
+                        f"\n{app.diagnose()}")
         time.sleep(interval_s)
 
 
@@ -250,99 +269,91 @@ def test_a_team_goes_from_its_log_to_a_served_app(tmp_path):
 
     # 4. a cluster as a user starts one, the app deployed onto it by a Serve config file
     port, knn = free_port(), team / "knn"
-    (team / "app.yaml").write_text(json.dumps({
-        "knn": {"table_uri": f"file://{knn}", "poll_s": 1.0}}))
-    (team / "serve.yaml").write_text(json.dumps({
-        "proxy_location": "HeadOnly",
-        "http_options": {"host": "127.0.0.1", "port": port},
-        "applications": [{
-            "name": "shop", "route_prefix": "/", "import_path": "serve_app:build_app",
-            "args": {"artifacts": str(team / "artifacts" / "v1"), "app_id": "shop",
-                     "config": str(team / "app.yaml"),
-                     "vm": {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0.25}}}}]}))
+    serve_config = write_serve_config(team, port, knn)
     base = f"http://127.0.0.1:{port}"
-    with ray_head(num_cpus=2, env=env) as head, \
-            serve_run(team / "serve.yaml", team, env, tmp_path / "serve.log",
-                      head.session_dir / "logs" / "serve") as app:
+    with ray_head(num_cpus=2, env=env) as head:
         done("ray start")
-        health = wait_for("/healthz answering with an FM worker", lambda: _ready(base),
-                          HEALTH_WAIT_S, app)
-        assert health["tasks"] == ["cart", "view"], health
-        done("serve run")
+        with serve_run(serve_config, team, env, tmp_path / "serve.log",
+                       head.session_dir / "logs" / "serve") as app:
+            health = wait_for("/healthz answering with an FM worker", lambda: _ready(base),
+                              HEALTH_WAIT_S, app)
+            assert health["tasks"] == ["cart", "view"], health
+            done("serve run")
 
-        # 5. a known user gets its pairs within a minute; a new user and unknown items
-        known = pq.read_table(team / "impressions.parquet", columns=["customer", "sku"])
-        user = known.column("customer")[0].as_py()
-        cands = list(dict.fromkeys(known.column("sku").to_pylist()))[:CANDIDATES]
-        body = {"user_id": user, "candidates": cands, "task": "view"}
-        first = post(base, "/rank", body)
-        assert first.status_code == 200, f"{first.status_code} {first.text}\n{app.diagnose()}"
-        answer = first.json()
-        assert len(answer["scores"]) == len(cands) and answer["mode"] == "solaris", answer
-        served = wait_for("a known user's pair tiers",
-                          lambda: _with_pairs(post(base, "/rank", body)), PAIR_WAIT_S, app)
-        assert served["versions"]["fm"].startswith("shop-2t-v1"), served
-        done("pairs served")
+            # 5. a known user gets its pairs within a minute; a new user and unknown items
+            known = pq.read_table(team / "impressions.parquet", columns=["customer", "sku"])
+            user = known.column("customer")[0].as_py()
+            cands = list(dict.fromkeys(known.column("sku").to_pylist()))[:CANDIDATES]
+            body = {"user_id": user, "candidates": cands, "task": "view"}
+            first = post(base, "/rank", body)
+            assert first.status_code == 200, f"{first.status_code} {first.text}\n{app.diagnose()}"
+            answer = first.json()
+            assert len(answer["scores"]) == len(cands) and answer["mode"] == "solaris", answer
+            served = wait_for("a known user's pair tiers",
+                              lambda: _with_pairs(post(base, "/rank", body)), PAIR_WAIT_S, app)
+            assert served["versions"]["fm"].startswith("shop-2t-v1"), served
+            done("pairs served")
 
-        new = {"user_id": "u-never-logged", "candidates": [*cands[:3], "sku-new-1",
-                                                            "sku-new-2"], "task": "cart"}
-        r = post(base, "/rank", new)
-        assert r.status_code == 200, f"{r.status_code} {r.text}"
-        scores = r.json()["scores"]
-        assert len(scores) == 5 and all(0.0 <= s <= 1.0 for s in scores), r.json()
+            new = {"user_id": "u-never-logged", "candidates": [*cands[:3], "sku-new-1",
+                                                                "sku-new-2"], "task": "cart"}
+            r = post(base, "/rank", new)
+            assert r.status_code == 200, f"{r.status_code} {r.text}"
+            scores = r.json()["scores"]
+            assert len(scores) == 5 and all(0.0 <= s <= 1.0 for s in scores), r.json()
 
-        # 6. feedback on what was shown: one 0/1 per task, in the app's task order
-        r = post(base, "/feedback", {"user_id": user, "items": cands[:2],
-                                     "labels": [[1, 0], [1, 1]]})
-        assert r.status_code == 200, f"{r.status_code} {r.text}"
+            # 6. feedback on what was shown: one 0/1 per task, in the app's task order
+            r = post(base, "/feedback", {"user_id": user, "items": cands[:2],
+                                         "labels": [[1, 0], [1, 1]]})
+            assert r.status_code == 200, f"{r.status_code} {r.text}"
 
-        # 7. the jobs, as the guide writes them, reach the running app
-        seeded = run_command([sys.executable, str(ROOT / "jobs" / "seed_history.py"),
-                              "--data", "mapping.yaml", "--artifacts", "artifacts/v1",
-                              "--app-id", "shop"], team, env)
-        report = json.loads(seeded.stdout.strip().splitlines()[-1])
-        assert report["app_id"] == "shop" and report["resumed_after"] == 0, report
-        assert report["sent"] == report["events"] > 0, report  # every event taken by a shard
-        done("seed_history")
-        built = run_command([sys.executable, str(ROOT / "jobs" / "rebuild_knn.py"),
-                             "--data", "mapping.yaml", "--artifacts", "artifacts/v1",
-                             "--out", f"file://{knn}"], team, env)
-        table = json.loads(built.stdout.strip().splitlines()[-1])
-        assert table["user"]["rows"] == USERS and table["item"]["rows"] == ITEMS, table
-        done("rebuild_knn")
+            # 7. the jobs, as the guide writes them, reach the running app
+            seeded = run_command([sys.executable, str(ROOT / "jobs" / "seed_history.py"),
+                                  "--data", "mapping.yaml", "--artifacts", "artifacts/v1",
+                                  "--app-id", "shop"], team, env)
+            report = json.loads(seeded.stdout.strip().splitlines()[-1])
+            assert report["app_id"] == "shop" and report["resumed_after"] == 0, report
+            assert report["sent"] == report["events"] > 0, report  # every event taken by a shard
+            done("seed_history")
+            built = run_command([sys.executable, str(ROOT / "jobs" / "rebuild_knn.py"),
+                                 "--data", "mapping.yaml", "--artifacts", "artifacts/v1",
+                                 "--out", f"file://{knn}"], team, env)
+            table = json.loads(built.stdout.strip().splitlines()[-1])
+            assert table["user"]["rows"] == USERS and table["item"]["rows"] == ITEMS, table
+            done("rebuild_knn")
 
-        # 8. ready, with the tables the job published loaded
-        health = wait_for("/healthz ok with the KNN tables loaded",
-                          lambda: _ok_with_knn(_health(base)), KNN_WAIT_S, app)
-        assert health["knn"] == table["version"], health
-        r = post(base, "/rank", body)
-        assert r.status_code == 200 and r.json()["versions"]["knn"] == table["version"], r.text
-        done("tables loaded")
-    done("teardown")
+            # 8. ready, with the tables the job published loaded
+            health = wait_for("/healthz ok with the KNN tables loaded",
+                              lambda: _ok_with_knn(base), KNN_WAIT_S, app)
+            assert health["checks"]["knn"]["ok"], health
+            # the user and the item tables, each of the version the job published
+            assert set(health["knn"].split("|")) == {table["version"]}, health
+            r = post(base, "/rank", body)
+            assert r.status_code == 200 and r.json()["versions"]["knn"] == health["knn"], r.text
+            done("tables loaded")
+        done("serve run stopped")
+    done("ray stopped")
     print("journey steps (s):", json.dumps(took))
 
 
-def _health(base: str) -> dict | None:
+def _health(base: str) -> tuple[int, Any]:
     r = requests.get(base + "/healthz", timeout=HTTP_TIMEOUT_S)
-    return r.json() if r.status_code == 200 else None
+    return r.status_code, r.json()
 
 
-def _ready(base: str) -> dict | None:
-    """/healthz's answer once it answers 200 with an FM worker in the pool."""
-    health = _health(base)
-    if health is None or health["checks"]["fm_workers"].get("workers", 0) < 1:
-        return None
-    return health
+def _ready(base: str) -> tuple[bool, Any]:
+    """Whether /healthz answers 200 with an FM worker in the pool; its answer."""
+    code, health = _health(base)
+    return code == 200 and health["checks"]["fm_workers"].get("workers", 0) >= 1, health
 
 
-def _with_pairs(r: requests.Response) -> dict | None:
+def _with_pairs(r: requests.Response) -> tuple[bool, Any]:
+    """Whether a /rank answer has a candidate served from the pair tier; the answer."""
     assert r.status_code == 200, f"/rank: {r.status_code} {r.text}"
     out = r.json()
-    return out if "pair" in out["tiers"] else None
+    return "pair" in out["tiers"], out
 
 
-def _ok_with_knn(health: dict | None) -> dict | None:
-    if health is None or health["status"] != "ok" or not health["knn"]:
-        return None
-    assert health["checks"]["knn"]["ok"], health
-    return health
+def _ok_with_knn(base: str) -> tuple[bool, Any]:
+    """Whether /healthz says ok with KNN tables loaded; its answer."""
+    code, health = _health(base)
+    return code == 200 and health["status"] == "ok" and bool(health["knn"]), health
