@@ -43,6 +43,7 @@ from solaris.online.scoring import (InlineFM, PackedSlots, ResidualHead,
                                     ScoreRequest, decode_scores, encode_score_request)
 from solaris.knn.neighbours import NeighbourTable
 from solaris.online.scoring import request_vector
+from solaris.online.newusers import computable_picks
 from solaris.online.serving import AfterAnswer, ColdStartMemo, cold_start_inputs, is_cold
 from solaris.tiers import LABELS as TIER_LABELS
 from solaris.tiers import NUM_TIERS, Tier
@@ -589,10 +590,9 @@ class LookupRouter:
                                     np.zeros(len(items), bool), self.cfg.verifier,
                                     self.cfg.cache.read_ttl_s, self._budget.fraction)
             self._requests += 1
-            art = self.arts[version]
-            if body.user_id >= art.num_users:  # the FM has no row for this user
-                picks = picks[:0]
-            picks = picks[items[picks] < art.num_items]  # nor for unknown items
+            # the pairs the FM can compute (solaris.online.newusers): items it has a row for,
+            # of a user it was trained on, or of any user where it reads users it never saw
+            picks = computable_picks(self.arts[version], body.user_id, items, picks)
             versions = [version]
             pending = self.policy.pending(body.task)
             if pending is not None:
@@ -602,8 +602,10 @@ class LookupRouter:
             # what the user is shown: the top of the ranking (serve.impressions_top_k)
             k = min(self.cfg.serve.impressions_top_k, len(items))
             shown = items[np.argsort(-probs, kind="stable")[:k]]
+            queued = {v: computable_picks(self.arts[v], body.user_id, items, picks)
+                      for v in versions}
             full = self.buffer.add(body.user_id, shown, body.surface, now,
-                                   {v: (items[picks], base[picks]) for v in versions})
+                                   {v: (items[p], base[p]) for v, p in queued.items()})
             self._budget.record(len(picks))
             if full:
                 self._flush()

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from solaris.errors import ConfigError
-from solaris.models.api import BUILTIN_FM, import_class, reads_unseen_users
+from solaris.errors import SolarisError
+from solaris.models.api import import_class, reads_unseen_users
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +46,17 @@ def computable_picks(art: Any, user: int, items: np.ndarray, picks: np.ndarray
 
 def fm_reads_unseen_users(art: Any) -> bool:
     """Whether the FM of ``art`` (``solaris.artifacts.Artifacts``) declares
-    ``ReadsUnseenUsers``: read from the class its manifest names, without building it."""
-    fm = art.manifest.get("config", {}).get("fm", {})
-    return _class_reads(str(fm.get("cls", BUILTIN_FM)))
+    ``ReadsUnseenUsers``: read from the class its FM checkpoint names (the one the FM
+    workers build), imported, not built; once per artifacts."""
+    return _reads(str(art.root), art.version)
 
 
 @lru_cache(maxsize=64)
-def _class_reads(path: str) -> bool:
+def _reads(root: str, version: str) -> bool:
+    from solaris.artifacts import check_fm_class
+
     try:
-        return reads_unseen_users(import_class(path, "fm.cls"))
-    except ConfigError as e:  # the FM workers, which build it, say so loudly
-        log.warning("%s; its new users' pairs are not queued", e)
+        return reads_unseen_users(import_class(check_fm_class(root), "fm.cls"))
+    except SolarisError as e:  # the FM workers, which build it, fail readiness with it
+        log.warning("FM %s: %s; its new users' pairs are not queued", version, e)
         return False

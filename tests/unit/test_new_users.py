@@ -5,10 +5,12 @@ an FM, with the user's live history and zero side features."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
 from solaris.config import EncoderConfig, FeatureConfig, FMConfig, HistoryConfig, load_config
 from solaris.data.load import load_dataset
@@ -22,15 +24,19 @@ from solaris.online import newusers
 from solaris.online.newusers import computable, computable_picks
 from solaris.precompute.pqueue import Group
 from solaris.precompute.worker import PrecomputeWorker
+from solaris.train.checkpoint import save_checkpoint
 
 CAUSAL = "examples.causal_fm:CausalTransformerFM"
 USERS, ITEMS = 10, 20
 
 
-def arts(cls: str | None) -> SimpleNamespace:
-    """What ``computable_picks`` reads of ``Artifacts``: the sizes and the manifest's FM."""
-    fm = {} if cls is None else {"cls": cls}
-    return SimpleNamespace(num_users=USERS, num_items=ITEMS, manifest={"config": {"fm": fm}})
+def arts(root: Path, cls: str) -> SimpleNamespace:
+    """What ``computable_picks`` reads of ``Artifacts``: the sizes, and an FM checkpoint
+    that names ``cls`` (its weights are not read)."""
+    root.mkdir(parents=True, exist_ok=True)
+    save_checkpoint(root / "fm.pt", torch.nn.Linear(1, 1), "fm", {"cls": cls})
+    return SimpleNamespace(root=root, version=f"v-{root.name}", num_users=USERS,
+                           num_items=ITEMS)
 
 
 def test_a_known_user_gets_every_known_item_whatever_the_fm():
@@ -49,25 +55,26 @@ def test_a_user_the_fm_never_saw_gets_pairs_only_from_an_fm_that_reads_such_user
     assert not computable(-1, items, USERS, ITEMS, True).any()
 
 
-def test_the_router_asks_the_class_its_artifacts_name():
+def test_the_router_asks_the_class_its_fm_checkpoint_names(tmp_path):
     items = np.array([4, 30, 7, 2])
     picks = np.array([0, 1, 2])  # the verifier's picks, positions into items
     new = USERS + 1
-    assert newusers.fm_reads_unseen_users(arts(CAUSAL))
-    assert not newusers.fm_reads_unseen_users(arts(api.BUILTIN_FM))
-    assert not newusers.fm_reads_unseen_users(arts(None))  # schema 1: the built-in
-    np.testing.assert_array_equal(computable_picks(arts(CAUSAL), new, items, picks), [0, 2])
-    assert computable_picks(arts(api.BUILTIN_FM), new, items, picks).size == 0
-    np.testing.assert_array_equal(computable_picks(arts(api.BUILTIN_FM), 3, items, picks),
-                                  [0, 2])
+    causal, builtin = arts(tmp_path / "causal", CAUSAL), arts(tmp_path / "b", api.BUILTIN_FM)
+    assert newusers.fm_reads_unseen_users(causal)
+    assert not newusers.fm_reads_unseen_users(builtin)
+    np.testing.assert_array_equal(computable_picks(causal, new, items, picks), [0, 2])
+    assert computable_picks(builtin, new, items, picks).size == 0
+    np.testing.assert_array_equal(computable_picks(builtin, 3, items, picks), [0, 2])
 
 
-def test_a_class_that_does_not_import_where_the_router_runs_queues_no_new_user(caplog):
-    newusers._class_reads.cache_clear()  # the warning is logged once per class
+def test_a_class_that_does_not_import_where_the_router_runs_queues_no_new_user(tmp_path,
+                                                                                caplog):
+    art = arts(tmp_path / "gone", "no_such_module_here:FM")
     with caplog.at_level(logging.WARNING, logger="solaris.online.newusers"):
-        assert not newusers.fm_reads_unseen_users(arts("no_such_module_here:FM"))
+        assert not newusers.fm_reads_unseen_users(art)
     assert "cannot import 'no_such_module_here'" in caplog.text
-    assert "new users' pairs are not queued" in caplog.text
+    assert "its new users' pairs are not queued" in caplog.text
+    assert computable_picks(art, USERS + 1, np.array([1]), np.array([0])).size == 0
 
 
 @pytest.fixture(scope="module")
