@@ -10,6 +10,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -116,7 +117,9 @@ def ray_head(num_cpus: int = 2, port: int | None = None,
     port = port or free_port()
     if _head_pids(port, None):  # another head's: never to be stopped here
         raise RuntimeError(f"port {port}: a Ray cluster on this machine uses it already")
-    cmd = ["ray", "start", "--head", "--num-cpus", str(num_cpus), "--port", str(port),
+    ray = Path(sys.executable).with_name("ray")  # this environment's, activated or not
+    cmd = [str(ray) if ray.is_file() else "ray", "start", "--head",
+           "--num-cpus", str(num_cpus), "--port", str(port),
            "--include-dashboard", "false", "--disable-usage-stats",
            "--dashboard-port", str(free_port()),
            "--dashboard-agent-listen-port", str(free_port()),

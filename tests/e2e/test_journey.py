@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
 pytest.importorskip("ray")
 requests = pytest.importorskip("requests")
-pa = pytest.importorskip("pyarrow")
-pq = pytest.importorskip("pyarrow.parquet")
 
 from tests.tiny import THREADS, free_port, ray_head  # noqa: E402
 
@@ -260,8 +260,9 @@ def test_a_team_goes_from_its_log_to_a_served_app(tmp_path):
 
     # 1.-3. train with the team's FM, from the team's directory
     sets = [a for k, v in SMALL.items() for a in ("--set", f"{k}={v}")]
-    run_command(["solaris", "train", "--dataset", "generic", "--data-dir", "mapping.yaml",
-                 "--config", "fm.yaml", *sets, "--out", "artifacts/v1"], team, env)
+    run_command([str(BIN / "solaris"), "train", "--dataset", "generic", "--data-dir",
+                 "mapping.yaml", "--config", "fm.yaml", *sets, "--out", "artifacts/v1"],
+                team, env)
     manifest = json.loads((team / "artifacts" / "v1" / "manifest.json").read_text())
     assert manifest["config"]["fm"]["cls"] == "shop_models:TwoTowerFM"
     assert manifest["tasks"] == ["view", "cart"], manifest["tasks"]
