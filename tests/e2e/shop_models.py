@@ -5,7 +5,8 @@ it is imported from there by every process, never from the repository.
 
 - **user tower**: the mean of the history's tokens (item id + item categories + action),
   valid events only, beside the user's categorical and continuous features, through an MLP.
-  The user id is read nowhere, so ``user_vectors`` serves a user the FM never saw.
+  The user id is read nowhere, so ``user_vectors`` serves a user the FM never saw, and the
+  class says so (``reads_unseen_users``).
 - **item tower**: the candidate's item id and categorical embeddings (the same tables as the
   history's tokens), through an MLP.
 - **shared layer**: an MLP over both towers and their elementwise product.
@@ -26,6 +27,10 @@ Tensor = torch.Tensor
 class TwoTowerFM(nn.Module):
     """Keyword arguments (``fm.kwargs``): ``dim`` tower width, ``shared_dim`` width of the
     last shared layer."""
+
+    # it has no user-id table: a user it never saw is read like any other (the optional
+    # capability of solaris.models.api), so a new user's pairs are precomputed too
+    reads_unseen_users = True
 
     def __init__(self, spec, num_users: int, num_items: int, tasks: tuple[str, ...],
                  history_len: int, version: str, dim: int = 16, shared_dim: int = 32):

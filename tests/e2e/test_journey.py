@@ -10,7 +10,8 @@ as the guides write them (docs/guides/your-own-log.md, your-own-models.md, servi
 4. ``ray start --head``, then ``serve run serve.yaml`` (a Serve config file of its own, on a
    port other than 8000) until ``/healthz`` answers;
 5. ``/rank`` with the raw ids: a known user gets pair tiers within a minute at the default
-   precompute settings; a user and items the log never held are answered;
+   precompute settings; a user and items the log never held are answered, and the new
+   user's pairs served within a minute too (the FM says it reads unseen users);
 6. ``/feedback``;
 7. ``jobs/seed_history.py`` and ``jobs/rebuild_knn.py`` against the running app;
 8. ``/healthz`` ok, with the KNN tables the job published loaded.
@@ -295,12 +296,21 @@ def test_a_team_goes_from_its_log_to_a_served_app(tmp_path):
             assert served["versions"]["fm"].startswith("shop-2t-v1"), served
             done("pairs served")
 
-            new = {"user_id": "u-never-logged", "candidates": [*cands[:3], "sku-new-1",
+            # a user the log never held, with items it never held: answered; the FM reads
+            # unseen users (TwoTowerFM.reads_unseen_users), so its pairs are served too (the
+            # verifier's top 20% of 12 candidates by VM score is 3: one at least is logged)
+            new = {"user_id": "u-never-logged", "candidates": ["sku-new-1", *cands,
                                                                 "sku-new-2"], "task": "cart"}
             r = post(base, "/rank", new)
             assert r.status_code == 200, f"{r.status_code} {r.text}"
             scores = r.json()["scores"]
-            assert len(scores) == 5 and all(0.0 <= s <= 1.0 for s in scores), r.json()
+            assert len(scores) == len(new["candidates"]), r.json()
+            assert all(0.0 <= s <= 1.0 for s in scores), r.json()
+            served = wait_for("a new user's pair tiers",
+                              lambda: _with_pairs(post(base, "/rank", new)), PAIR_WAIT_S, app)
+            unknown = [served["tiers"][0], served["tiers"][-1]]
+            assert unknown == ["none", "none"], served  # no pair of an item the FM lacks
+            done("new user's pairs")
 
             # 6. feedback on what was shown: one 0/1 per task, in the app's task order
             r = post(base, "/feedback", {"user_id": user, "items": cands[:2],
