@@ -46,9 +46,9 @@ def build_app(args: dict[str, Any] | None = None) -> Any:
     where a config file cannot name them: ``vm`` (Serve options applied to every ``VM_<task>``
     deployment, one per task of the artifacts, so a config never names the tasks),
     ``router_replicas`` (a fixed number of router replicas). Relative paths in ``config`` and
-    ``artifacts`` resolve against the working directory of the process that builds the app:
-    the shell's for ``serve run``, the Ray cluster's (where ``ray start`` ran) for ``serve
-    deploy``."""
+    ``artifacts`` resolve against the working directory of the Ray the app is built on: the
+    shell's for a ``serve run`` that starts its own Ray, the directory ``ray start`` ran in
+    for ``serve deploy`` (or a ``serve run`` joining that cluster)."""
     args = dict(args or {})
     vm_opts = deployment_options(args.pop("vm", None), "vm")
     router_replicas = positive_int(args.pop("router_replicas", None), "router_replicas")
