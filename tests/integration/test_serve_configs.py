@@ -90,9 +90,13 @@ def test_rays_builder_builds_every_config(name, typed, in_repo, artifacts):
     args = app["args"] if typed else as_cli_strings(app["args"])
     deployments = built_deployments(app["import_path"], args)
     tasks = sorted(json.loads((artifacts / "manifest.json").read_text())["tasks"])
-    assert set(deployments) == {"LookupRouter", "Precompute", *(f"VM_{t}" for t in tasks)}
     # every deployment the config names is one the app has (Serve refuses the config else)
-    assert {d["name"] for d in app["deployments"]} <= set(deployments)
+    named = {d["name"] for d in app["deployments"]}
+    assert named <= set(deployments), (
+        f"{name} names deployments {sorted(named - set(deployments))} the app does not have "
+        f"(its deployments: {sorted(deployments)}; the artifacts' tasks: {tasks}): give "
+        f"VM options in args.vm, not per task")
+    assert set(deployments) == {"LookupRouter", "Precompute", *(f"VM_{t}" for t in tasks)}
     # the config's per-task VM options reach every VM deployment
     for t in tasks:
         cfg = deployments[f"VM_{t}"]
