@@ -80,6 +80,9 @@ class LookupRouter:
         self.ids = deployment_ids([(str(a.root), a.ids()) for a in arts])
         for a in arts:  # each version's feature spec (request features), read here once
             _ = a.spec
+        # the last surface code every version's tables hold: a request's surface past it is
+        # read as it, as the VM reads it (solaris.online.scoring), by the history and the FM
+        self._last_surface = min(a.spec.num_surfaces for a in arts) - 1
         self.tasks = sorted({t for a in arts for t in a.tasks})
         # the VMs' scales, live: a tier at 0 in every VM of a version is not looked up
         self._manifests = {a.version: a.manifest for a in arts}
@@ -492,6 +495,8 @@ class LookupRouter:
         if isinstance(coded, JSONResponse):
             return coded
         body, items = coded
+        if body.surface > self._last_surface:  # a surface the data never held
+            body = body.model_copy(update={"surface": self._last_surface})
         if body.features_for is not None and any(
                 not 0 <= i < len(items) for i in body.features_for):
             return self._error(422, "features_for", f"positions must be in [0, {len(items)})")

@@ -121,6 +121,29 @@ def test_precompute_fills_the_cache_for_repeated_requests(app):
                                                        / spec["served"])
 
 
+def test_a_surface_the_data_never_held_is_read_as_the_last_and_breaks_no_pair(app):
+    """A surface past the tables is scored as the VM alone reads it (its last surface), and
+    what the history and the FM workers then read of it leaves the user's pairs computable."""
+    from solaris.artifacts import Artifacts
+
+    last = Artifacts.open(app["artifacts"]).spec.num_surfaces - 1
+    cands = list(range(60, 100))
+    far = _rank(app, user_id=11, candidates=cands, surface=999_999, now=T0)
+    assert far.status_code == 200, far.text
+    same = _rank(app, user_id=11, candidates=cands, surface=last, now=T0)
+    assert far.json()["scores"] == same.json()["scores"]
+    for k in range(1, 3):
+        assert _rank(app, user_id=11, candidates=cands, surface=999_999,
+                     now=T0 + k).status_code == 200
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        tiers = _rank(app, user_id=11, candidates=cands, surface=0, now=T0 + 10).json()["tiers"]
+        if "pair" in tiers:
+            break
+        time.sleep(0.5)
+    assert tiers.count("pair") >= int(0.2 * len(cands)), tiers
+
+
 def test_scales_switch_a_correction_off_at_runtime_and_misses_score_as_the_vm_alone(app):
     """Runs after the precompute test: user 7's candidates are cached (tier pair)."""
     cands = list(range(100, 160))
