@@ -4,13 +4,17 @@ started by ``ray start`` for the tests that run the commands a user runs."""
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -43,15 +47,32 @@ WORLD_400 = {
 }
 
 
-def train_tiny(out: Path, seed: int = 0, **overrides: Any) -> Path:
-    """Artifacts (``solaris train``) of the tiny world in ``out``."""
-    from solaris.config import load_config
-    from solaris.data.load import load_dataset
-    from solaris.train.artifacts import train_artifacts
+# artifacts trained in this process, by their seed and overrides: each is trained once and
+# copied for every later caller (training is deterministic at one thread count, so a copy is
+# what training again would write); removed when the process exits
+_TRAINED: dict[str, Path] = {}
 
-    cfg = load_config(None, {**TINY, **overrides})
-    train_artifacts(cfg, load_dataset(cfg.data), out, seed=seed)
+
+def train_tiny(out: Path, seed: int = 0, **overrides: Any) -> Path:
+    """Artifacts (``solaris train``) of the tiny world in ``out``, a fresh copy of its own."""
+    key = json.dumps([seed, THREADS, overrides], sort_keys=True, default=str)
+    if key not in _TRAINED:
+        from solaris.config import load_config
+        from solaris.data.load import load_dataset
+        from solaris.train.artifacts import train_artifacts
+
+        if not _TRAINED:
+            atexit.register(shutil.rmtree, _trained_root(), True)
+        trained = _trained_root() / str(len(_TRAINED))
+        cfg = load_config(None, {**TINY, **overrides})
+        train_artifacts(cfg, load_dataset(cfg.data), trained, seed=seed)
+        _TRAINED[key] = trained
+    shutil.copytree(_TRAINED[key], out, dirs_exist_ok=True)
     return out
+
+
+def _trained_root() -> Path:
+    return Path(tempfile.gettempdir()) / f"solaris-tiny-{os.getpid()}"
 
 
 def free_port() -> int:
@@ -77,23 +98,44 @@ def free_port() -> int:
 
 
 @contextmanager
-def local_serve(port: int, num_cpus: int = 2) -> Iterator[str]:
-    """A local Ray (2 logical CPUs, a small object store) with Serve's proxy on ``port``;
-    yields the base URL and always shuts Serve and Ray down."""
+def local_serve(port: int, num_cpus: int = 2, env: dict[str, str] | None = None,
+                metrics_port: int | None = None) -> Iterator[str]:
+    """A local Ray (2 logical CPUs, a small object store; ``env`` added to its workers'
+    environment, Prometheus text at ``metrics_port`` if given) with Serve's proxy on
+    ``port``; yields the base URL and always shuts Ray down.
+
+    ``ray.shutdown`` ends a local Ray whole, Serve's controller, replicas and the apps'
+    detached actors with it: ``serve.shutdown`` first would only add its graceful replica
+    stops (5 of 7 s), and the next ``serve.start`` in this process finds the new cluster's
+    controller, not the old one's (Ray drops a client cached from an earlier session)."""
     import ray
     from ray import serve
 
+    extra = {} if metrics_port is None else {"_metrics_export_port": metrics_port}
     ray.init(address="local", num_cpus=num_cpus, object_store_memory=200 * 1024**2,
              include_dashboard=False, logging_level="warning",
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), **(env or {})}}, **extra)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         yield f"http://127.0.0.1:{port}"
     finally:
+        ray.shutdown()
+
+
+def wait_healthy(base: str, timeout_s: float = 120.0) -> None:
+    """Until ``base``'s ``/healthz`` answers 200."""
+    import requests
+
+    deadline = time.monotonic() + timeout_s
+    while True:
         try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
+            if requests.get(base + "/healthz", timeout=5).ok:
+                return
+        except requests.RequestException:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{base} never answered /healthz in {timeout_s:.0f} s")
+        time.sleep(0.5)
 
 
 @dataclass(frozen=True)

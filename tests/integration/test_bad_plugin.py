@@ -7,22 +7,15 @@ restarts no replica meanwhile."""
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 ray = pytest.importorskip("ray")
 requests = pytest.importorskip("requests")
 
-from ray import serve  # noqa: E402
-
-from tests.tiny import free_port, train_tiny  # noqa: E402
+from tests.tiny import train_tiny  # noqa: E402
 
 TIMEOUT_S = 15.0
 BAD_FM, BAD_VM = "nosuch.module:FM", "nosuch.vm:VM"
@@ -39,7 +32,7 @@ def rename_class(path: Path, cls: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory):
+def app(tmp_path_factory, deploy_app):
     art = train_tiny(tmp_path_factory.mktemp("artifacts"))
     manifest = json.loads((art / "manifest.json").read_text())
     assert set(manifest["tasks"]) == {"click", "conversion"}
@@ -48,20 +41,8 @@ def app(tmp_path_factory):
     conf = tmp_path_factory.mktemp("conf") / "serve.yaml"
     conf.write_text(json.dumps({"cache": {"dim": 16, "num_shards": 1},
                                 "serve": {"health_cache_s": 0.0}}))
-    port = free_port()
-    ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2,
-             include_dashboard=False, logging_level="warning",
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
-    import serve_app
-
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(serve_app.build_app({"artifacts": str(art), "config": str(conf),
-                                       "app_id": "badplugin"}), blocking=False)
-        yield {"base": f"http://127.0.0.1:{port}"}
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    return {"base": deploy_app({"artifacts": str(art), "config": str(conf),
+                                "app_id": "badplugin"}, healthy=False)}
 
 
 def _replicas() -> dict[str, list[str]]:

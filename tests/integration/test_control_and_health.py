@@ -9,23 +9,15 @@ Prints the measured propagation (``pytest -s``)."""
 from __future__ import annotations
 
 import json
-import sys
 import time
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 ray = pytest.importorskip("ray")
 requests = pytest.importorskip("requests")
 
-from ray import serve  # noqa: E402
-
 from actors import names  # noqa: E402
-from tests.tiny import free_port, train_tiny  # noqa: E402
+from tests.tiny import train_tiny  # noqa: E402
 
 TIMEOUT_S = 15.0
 TOKEN = "test-operator-token-0123"
@@ -33,30 +25,20 @@ OPERATOR = {"Authorization": f"Bearer {TOKEN}"}
 BOUND_S = 1.0  # a change reaches every live router replica within this (one long-poll hop)
 
 
+RAY_ENV = {"SOLARIS_OPERATOR_TOKEN": TOKEN}  # the app's processes read it (conftest.py)
+
+
 @pytest.fixture(scope="module")
-def app(tmp_path_factory):
+def app(tmp_path_factory, deploy_app):
     art = train_tiny(tmp_path_factory.mktemp("artifacts"))
     control = tmp_path_factory.mktemp("control")
     conf = tmp_path_factory.mktemp("conf") / "serve.yaml"
     conf.write_text(json.dumps({"cache": {"dim": 16, "num_shards": 2},
                                 "serve": {"control_uri": str(control), "control_wait_s": 5.0,
                                           "health_cache_s": 0.0}}))
-    port = free_port()
-    ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2,
-             include_dashboard=False, logging_level="warning",
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT),
-                                       "SOLARIS_OPERATOR_TOKEN": TOKEN}})
-    import serve_app
-
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(serve_app.build_app({"artifacts": str(art), "config": str(conf),
-                                       "app_id": "ctl", "precompute": "false",
-                                       "router_replicas": "2"}), blocking=False)
-        yield {"base": f"http://127.0.0.1:{port}", "control": control}
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    base = deploy_app({"artifacts": str(art), "config": str(conf), "app_id": "ctl",
+                       "precompute": "false", "router_replicas": "2"}, healthy=False)
+    return {"base": base, "control": control}
 
 
 def _stats(app) -> dict:

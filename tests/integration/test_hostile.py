@@ -13,26 +13,18 @@ before the wall clock: no entry is written after the time it is read at.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 ray = pytest.importorskip("ray")
 requests = pytest.importorskip("requests")
 
-from ray import serve  # noqa: E402
-
-from tests.tiny import free_port, train_tiny  # noqa: E402
+from tests.tiny import train_tiny  # noqa: E402
 
 TIMEOUT_S = 15.0
-TOKEN = "hostile-suite-operator-token"  # the app's operator token (set below, never a default)
+TOKEN = "hostile-suite-operator-token"  # the app's operator token (RAY_ENV, never a default)
 REPEAT = 12  # each refused case is sent this many times, 4 at once
 PROBE = {"user_id": 5, "candidates": list(range(20, 30)), "task": "click"}
 JSON = {"content-type": "application/json"}
@@ -79,37 +71,17 @@ ACCEPTED = [
 ]
 
 
+RAY_ENV = {"SOLARIS_OPERATOR_TOKEN": TOKEN}  # the app's processes read it (conftest.py)
+
+
 @pytest.fixture(scope="module")
-def app(tmp_path_factory):
+def app(tmp_path_factory, deploy_app):
     art = train_tiny(tmp_path_factory.mktemp("artifacts"))
     conf = tmp_path_factory.mktemp("conf") / "serving.yaml"
     conf.write_text(json.dumps({"cache": {"dim": 16, "num_shards": 2, "deadline_ms": 500.0},
                                 "serve": {"max_candidates": 300, "flush_ms": 50.0}}))
-    port = free_port()
-    ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2,
-             include_dashboard=False, logging_level="warning",
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT),
-                                       "SOLARIS_OPERATOR_TOKEN": TOKEN}})
-    import serve_app
-
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(serve_app.build_app({"artifacts": str(art), "config": str(conf),
-                                       "app_id": "hostile"}), blocking=False)
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if requests.get(base + "/healthz", timeout=5).ok:
-                    break
-            except requests.RequestException:
-                pass
-            assert time.monotonic() < deadline, "the app never answered /healthz"
-            time.sleep(0.5)
-        yield {"base": base}
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    return {"base": deploy_app({"artifacts": str(art), "config": str(conf),
+                                "app_id": "hostile"})}
 
 
 def send(app, method: str, path: str, body, headers: dict) -> requests.Response:

@@ -8,22 +8,17 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 ray = pytest.importorskip("ray")
 requests = pytest.importorskip("requests")
 
 from ray import serve  # noqa: E402
 
-from tests.tiny import free_port, train_tiny  # noqa: E402
+from tests.tiny import train_tiny  # noqa: E402
 
 T0 = 1.9e9
 TIMEOUT_S = 15.0
@@ -36,9 +31,9 @@ CANDS = list(range(100, 160))
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster(tmp_path_factory, serve_ray):
     """Artifacts of the causal FM, a copy whose FM checkpoint names the class that does not
-    read new users, a config, and a local Ray with Serve; always shut down."""
+    read new users, a config, and the module's local Ray with Serve (conftest.py)."""
     import torch
 
     causal = train_tiny(tmp_path_factory.mktemp("causal"), **CAUSAL)
@@ -51,17 +46,7 @@ def cluster(tmp_path_factory):
     conf = tmp_path_factory.mktemp("conf") / "serve.yaml"
     conf.write_text(json.dumps({"cache": {"dim": 16, "num_shards": 1},
                                 "serve": {"profile": "replay"}}))
-    port = free_port()
-    ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2,
-             include_dashboard=False, logging_level="warning",
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        yield {"base": f"http://127.0.0.1:{port}", "causal": causal,
-               "known_only": known_only, "conf": conf}
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    return {"base": serve_ray.base, "causal": causal, "known_only": known_only, "conf": conf}
 
 
 def deploy(cluster, artifacts: Path, app_id: str) -> str:

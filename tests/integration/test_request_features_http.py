@@ -10,24 +10,17 @@ a request without the feature is served at its training mean."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 ray = pytest.importorskip("ray")
 requests = pytest.importorskip("requests")
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from ray import serve  # noqa: E402
-
-from tests.tiny import TINY, free_port, local_serve  # noqa: E402
+from tests.tiny import TINY  # noqa: E402
 
 TIMEOUT_S = 15.0
 T0 = 1.9e9
@@ -55,7 +48,7 @@ def _generic_log_with_hour(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory):
+def app(tmp_path_factory, deploy_app):
     from solaris.config import load_config
     from solaris.data.load import load_dataset
     from solaris.train.artifacts import train_artifacts
@@ -69,14 +62,11 @@ def app(tmp_path_factory):
     conf = tmp_path_factory.mktemp("conf") / "serve.yaml"
     conf.write_text(json.dumps({"cache": {"dim": 16, "num_shards": 1, "deadline_ms": 200.0},
                                 "serve": {"profile": "replay"}}))
-    import serve_app
-
-    with local_serve(free_port()) as base:
-        serve.run(serve_app.build_app({"artifacts": str(art), "config": str(conf),
-                                       "app_id": "rqfeat"}), blocking=False)
-        yield {"base": base, "spec": ds.spec, "ds": ds,
-               "users": ds.users.column("raw_id").to_pylist(),
-               "items": ds.items.column("raw_id").to_pylist()}
+    base = deploy_app({"artifacts": str(art), "config": str(conf), "app_id": "rqfeat"},
+                      healthy=False)
+    return {"base": base, "spec": ds.spec, "ds": ds,
+            "users": ds.users.column("raw_id").to_pylist(),
+            "items": ds.items.column("raw_id").to_pylist()}
 
 
 def _rank(app, **kw) -> requests.Response:

@@ -9,7 +9,6 @@ with an operator token for ``POST /scales``; the serving profile's refusals are
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,25 +17,24 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 ray = pytest.importorskip("ray")
 requests = pytest.importorskip("requests")
 
 from ray import serve  # noqa: E402
 
 from solaris.config import load_config  # noqa: E402
-from tests.tiny import free_port, train_tiny  # noqa: E402
+from tests.tiny import train_tiny  # noqa: E402
 
 T0 = 1.9e9
 TIMEOUT_S = 15.0  # a client's patience; nothing may take longer
 OPERATOR = {"Authorization": "Bearer test-operator-token-0123"}  # the app's, set below
 
 
+RAY_ENV = {"SOLARIS_OPERATOR_TOKEN": OPERATOR["Authorization"].split()[1]}  # conftest.py
+
+
 @pytest.fixture(scope="module")
-def app(tmp_path_factory):
+def app(tmp_path_factory, serve_ray, deploy_app):
     art = train_tiny(tmp_path_factory.mktemp("artifacts"))
     conf = tmp_path_factory.mktemp("conf") / "serve.yaml"
     knn_uri = tmp_path_factory.mktemp("knn")
@@ -44,25 +42,10 @@ def app(tmp_path_factory):
                                 "serve": {"max_candidates": 300, "profile": "replay"},
                                 "knn": {"table_uri": str(knn_uri), "poll_s": 0.5, "k": 10,
                                         "recall_queries": 50}}))
-    port, metrics_port = free_port(), free_port()
-    ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False,
-             _metrics_export_port=metrics_port,  # Prometheus text at /metrics
-             logging_level="warning", runtime_env={"env_vars": {
-                 "PYTHONPATH": str(ROOT),
-                 "SOLARIS_OPERATOR_TOKEN": OPERATOR["Authorization"].split()[1]}})
-    import serve_app
-
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(serve_app.build_app({"artifacts": str(art), "config": str(conf),
-                                       "app_id": "test"}), blocking=False)
-        yield {"base": f"http://127.0.0.1:{port}", "num_items": 200, "num_users": 300,
-               "knn_uri": str(knn_uri), "knn_cfg": load_config(conf).knn,
-               "artifacts": art,
-               "metrics": f"http://127.0.0.1:{metrics_port}/metrics"}
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    base = deploy_app({"artifacts": str(art), "config": str(conf), "app_id": "test"},
+                      healthy=False)
+    return {"base": base, "num_items": 200, "num_users": 300, "knn_uri": str(knn_uri),
+            "knn_cfg": load_config(conf).knn, "artifacts": art, "metrics": serve_ray.metrics}
 
 
 def _rank(app, **kw) -> requests.Response:
