@@ -70,9 +70,10 @@ log = logging.getLogger("jobs.rebuild_knn")
 EMB = "emb"
 INTERACTIONS = "interactions.parquet"
 # the group-by's shuffle. Ray Data's default hash shuffle starts its aggregator actors anew for
-# every run: on a 300-user log at 2 CPUs that is 7 of a warm rebuild's 9 s, against 2 s in
-# all with the pull-based sort shuffle, whose tasks run on the cluster's pooled workers. The
-# tables are the same (each user's history is sorted by ``seq``, the embeddings by user id).
+# every run; the pull-based sort shuffle runs tasks on the cluster's pooled workers. On a
+# 300-user log at 2 CPUs (bench/knn_shuffle.py, the two alternating): median 13.8 s against
+# 7.5 s, the same embeddings to the bit (each user's history is sorted by ``seq``, the
+# embeddings by user id).
 SHUFFLE = "sort_shuffle_pull_based"
 
 
