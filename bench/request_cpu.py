@@ -205,7 +205,7 @@ def replica_floor(num_shards: int, artifacts: str | None, requests: int = 300,
         slots = enrich.assemble(plan, answers, d)
         t.append(time.thread_time())
         base = rng.normal(size=c).astype(np.float32)
-        probs = head.served(base, slots, scales)[0] if head is not None else base
+        probs = head.served(base, slots, scales, cands)[0] if head is not None else base
         t.append(time.thread_time())
         found = slots.pair_tier == Tier.PAIR
         picks = verifier.choose(base, cands, found, slots.pair_age_s, np.zeros(c, bool), vcfg,

@@ -532,7 +532,7 @@ class LookupRouter:
                 base_logit = await alone
                 t_head = time.perf_counter()
                 probs, base = head.served(base_logit, slots,
-                                          self.scales.array(version, body.task))
+                                          self.scales.array(version, body.task), items)
                 extra["head"] = time.perf_counter() - t_head
             else:
                 req = ScoreRequest(body.user_id, items, body.surface,

@@ -236,7 +236,9 @@ class Artifacts:
         model = ResidualVM(base, int(meta["slot_dim"]), int(meta["hidden"]),
                            use_pair=bool(meta["use_pair"]), use_agg=bool(meta["use_agg"]),
                            use_z=bool(meta.get("use_z", True)),
-                           imputed=bool(meta.get("imputed", False)))
+                           imputed=bool(meta.get("imputed", False)),
+                           agg_items=tuple(meta["agg_items"]) if meta.get("agg_items")
+                           else None)
         state = ck["state_dict"]
         if "present_affine" not in state:  # saved before the map existed
             state = {**state, "present_affine": model.present_affine.clone()}

@@ -272,6 +272,9 @@ class VMConfig:
         _check(0.0 <= self.dropout < 1.0, "vm.dropout", self.dropout, "must be in [0, 1)")
 
 
+AGG_ITEMS = ("features", "fm", "both", "off")  # ResidualConfig.agg_items
+
+
 @dataclass(frozen=True)
 class ResidualConfig:
     """The residual SOLARIS correction on top of the frozen VM alone (DESIGN.md step 3)."""
@@ -295,6 +298,17 @@ class ResidualConfig:
     # "off" -- identity; "served" -- fitted on the training rows simulated serving covers with
     # that tier (out-of-sample base logits), kept only if it passes the guard on validation
     present_affine: str = "off"
+    # what the aggregate's correction crosses the aggregate with, the candidate's (a table of
+    # item vectors, ``ResidualVM(agg_items=...)``, ``candidate_table``): "features", its side
+    # features coded one-hot / multi-hot; "fm", the FM's ``item_vectors()``; "both"; "off",
+    # nothing -- the correction then can only shift a user's whole logit
+    agg_items: str = "features"
+    # the imputed tiers (user / item neighbour) on simulated serving: "own" -- a correction of
+    # their own (delta and gate), started as the own pair's and held near it by
+    # ``imputed_prox`` (an L2 pull of every weight toward its start); "gate" -- the own pair's
+    # correction with only the tier-and-age gate trained
+    imputed_fit: str = "own"
+    imputed_prox: float = 1e-3
 
     def __post_init__(self) -> None:
         _check(self.hidden >= 1, "residual.hidden", self.hidden, "must be >= 1")
@@ -309,6 +323,12 @@ class ResidualConfig:
                "must be in (0, 1)")
         _check(self.present_affine in ("off", "served"), "residual.present_affine",
                self.present_affine, "must be 'off' or 'served'")
+        _check(self.agg_items in AGG_ITEMS, "residual.agg_items", self.agg_items,
+               f"must be one of {', '.join(map(repr, AGG_ITEMS))}")
+        _check(self.imputed_fit in ("own", "gate"), "residual.imputed_fit", self.imputed_fit,
+               "must be 'own' or 'gate'")
+        _check(self.imputed_prox >= 0, "residual.imputed_prox", self.imputed_prox,
+               "must be >= 0")
 
 
 # ScheduleConfig.history_at: the betting request's time, or the write's release

@@ -27,7 +27,7 @@ from solaris.simulate.schedule import simulated_presence, window_log
 from solaris.simulate.served import ServedSlots, simulate_period
 from solaris.tiers import STEPS
 from solaris.train.loop import predict_in_batches
-from solaris.train.residual import (CrossFit, crossfit_base, fit_pair_as_served,
+from solaris.train.residual import (CrossFit, candidate_table, crossfit_base, fit_pair_as_served,
                                     fit_served_tiers, residual_meta, train_base, train_residual,
                                     training_verifier)
 from solaris.train.teacher import Teacher, build_teacher, vm_inputs, z_at_age
@@ -154,7 +154,9 @@ class TransferExperiment:
         self.progress(f"seed {seed}: {self.ds.tasks[task]} tiers and aggregate as served")
         tf = fit_served_tiers(pair_model, self.tables, cfg.residual, cfg.train, task=task,
                               train_slots=sv["vm"], base_logits=cf.logits, val_slots=sv["val"],
-                              read_ttl_s=ttl, seed=seed, pair_curves=pair_curves)
+                              read_ttl_s=ttl, seed=seed, pair_curves=pair_curves,
+                              item_table=candidate_table(cfg.residual.agg_items, teacher.fm,
+                                                         self.tables))
         m = tf.model
         run.chosen["served"] = {**tf.info, "scale_curves": tf.scale_curves,
                                 "scales": residual_meta(tf)["scales"],

@@ -23,6 +23,13 @@ gains is recalibration of the base on covered rows, not transfer.
 ``imputed``: the imputed tiers (user neighbour, item neighbour) get a correction of their own
 (``delta`` and gate, started as a copy of the own pair's and trained on simulated serving), so
 learning them never moves how the own pair is read.
+
+``agg_items`` (``(num_items, K)``): the aggregate's correction meets the candidate. A user's
+aggregate is one vector for every candidate of a request, so a correction that reads only it
+and the base logit can shift the user's whole logit and no more; with a table of item vectors
+(the FM's ``item_vectors()``, standardised, frozen; row ``num_items``, an item serving does
+not know, reads zeros) it also reads the cross ``q(a) * k(v_item)`` of the aggregate and the
+candidate, where a user's recent interest meets what the item is.
 """
 
 from __future__ import annotations
@@ -42,22 +49,56 @@ SLOTS = ("pair", "agg")
 AGG_TIER = int(Tier.PAIR)  # the user slot has one tier: present (scale column of the pair tier)
 
 
-class SlotCorrection(nn.Module):
-    """delta(e, b) * g(tier, age) for one slot: (B,) before scale and mask."""
+CROSS_DIM = 16  # width of the aggregate-candidate cross (``SlotCorrection.q`` and ``.k``)
 
-    def __init__(self, slot_dim: int, hidden: int, use_z: bool, tiered: bool):
+
+class SlotCorrection(nn.Module):
+    """delta(e, b[, q(e) * k(v_item)]) * g(tier, age) for one slot: (B,) before scale and
+    mask. ``items`` (``(num_items, K)``): the cross with the candidate's item vector."""
+
+    def __init__(self, slot_dim: int, hidden: int, use_z: bool, tiered: bool,
+                 items: tuple[int, int] | None = None):
         super().__init__()
         self.use_z = use_z
         self.tiered = tiered
+        self.crossed = items is not None and use_z
         in_dim = (slot_dim if use_z else 0) + 1  # (e, base logit)
+        if self.crossed:
+            n, k = items
+            # the candidates' vectors; the last row (an item serving does not know) stays 0
+            self.register_buffer("item_vec", torch.zeros(n + 1, k))
+            self.q = nn.Linear(slot_dim, CROSS_DIM)
+            self.k = nn.Linear(k, CROSS_DIM, bias=False)
+            in_dim += CROSS_DIM
         self.delta = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Linear(hidden, 1))
         if tiered:
             self.gate = nn.Linear(NUM_TIERS + 1, 1)  # (one-hot tier, age share of the TTL)
             nn.init.zeros_(self.gate.weight)
             nn.init.zeros_(self.gate.bias)
 
-    def forward(self, e: Tensor, b: Tensor, tier: Tensor, age: Tensor) -> Tensor:
+    @torch.no_grad()
+    def set_item_vectors(self, vectors: Tensor) -> None:
+        """Copy ``vectors`` (num_items, K), standardised per column, into the item table."""
+        if not self.crossed:
+            raise ValueError("set_item_vectors: this correction reads no candidate")
+        v = torch.as_tensor(vectors, dtype=torch.float32)
+        if tuple(v.shape) != (self.item_vec.shape[0] - 1, self.item_vec.shape[1]):
+            raise ValueError(f"item vectors of shape {tuple(v.shape)}: expected "
+                             f"{(self.item_vec.shape[0] - 1, self.item_vec.shape[1])}")
+        if not bool(torch.isfinite(v).all()):
+            raise ValueError("item vectors: not all finite")
+        v = (v - v.mean(0)) / v.std(0).clamp_min(1e-6)
+        self.item_vec[:-1] = v
+        self.item_vec[-1] = 0.0
+
+    def forward(self, e: Tensor, b: Tensor, tier: Tensor, age: Tensor,
+                item: Tensor | None = None) -> Tensor:
         x = torch.cat([e, b[:, None]], dim=-1) if self.use_z else b[:, None]  # (B, D+1) | (B, 1)
+        if self.crossed:
+            if item is None:
+                raise ValueError("this correction reads the candidate: pass its item ids")
+            v = self.item_vec[item.clamp(0, self.item_vec.shape[0] - 1)]  # (B, K)
+            x = torch.cat([x, self.q(e) * self.k(v)], dim=-1)  # (B, D+1+CROSS_DIM)
         d = self.delta(x).squeeze(-1)  # (B,)
         if not self.tiered:
             return d
@@ -71,7 +112,7 @@ class ResidualVM(nn.Module):
 
     def __init__(self, base: VerticalModel, slot_dim: int, hidden: int,
                  use_pair: bool = True, use_agg: bool = True, use_z: bool = True,
-                 imputed: bool = False):
+                 imputed: bool = False, agg_items: tuple[int, int] | None = None):
         super().__init__()
         if base.cfg.use_pair or base.cfg.use_agg:
             raise ValueError("base: must be the VM alone (use_pair=False, use_agg=False)")
@@ -81,7 +122,8 @@ class ResidualVM(nn.Module):
         self.slot_dim = slot_dim
         self.use_z = use_z
         self.pair = SlotCorrection(slot_dim, hidden, use_z, tiered=True) if use_pair else None
-        self.agg = SlotCorrection(slot_dim, hidden, use_z, tiered=False) if use_agg else None
+        self.agg = SlotCorrection(slot_dim, hidden, use_z, tiered=False, items=agg_items) \
+            if use_agg else None
         self.imputed = SlotCorrection(slot_dim, hidden, use_z, tiered=True) \
             if imputed and use_pair else None
         # scale per slot (0 pair, 1 agg) and tier; the "none" tier never counts. A tier the
@@ -151,7 +193,8 @@ class ResidualVM(nn.Module):
             on = (batch["agg_present"] > 0) & (s > 0)  # (B,)
             if not lazy or bool(on.any()):
                 e = torch.where(on[:, None], batch["agg_emb"], 0.0)  # (B, D)
-                agg_t = torch.where(on, s * self.agg(e, b, zero.long(), zero), zero)
+                agg_t = torch.where(on, s * self.agg(e, b, zero.long(), zero, batch["item"]),
+                                    zero)
         return pair_t, agg_t
 
     def forward_both(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:

@@ -336,19 +336,35 @@ class ResidualHead:
         self.model.base = None  # the VM replica runs it; forward is always given its logits
         self.task = task
         self.dim = int(meta["slot_dim"])
+        self.num_items = int(meta["num_items"])
+        self.reads_items = bool(meta.get("agg_items"))
         self.read_ttl_s = float(read_ttl_s)
         self.block_rows = int(block_rows)
 
     @torch.inference_mode()
     def served(self, base_logit: np.ndarray, slots: Slots | None,
-               scales: np.ndarray | None = None) -> np.ndarray:
+               scales: np.ndarray | None = None, items: np.ndarray | None = None
+               ) -> np.ndarray:
         """(2, C) float32: the served probabilities and the VM alone's, from the VM alone's
         logits (C,) and the request's slots as looked up (None: none, the VM alone);
-        ``scales`` (2, 4): the router's live scales for this VM (None: the VM's own)."""
+        ``scales`` (2, 4): the router's live scales for this VM (None: the VM's own);
+        ``items`` (C,): the candidates' item ids, which an aggregate correction that meets
+        the candidate reads (an id the VM does not know reads its zero row)."""
         b = np.array(base_logit, np.float32)  # a copy: a decoded frame is read-only
         if b.ndim != 1:
             raise RequestError(f"base_logit: expected shape (C,), got {b.shape}")
         batch = slot_batch(len(b), slots, dim=self.dim, read_ttl_s=self.read_ttl_s)
+        if items is not None:
+            it = np.asarray(items, np.int64)
+            if it.shape != b.shape:
+                raise RequestError(f"items: expected shape {b.shape}, got {it.shape}")
+            known = (0 <= it) & (it < self.num_items)
+            batch["item"] = torch.from_numpy(np.where(known, it, self.num_items))
+        elif self.reads_items:
+            if slots is not None and bool(np.any(slots.agg_present)):
+                raise RequestError(f"task={self.task!r}: this VM's aggregate correction reads "
+                                   "the candidates: pass their item ids")
+            batch["item"] = torch.full((len(b),), self.num_items)  # no aggregate: not read
         batch["base"] = torch.from_numpy(b)
         with scales_set(self.model, scales):
             logit, base = blockwise(

@@ -13,8 +13,9 @@ every pair slot, or swapping the VM changes one thing at a time:
   neighbour, + aggregate).
 * ``tr_offline_pair_100``: the same rows with every pair slot holding the snapshot's own pair
   embedding (fresh, as the offline report has it) and the aggregate as served.
-* ``tier_worth``: per imputed tier, on the rows served with it, how much of what the real
-  pair embedding gains over no pair slot the imputed one gains.
+* ``tier_worth``: per fallback input (user neighbour, item neighbour, aggregate), on the
+  rows where it is what is served, how much of what the real pair embedding gains the input
+  gains, raw and calibrated, with request-bootstrap intervals.
 * ``consistency``: the VM fine-tuned on the first half's features as logged (tier and age
   included) vs the shipped VM (trained with random feature dropout), on the second half.
 """
@@ -197,23 +198,79 @@ def base_calibrated_tr(y: np.ndarray, p_vm: np.ndarray, p_x: np.ndarray, p_fm: n
     return M.transfer_ratio(b["vm"], b["x"], b["fm"])
 
 
-def tier_worth(scorer: VMScorer, rows: ServedRows, real_pair: np.ndarray) -> dict[str, dict]:
-    """For each imputed tier: on the rows served with it, (BCE(no pair slot) -
-    BCE(imputed)) / (BCE(no pair slot) - BCE(real pair embedding)), raw; the aggregate stays
-    as served in all three."""
-    none = score(scorer, rows, tiers=set())
+def tier_worth(scorer: VMScorer, rows: ServedRows, real_pair: np.ndarray,
+               first: np.ndarray | None = None, resamples: int = 200, seed: int = 0,
+               min_rows: int = 50) -> dict[str, dict]:
+    """How much of what the row's real pair embedding gains each fallback input gains, on
+    the rows where it is what is served: (BCE with it off - BCE as served) / (BCE with it
+    off - BCE with the row's real pair), per input.
+
+    * user neighbour, item neighbour: the rows served that pair tier; off = no pair slot,
+      the aggregate as served in all three;
+    * aggregate: the rows with an aggregate served and no pair tier; off = no aggregate;
+      the real pair fills the pair slot beside the aggregate as served.
+
+    ``raw`` on the rows' probabilities; ``calibrated`` with each of the three predictors'
+    Platt fit on the window's ``first`` half (every row; default ``halves``) applied to the
+    input's rows in the second. Each with a percentile interval over ``resamples`` bootstrap
+    draws of whole requests (the Platt fits kept), of the worth and of its denominator;
+    ``rows``, the input's row count and ``share`` of all rows. Fewer than ``min_rows`` rows:
+    worth None."""
+    if first is None:
+        first = halves(rows)[0]
     served = score(scorer, rows)
     real = score(scorer, rows, pair=real_pair)
+    no_pair = score(scorer, rows, tiers=set())
+    no_agg = score(scorer, rows, agg=False)
+    second = ~first
+    cal = {}
+    for name, p in (("served", served), ("real", real), ("no_pair", no_pair),
+                    ("no_agg", no_agg)):
+        cal[name] = M.apply_platt(p, M.fit_platt(rows.y[first], p[first]))
+    inputs = ((Tier.USER_NEIGHBOUR.label, rows.tier == Tier.USER_NEIGHBOUR, "no_pair"),
+              (Tier.ITEM_NEIGHBOUR.label, rows.tier == Tier.ITEM_NEIGHBOUR, "no_pair"),
+              ("aggregate", rows.agg_present & (rows.tier == Tier.NONE), "no_agg"))
     out = {}
-    for t in (Tier.USER_NEIGHBOUR, Tier.ITEM_NEIGHBOUR):
-        name = t.label
-        m = rows.tier == t
-        if m.sum() < 50:
-            out[name] = {"rows": int(m.sum()), "worth": None}
-            continue
-        b0, b1, b2 = (M.bce(rows.y[m], p[m]) for p in (none, served, real))
-        out[name] = {"rows": int(m.sum()), "bce_none": b0, "bce_imputed": b1, "bce_real": b2,
-                     "worth": (b0 - b1) / (b0 - b2) if b0 - b2 > 1e-9 else None}
+    for name, m, off in inputs:
+        rec: dict = {"rows": int(m.sum()), "share": float(m.mean()) if len(m) else 0.0}
+        out[name] = rec
+        for kind, probs, mask in (("raw", {"off": {"no_pair": no_pair, "no_agg": no_agg}[off],
+                                           "served": served, "real": real}, m),
+                                  ("calibrated", {"off": cal[off], "served": cal["served"],
+                                                  "real": cal["real"]}, m & second)):
+            rec[kind] = _worth(rows.y, probs, mask, rows.req, resamples, seed, min_rows)
+        rec["worth"] = rec["raw"]["worth"]  # the raw figure, where older readers look
+    return out
+
+
+def _worth(y: np.ndarray, p: dict[str, np.ndarray], mask: np.ndarray, req: np.ndarray,
+           resamples: int, seed: int, min_rows: int) -> dict:
+    """``tier_worth``'s figure on rows ``mask`` with its request-bootstrap intervals."""
+    idx = np.flatnonzero(mask)
+    if len(idx) < min_rows:
+        return {"rows": int(len(idx)), "worth": None}
+    loss = {k: M.bce_rows(y[idx], v[idx]) for k, v in p.items()}  # (n,) each
+    gain, head = loss["off"] - loss["served"], loss["off"] - loss["real"]
+
+    def ratio(g: float, h: float) -> float | None:
+        return g / h if h > 1e-9 else None
+
+    out = {"rows": int(len(idx)), "bce_off": float(loss["off"].mean()),
+           "bce_served": float(loss["served"].mean()), "bce_real": float(loss["real"].mean()),
+           "gain": float(gain.mean()), "real_gain": float(head.mean()),
+           "worth": ratio(float(gain.mean()), float(head.mean()))}
+    _, inv = np.unique(req[idx], return_inverse=True)
+    g_req = np.bincount(inv, gain)  # per request sums, so a draw of requests is a sum
+    h_req = np.bincount(inv, head)
+    n_req = np.bincount(inv).astype(np.float64)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(n_req), (resamples, len(n_req)))
+    n = n_req[draws].sum(1)
+    g, h = g_req[draws].sum(1) / n, h_req[draws].sum(1) / n
+    ok = h > 1e-9
+    out["worth_ci"] = ([float(v) for v in np.quantile(g[ok] / h[ok], [0.025, 0.975])]
+                       if ok.sum() >= 2 else None)
+    out["real_gain_ci"] = [float(v) for v in np.quantile(h, [0.025, 0.975])]
     return out
 
 

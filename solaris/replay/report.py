@@ -160,7 +160,7 @@ def transfer_report(art_dir: Path, task: str, rows: Any, row: np.ndarray, read_t
     r = transfer(y, p_alone, score(vm, rows, pair=z_real), p_fm, first, second)
     out["tr_offline_pair_100"] = r["tr_cal"]
     out["tr_offline_pair_100_raw"] = r["tr_raw"]
-    out["tier_worth"] = tier_worth(vm, rows, z_real)
+    out["tier_worth"] = tier_worth(vm, rows, z_real, first)
     # train/serve consistency: fine-tuned on the first half's features as logged
     tuned, fit = fine_tune(vm, rows, np.flatnonzero(first))
     sec = np.flatnonzero(second)
@@ -343,6 +343,14 @@ def summary_table(rep: dict[str, Any]) -> str:
                      f"{fmt(rep['tr_online_teacher_bound']['tr']):>8}")
     if rep.get("tr_online_raw") is not None:
         lines.append(f"  {'online, raw':<26}{fmt(rep['tr_online_raw']):>8}")
+    worth = rep.get("tier_worth") or {}
+    if worth:  # each fallback input's share of a real pair's gain, where it is served
+        lines.append(f"{'worth of a real pair (raw)':<28}{'share':>8}{'worth':>8}")
+    for k, w in worth.items():
+        raw = w.get("raw") or {}
+        ci = raw.get("worth_ci")
+        lines.append(f"  {k:<26}{fmt(w.get('share')):>8}{fmt(raw.get('worth')):>8}"
+                     + (f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else ""))
     sl = rep.get("calibration_slope") or {}
     if sl:
         lines.append(f"{'calibration slope (95% CI)':<28}")

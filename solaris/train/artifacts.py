@@ -36,8 +36,9 @@ from solaris.train.checkpoint import save_checkpoint
 from solaris.train.teacher import build_teacher, vm_inputs, z_at_age
 from solaris.simulate.schedule import simulated_presence, window_log
 from solaris.simulate.served import simulate_period
-from solaris.train.residual import (crossfit_base, fit_pair_as_served, fit_served_tiers,
-                                    residual_meta, train_base, training_verifier)
+from solaris.train.residual import (candidate_table, crossfit_base, fit_pair_as_served,
+                                    fit_served_tiers, residual_meta, train_base,
+                                    training_verifier)
 from solaris.train.vertical import coverage_mask, predict_vm
 
 log = logging.getLogger(__name__)
@@ -153,7 +154,9 @@ def _train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed:
         fit = fit_served_tiers(served.fit.model, tables, cfg.residual, cfg.train, task=t,
                                train_slots=sv["vm"], base_logits=b_oos, val_slots=sv["val"],
                                read_ttl_s=float(cfg.cache.read_ttl_s), seed=seed,
-                               pair_curves=served.fit.scale_curves)
+                               pair_curves=served.fit.scale_curves,
+                               item_table=candidate_table(cfg.residual.agg_items, teacher.fm,
+                                                          tables))
         mask = coverage_mask(len(periods.test), coverage, seed)
         off = np.zeros(len(periods.test), bool)
         pt = predict_vm(fit.model, inputs, periods.test, mask, off)

@@ -276,8 +276,12 @@ def residual_meta(fit: ResidualFit) -> dict:
     scales = {"pair": {t.label: float(m.scale[0, t]) for t in Tier if t > Tier.NONE},
               "aggregate": float(m.scale[1, AGG_TIER]) if m.agg is not None else 0.0}
     return {"residual": True, "use_pair": m.pair is not None, "use_agg": m.agg is not None,
-            "use_z": m.use_z, "imputed": m.imputed is not None, "hidden": m.pair.delta[0].out_features if m.pair is not None
+            "use_z": m.use_z, "imputed": m.imputed is not None,
+            "hidden": m.pair.delta[0].out_features if m.pair is not None
             else m.agg.delta[0].out_features, "scales": scales,
+            # (num_items, K) of the aggregate's item table where it meets the candidate
+            "agg_items": [int(m.agg.item_vec.shape[0]) - 1, int(m.agg.item_vec.shape[1])]
+            if m.agg is not None and m.agg.crossed else None,
             "scale_curves": fit.scale_curves, "val_bce": fit.val_bce,
             # the logit map where a pair tier is served, for the tiers where it is not identity
             "present_affine": {t.label: m.present_affine[t].tolist() for t in Tier
@@ -415,10 +419,46 @@ def presence_rates(tier: np.ndarray, y: np.ndarray, base_logit: np.ndarray) -> d
     return out
 
 
+def candidate_table(kind: str, fm, side, max_width: int = 256) -> torch.Tensor | None:
+    """(num_items, K) float32: what the aggregate's correction knows of each candidate
+    (``ResidualConfig.agg_items``). "features": the item's side features as the VM gets them
+    (``side``: ``FeatureTables`` or ``SideTables``), each categorical column one-hot and
+    each multi-hot column as its codes' indicator (columns of more than ``max_width`` values
+    left out), the continuous ones as they are; "fm": the FM's ``item_vectors()``; "both":
+    the two side by side; "off": None. On the synthetic world the side features hold 0.74 of
+    the hidden item vectors (held-out R^2) and the built-in FM's item-id vectors none
+    (``bench/aggregate_interest.py``'s note)."""
+    if kind == "off":
+        return None
+    parts = []
+    if kind in ("features", "both"):
+        cat, mh = np.asarray(side.item_cat), np.asarray(side.item_mh)
+        n = len(cat)
+        for j in range(cat.shape[1]):
+            width = int(cat[:, j].max(initial=-1)) + 1
+            if 0 < width <= max_width:
+                parts.append(np.eye(width, dtype=np.float32)[cat[:, j]])
+        for j in range(mh.shape[1]):
+            width = int(mh[:, j].max(initial=0))  # codes + 1, 0 = pad
+            if 0 < width <= max_width:
+                m = np.zeros((n, width + 1), np.float32)
+                np.put_along_axis(m, mh[:, j], 1.0, axis=1)
+                parts.append(m[:, 1:])
+        parts.append(np.asarray(side.item_cont, np.float32).reshape(n, -1))
+    if kind in ("fm", "both"):
+        with torch.no_grad():
+            parts.append(fm.item_vectors().detach().float().cpu().numpy())
+    table = np.concatenate(parts, axis=1)
+    if table.shape[1] == 0:
+        return None
+    return torch.from_numpy(np.ascontiguousarray(table, np.float32))
+
+
 def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train: TrainConfig,
                      *, task: int, train_slots, base_logits: np.ndarray, val_slots,
                      read_ttl_s: float, seed: int,
-                     pair_curves: dict[str, dict[str, float]] | None = None) -> TierFit:
+                     pair_curves: dict[str, dict[str, float]] | None = None,
+                     item_table: torch.Tensor | None = None) -> TierFit:
     """Extend the chosen pair correction to every input the router serves.
 
     ``train_slots`` / ``val_slots`` (``solaris.simulate.served.ServedSlots``): the VM and the
@@ -426,9 +466,12 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
     rows' out-of-sample base logits (len(train_slots.rows),). The own pair is read exactly as
     ``pair_model`` reads it (its correction and scale). The imputed tiers get their own
     correction, a copy of the own pair's whose tier-and-age gate trains on every training row
-    served with an imputed tier; then the aggregate's correction trains on every row with a
-    served aggregate, the pair slot as served; both stop early on the training period's last
-    ``res.holdout_share`` (by request time), never on validation. Scales are chosen on validation in lookup order
+    served with an imputed tier (``res.imputed_fit``: "own", the whole correction, pulled
+    toward the own pair's weights by ``res.imputed_prox``; "gate", the gate alone); then the
+    aggregate's correction trains on every row with a served aggregate, the pair slot as
+    served (``item_table``, ``candidate_table``'s (num_items, K): crossed with the
+    candidate's row); both stop early on the training period's last ``res.holdout_share``
+    (by request time), never on validation. Scales are chosen on validation in lookup order
     (user neighbour, item neighbour, aggregate), each with the ones before fixed, by
     ``choose_scale_guarded`` at ``guard_z(res)`` (``res.min_gain_z``, Bonferroni over the three
     inputs), standard errors clustered by user.
@@ -440,7 +483,10 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
     torch.set_num_threads(train.threads)
     base = pair_model.base
     model = ResidualVM(base, pair_model.slot_dim, res.hidden, use_pair=True, use_agg=True,
-                       use_z=True, imputed=True)
+                       use_z=True, imputed=True,
+                       agg_items=None if item_table is None else tuple(item_table.shape))
+    if item_table is not None:
+        model.agg.set_item_vectors(item_table)
     model.pair.load_state_dict(pair_model.pair.state_dict())
     model.imputed.load_state_dict(pair_model.pair.state_dict())
     model.set_scale("pair", int(Tier.PAIR), float(pair_model.scale[0, Tier.PAIR]))
@@ -480,15 +526,27 @@ def fit_served_tiers(pair_model: ResidualVM, tables, res: ResidualConfig, train:
         b = train_slots.batch(tables, idx, read_ttl_s, None, agg)
         return lambda: _bce(model(b, base_logit=tr_b[idx]), tr_y[idx])
 
-    # 1. the imputed tiers' gate, both at scale 1 while it learns (the aggregate off)
+    # 1. the imputed tiers' correction (or gate alone), both at scale 1 while it learns (the
+    # aggregate off); "own" pulls every weight toward where it started, the own pair's
     for t in IMPUTED:
         model.set_scale("pair", int(t), 1.0)
     tr_i, ho_i = split(np.isin(train_slots.pair_tier, [int(t) for t in IMPUTED]))
     info["imputed_rows"] = {"train": int(len(tr_i)), "holdout": int(len(ho_i))}
+    info["imputed_fit"] = res.imputed_fit
     if len(tr_i) and len(ho_i):
-        _served_fit(model, list(model.imputed.gate.parameters()),
-                    lambda i, rng: loss_on(tr_i[i], False), holdout_loss(ho_i, False),
-                    len(tr_i), res, train, seed, "residual_imputed_gate")
+        own = res.imputed_fit == "own"
+        params = list((model.imputed if own else model.imputed.gate).parameters())
+        start = [p.detach().clone() for p in params]
+
+        def imputed_loss(i: np.ndarray, rng: np.random.Generator) -> torch.Tensor:
+            loss = loss_on(tr_i[i], False)
+            if own and res.imputed_prox > 0:
+                loss = loss + res.imputed_prox * sum(((p - p0) ** 2).sum()
+                                                     for p, p0 in zip(params, start))
+            return loss
+
+        _served_fit(model, params, imputed_loss, holdout_loss(ho_i, False), len(tr_i), res,
+                    train, seed, "residual_imputed" if own else "residual_imputed_gate")
     vb_noagg = val_slots.batch(tables, every, read_ttl_s, None, False)
     for t in IMPUTED:
         model.set_scale("pair", int(t), 0.0)

@@ -120,6 +120,11 @@ def test_replay_is_independent_of_worker_count_and_matches_its_schedule(tmp_path
                 assert band["ci_low"] < band["ci_high"] and 0.0 <= band["p_value"] <= 1.0
                 assert band["consistent"] == (band["p_value"] >= 0.05)
         assert "calibration slope" in summary_table(rep)
+        # each fallback input's worth where it is served, its rows' share beside it
+        tw = rep["tier_worth"]
+        assert set(tw) == {"user_neighbour", "item_neighbour", "aggregate"}
+        assert sum(w["share"] for w in tw.values()) <= 1.0 + 1e-9
+        assert "worth of a real pair" in summary_table(rep)
         # the calibrated TR's own noise over whole requests, and how often a like window
         # would land within the prediction bar of this one's figure
         if rep["tr_online_ci"] is not None:

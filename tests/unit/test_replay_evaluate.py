@@ -161,3 +161,58 @@ def test_within_bar_share_counts_draws_inside_the_prediction_bar() -> None:
     assert within_bar_share(np.array([0.36, 0.64, 0.7]), 0.5) == pytest.approx(2 / 3)
     assert within_bar_share(draws, float("nan")) is None
     assert within_bar_share(np.zeros(0), 0.05) is None
+
+
+class _StrengthScorer:
+    """A scorer whose probability of row ``item`` is 0.5 + (y - 0.5) * s, s by what is served:
+    the own pair 0.6, a user neighbour 0.3, an item neighbour 0.15, the aggregate alone 0.1,
+    nothing 0 -- so each row's BCE is -log(0.5 + s / 2) whatever its label."""
+
+    S = {Tier.PAIR: 0.6, Tier.USER_NEIGHBOUR: 0.3, Tier.ITEM_NEIGHBOUR: 0.15}
+
+    def __init__(self, y: np.ndarray):
+        self.y = y
+
+    def score(self, reqs):
+        out = []
+        for r in reqs:
+            z = r.slots
+            s = np.array([self.S.get(Tier(int(t)), 0.0) if p else (0.1 if a else 0.0)
+                          for t, p, a in zip(z.pair_tier, z.pair_present, z.agg_present)])
+            out.append(0.5 + (self.y[r.items] - 0.5) * s)
+        return out
+
+
+def test_tier_worth_is_each_input_s_share_of_the_real_pair_s_gain() -> None:
+    from solaris.replay.evaluate import tier_worth
+
+    n_req, per = 240, 4
+    n = n_req * per
+    rng = np.random.default_rng(3)
+    tier = np.tile([Tier.PAIR, Tier.USER_NEIGHBOUR, Tier.ITEM_NEIGHBOUR, Tier.NONE], n_req)
+    rows = ServedRows(req=np.repeat(np.arange(n_req), per),
+                      ts=np.repeat(np.arange(n_req, dtype=np.float64), per),
+                      user=np.zeros(n, np.int64), item=np.arange(n),
+                      surface=np.zeros(n, np.int64), y=(rng.random(n) < 0.3).astype(float),
+                      score=np.full(n, 0.5), tier=tier.astype(np.int64),
+                      age_s=np.zeros(n), pair_emb=np.ones((n, D), np.float32),
+                      agg_emb=np.ones((n, D), np.float32), agg_present=np.ones(n, bool))
+    w = tier_worth(_StrengthScorer(rows.y), rows, np.ones((n, D), np.float32), resamples=50)
+
+    def loss(s: float) -> float:
+        return -np.log(0.5 + s / 2)
+
+    want = {"user_neighbour": (loss(0.1) - loss(0.3)) / (loss(0.1) - loss(0.6)),
+            "item_neighbour": (loss(0.1) - loss(0.15)) / (loss(0.1) - loss(0.6)),
+            "aggregate": (loss(0.0) - loss(0.1)) / (loss(0.0) - loss(0.6))}
+    for name, v in want.items():
+        rec = w[name]
+        assert rec["rows"] == n_req and rec["share"] == pytest.approx(0.25)
+        assert rec["raw"]["worth"] == pytest.approx(v, rel=1e-9) == rec["worth"]
+        lo, hi = rec["raw"]["worth_ci"]
+        assert lo == pytest.approx(v, rel=1e-9) and hi == pytest.approx(v, rel=1e-9)
+        assert rec["raw"]["real_gain_ci"][0] > 0
+        assert rec["calibrated"]["rows"] == n_req // 2  # the second half's rows
+    few = tier_worth(_StrengthScorer(rows.y), rows, np.ones((n, D), np.float32),
+                     resamples=10, min_rows=n_req + 1)
+    assert few["aggregate"]["worth"] is None and few["aggregate"]["rows"] == n_req

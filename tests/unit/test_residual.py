@@ -207,3 +207,70 @@ def _verifier_scores_each_row_out_of_sample(cf, t, rows):
                                    np.array([a]), np.array([b]), np.array([0]))[0])
             for a, b in zip(uu, ii)]
     np.testing.assert_allclose(verify(uu, ii, s), want, rtol=1e-5)
+
+
+def _crossed(seed: int = 1) -> ResidualVM:
+    """A residual VM whose aggregate correction meets the candidate (11 items, vectors of
+    width 5), every weight perturbed."""
+    rvm = _residual(agg_items=(11, 5))
+    _perturb(rvm)
+    rvm.agg.set_item_vectors(torch.randn(11, 5, generator=torch.Generator().manual_seed(seed)))
+    return rvm
+
+
+def test_the_crossed_aggregate_reads_the_candidate_and_misses_stay_the_vm_alone():
+    """One user's aggregate, several candidates: the crossed correction's term differs by
+    candidate (the uncrossed one's depends on the candidate only through the base logit); a
+    row without an input still scores as the VM alone, bit for bit."""
+    rvm = _crossed()
+    batch = make_batch(TINY_SPEC, B=32, seed=4)
+    batch["pair_present"] = torch.zeros(32)
+    batch["agg_present"] = (torch.arange(32) % 4 != 0).float()
+    batch["agg_emb"] = batch["agg_emb"][:1].expand(32, -1).clone()  # one aggregate for all
+    batch["agg_emb"][batch["agg_present"] == 0] = float("nan")
+    with torch.no_grad():
+        b = rvm.base(batch)
+        got = rvm(batch, base_logit=b)
+        # the same rows with every candidate's base logit equal: only the item can differ
+        flat = rvm(batch, base_logit=torch.zeros_like(b))
+    on = batch["agg_present"] > 0
+    assert torch.isfinite(got).all()
+    assert torch.equal(got[~on], b[~on])
+    items = batch["item"][on]
+    assert len(set(items.tolist())) > 3
+    assert len(set(flat[on].tolist())) > 3  # the term varies with the candidate alone
+    rvm.agg.item_vec.zero_()  # no item vectors: the cross is 0 for every candidate
+    with torch.no_grad():
+        flat0 = rvm(batch, base_logit=torch.zeros_like(b))
+    assert len(set(flat0[on].tolist())) == 1
+
+
+def test_an_item_serving_does_not_know_reads_the_zero_row():
+    rvm = _crossed()
+    batch = make_batch(TINY_SPEC, B=8, seed=2)
+    batch["pair_present"] = torch.zeros(8)
+    batch["agg_present"] = torch.ones(8)
+    with torch.no_grad():
+        b = torch.zeros(8)
+        known_zero = rvm.agg.item_vec[-1].clone()
+        batch["item"] = torch.full((8,), 11)  # the out-of-vocabulary id
+        oov = rvm(batch, base_logit=b)
+        batch["item"] = torch.full((8,), 500)  # further out: clamped to the same row
+        far = rvm(batch, base_logit=b)
+    assert torch.equal(known_zero, torch.zeros(5))
+    assert torch.equal(oov, far)
+
+
+def test_item_vectors_are_standardised_and_checked():
+    rvm = _residual(agg_items=(11, 5))
+    v = torch.randn(11, 5) * 7 + 3
+    rvm.agg.set_item_vectors(v)
+    t = rvm.agg.item_vec[:-1]
+    assert torch.allclose(t.mean(0), torch.zeros(5), atol=1e-5)
+    assert torch.allclose(t.std(0), torch.ones(5), atol=1e-5)
+    with pytest.raises(ValueError, match=r"shape \(10, 5\)"):
+        rvm.agg.set_item_vectors(torch.randn(10, 5))
+    with pytest.raises(ValueError, match="finite"):
+        rvm.agg.set_item_vectors(torch.full((11, 5), float("nan")))
+    with pytest.raises(ValueError, match="reads no candidate"):
+        _residual().agg.set_item_vectors(v)

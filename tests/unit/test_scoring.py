@@ -234,7 +234,7 @@ def test_the_router_side_head_gives_the_served_scores_bit_for_bit(art):
     want = vm.score(reqs, with_base=True)
     logits = vm.base_logits(reqs[::-1])[::-1]  # another batch order on the replica side
     for r, w, b in zip(reqs, want, logits):
-        got = head.served(b, r.slots, r.scales)
+        got = head.served(b, r.slots, r.scales, r.items)
         assert got.dtype == np.float32 and got.shape == w.shape
         np.testing.assert_array_equal(got, w)
         if r.slots is not None:

@@ -455,3 +455,75 @@ def test_serving_another_history_time_than_trained_is_named():
     why = served_unlike_trained(manifest, load_config(None, {"schedule.history_at": "visible"}))
     assert "fm-7" in why and "'request'" in why and "'visible'" in why
     assert "--set schedule.history_at=visible" in why
+
+
+def test_the_imputed_tiers_train_a_correction_of_their_own_held_near_the_pair_s(world):
+    """``imputed_fit="own"`` moves the imputed correction's delta (``"gate"`` leaves it the
+    own pair's); the own pair's correction is never moved; a larger ``imputed_prox`` keeps
+    the imputed weights nearer where they started."""
+    torch.manual_seed(0)
+    pair, _, fits = _served_fits(world, "imputed_fit", ("own", "gate"), epochs=2)
+
+    def moved(fit) -> float:
+        a, b = fit.model.imputed.delta.state_dict(), pair.pair.delta.state_dict()
+        return float(sum(((a[k] - b[k]) ** 2).sum() for k in a))
+
+    for fit in fits.values():
+        for k, v in pair.pair.state_dict().items():
+            assert torch.equal(fit.model.pair.state_dict()[k], v)
+    assert moved(fits["gate"]) == 0.0
+    assert moved(fits["own"]) > 0.0
+    assert fits["own"].info["imputed_fit"] == "own"
+    torch.manual_seed(0)
+    _, _, held = _served_fits(world, "imputed_prox", (10.0,), epochs=2)
+    assert moved(held[10.0]) < moved(fits["own"])
+
+
+def test_the_candidate_table_codes_each_item_s_features_and_or_fm_vector(world):
+    """``candidate_table``: one-hot categories, the multi-hot codes' indicators (pad left
+    out) and the continuous features; the FM's item vectors beside them for "both"."""
+    from solaris.train.residual import candidate_table
+
+    _, exp, teacher, *_ = world
+    t = exp.tables
+    feats = candidate_table("features", teacher.fm, t).numpy()
+    fm = candidate_table("fm", teacher.fm, t).numpy()
+    both = candidate_table("both", teacher.fm, t).numpy()
+    assert candidate_table("off", teacher.fm, t) is None
+    n = len(t.item_cat)
+    assert feats.shape[0] == fm.shape[0] == n and both.shape[1] == feats.shape[1] + fm.shape[1]
+    np.testing.assert_array_equal(both[:, feats.shape[1]:], fm)
+    np.testing.assert_array_equal(fm, teacher.fm.item_vectors().detach().numpy())
+    i = 3
+    width = int(t.item_cat[:, 0].max()) + 1
+    assert feats[i, :width].sum() == 1 and feats[i, t.item_cat[i, 0]] == 1
+    tags = {int(c) for c in t.item_mh[i, 0] if c > 0}
+    mh_width = int(t.item_mh[:, 0].max())
+    block = feats[i, width:width + mh_width]
+    assert {int(j) + 1 for j in np.flatnonzero(block)} == tags
+    cont = t.item_cont.shape[1]
+    np.testing.assert_array_equal(feats[:, -cont:], t.item_cont)
+
+
+def test_the_aggregate_meets_the_candidate_when_given_a_candidate_table(world):
+    """With a candidate table the served aggregate correction reads the candidate (its
+    table holds it, standardised, and the meta says its shape); without: it does not."""
+    from solaris.train.residual import candidate_table, fit_served_tiers, residual_meta
+
+    cfg, exp, teacher, base, _, _, _, served = world
+    ttl = float(cfg.cache.read_ttl_s)
+    pair = ResidualVM(base, served.pair_emb.shape[1], 8, use_pair=True, use_agg=False)
+    b = served.batch(exp.tables, np.arange(len(served.rows)), ttl)
+    with torch.no_grad():
+        bl = base(b).numpy()
+    table = candidate_table("features", teacher.fm, exp.tables)
+    res = dataclasses.replace(cfg.residual, hidden=8, epochs=1)
+    out = {k: fit_served_tiers(pair, exp.tables, res, cfg.train, task=0, train_slots=served,
+                               base_logits=bl, val_slots=served, read_ttl_s=ttl, seed=0,
+                               item_table=v)
+           for k, v in (("crossed", table), ("plain", None))}
+    agg = out["crossed"].model.agg
+    assert agg.crossed and tuple(agg.item_vec.shape) == (table.shape[0] + 1, table.shape[1])
+    assert residual_meta(out["crossed"])["agg_items"] == list(table.shape)
+    assert not out["plain"].model.agg.crossed
+    assert residual_meta(out["plain"])["agg_items"] is None
