@@ -11,9 +11,11 @@ cross-validation over users) on
   aggregate window, ``solaris.features.aggregate_embeddings``, as of its last request before
   the cut: what the user slot holds);
 * the VM alone's user-id embedding (the stable taste the VM already knows);
-* both together.
+* both together;
 
-R^2 is 1 - SSE / SST summed over the interest's dimensions, on held-out users; the step from
+and, over items, the hidden item vectors regressed on what the aggregate's correction can
+read of a candidate (``solaris.train.residual.candidate_table``: the FM's item vectors, the
+side features). R^2 is 1 - SSE / SST summed over the interest's dimensions, on held-out users; the step from
 the id alone to id + aggregate is what the aggregate adds to what the VM knows of the user.
 Users with a request in the hours before the cut and an aggregate are scored. Research only.
 """
@@ -107,7 +109,15 @@ def measure(art_dir: Path, hours: float, folds: int) -> dict:
         np.add.at(s, at, vec[t.item[rows][clicked]])
         return (s / np.maximum(np.bincount(at, minlength=len(probe_user)), 1)[:, None])[keep]
 
-    out = {"users": int(len(u)), "hours": hours, "folds": folds, "r2": {}, "controls": {
+    # the item side: how much of the hidden item vectors what a correction can read of a
+    # candidate holds (the FM's item-id vectors; the side features as ``candidate_table``
+    # codes them), over items
+    from solaris.train.residual import candidate_table
+
+    item_side = {k: ridge_r2(candidate_table(k, fm, t).numpy(), true_vec, folds)
+                 for k in ("fm", "features")}
+    out = {"users": int(len(u)), "hours": hours, "folds": folds, "r2": {},
+           "item_side": item_side, "controls": {
         "FM item vectors, mean over the clicked": ridge_r2(clicked_mean(fm_vec), y, folds),
         "true item vectors, mean over the clicked": ridge_r2(clicked_mean(true_vec), y, folds)}}
     for task in art.tasks:
@@ -130,10 +140,14 @@ def main() -> int:
     print(f"{out['users']} users; held-out R^2 of the hidden {args.hours:g} h interest:")
     for task, r in out["r2"].items():
         print(f"  {task}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()))
+    print("  the hidden item vectors from the candidate table: " + ", ".join(
+        f"{k} {v:.3f}" for k, v in out["item_side"].items()))
     print("  controls (the window's clicks): " + ", ".join(f"{k} {v:.3f}"
                                                           for k, v in out["controls"].items()))
     if args.json:
-        args.json.write_text(json.dumps(out, indent=2))
+        machine = _load("machine")
+        args.json.write_text(json.dumps({**out, "machine": machine.machine(machine.IN_PROCESS)},
+                                        indent=2))
     return 0
 
 
