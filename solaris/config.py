@@ -66,6 +66,19 @@ class SyntheticConfig:
     # the rest is each request's own (1: all state, every request of an hour alike)
     retrieval_persistence: float = 1.0
     burst_shape: float = 0.5  # gamma shape of per-user-day activity multipliers (smaller: burstier)
+    # taste cohorts: 0 (off) starts each user near a favourite category weakly tied to its age
+    # bucket; > 0 draws this many cohort centroids and puts every user, whatever its features,
+    # at unit(centroid + cohort_spread * noise / sqrt(latent_dim)): users of one cohort are
+    # alike in long-run taste (near-twins, not twins)
+    cohorts: int = 0
+    cohort_spread: float = 0.5
+    # the interests' memory of the user's starting taste, in days: 0 (off) lets them drift as
+    # a random walk; > 0 pulls each window's drift back toward it (an Ornstein-Uhlenbeck
+    # process of this time constant), so a taste (and a cohort) lasts
+    taste_memory_days: float = 0.0
+    # the logging ranker's noise on its estimate of the user's interest (smaller: impressions
+    # closer to what a model of the user's current interest would rank first)
+    rank_noise: float = 3.0
     # the named profile these values came from (solaris.data.profiles): a config that names
     # one starts from its values, and the keys it sets win
     profile: str = "classic"
@@ -100,6 +113,12 @@ class SyntheticConfig:
                "must be >= 1")
         _check(self.num_tags >= 1, "synthetic.num_tags", self.num_tags, "must be >= 1")
         _check(self.drift >= 0, "synthetic.drift", self.drift, "must be >= 0")
+        _check(self.cohorts >= 0, "synthetic.cohorts", self.cohorts, "must be >= 0 (0: off)")
+        _check(self.cohort_spread >= 0, "synthetic.cohort_spread", self.cohort_spread,
+               "must be >= 0")
+        _check(self.taste_memory_days >= 0, "synthetic.taste_memory_days",
+               self.taste_memory_days, "must be >= 0 (0: a random walk)")
+        _check(self.rank_noise >= 0, "synthetic.rank_noise", self.rank_noise, "must be >= 0")
         _check(0.0 <= self.new_item_share < 1.0, "synthetic.new_item_share",
                self.new_item_share, "must be in [0, 1)")
         launch_items = self.num_items - int(self.num_items * self.new_item_share)

@@ -28,7 +28,6 @@ from solaris.data.synthetic_world import DAY, EPOCH, World, matmul, rowdot, unit
 TASKS = ("click", "conversion")
 NEAR_SHARE = 0.7  # share of candidates from the noisy-interest retrieval (rest: popular)
 RETRIEVAL_NOISE = 2.0  # noise scale on the retrieval's estimate of the user's interest
-RANK_NOISE = 3.0  # noise scale on the ranker's estimate of the user's interest
 RANK_GUMBEL = 3.0  # extra noise on the ranking score (some exploration in impressions)
 SATIATION = 2.0  # click-logit penalty for an item already clicked in this session
 CONV_AFFINITY = 1.0  # weight of interest affinity in the conversion logit
@@ -96,7 +95,7 @@ def retrieve_and_rank(rng: np.random.Generator, world: World, u_req: np.ndarray,
     if state is not None:  # lowest first, like neg_pop / Exp(1) below
         pop_state = -(world.item_logpop.astype(np.float32)[None, :]
                       + POP_STATE_SCALE * state[1].astype(np.float32))
-    est_rank = unit(u_req + RANK_NOISE * rng.standard_normal((n, d)) / np.sqrt(d))
+    est_rank = unit(u_req + cfg.rank_noise * rng.standard_normal((n, d)) / np.sqrt(d))
     cand = np.empty((n, c), dtype=np.int32)
     imp = np.empty((n, m), dtype=np.int64)
     step = max(1, SCORE_BATCH // len(neg_pop))
@@ -162,7 +161,10 @@ def calibrate(world: World) -> World:
     users = rng.integers(0, n_u, size=PILOT_REQUESTS)
     surface = (world.surface_cdf[users] < rng.random((PILOT_REQUESTS, 1))).sum(1)
     age_days = rng.uniform(0.0, cfg.days, size=(PILOT_REQUESTS, 1))
-    now = unit(world.user_vec0[users] + cfg.drift * np.sqrt(age_days / d)
+    walk = age_days
+    if cfg.taste_memory_days > 0:  # an OU process's spread saturates at about half its memory
+        walk = np.minimum(age_days, cfg.taste_memory_days / 2.0)
+    now = unit(world.user_vec0[users] + cfg.drift * np.sqrt(walk / d)
                * rng.standard_normal((PILOT_REQUESTS, d)))
     u_req = unit(now + world.surface_offset[users, surface])
     state = None
@@ -232,8 +234,12 @@ def _window(world: World, rng: np.random.Generator, t0: int, t1: int, interest: 
     ``rstate``: the users' retrieval state (stateful retrieval only), carried on in place."""
     cfg = world.cfg
     n_u, d = interest.shape
-    drifted = unit(interest + cfg.drift * np.sqrt((t1 - t0) / DAY / d)
-                   * rng.standard_normal((n_u, d)))
+    step = cfg.drift * np.sqrt((t1 - t0) / DAY / d) * rng.standard_normal((n_u, d))
+    if cfg.taste_memory_days > 0:  # pulled back toward the home taste (Ornstein-Uhlenbeck)
+        a = np.exp(-(t1 - t0) / DAY / cfg.taste_memory_days)
+        drifted = unit(a * interest + (1.0 - a) * world.user_vec0 + step)
+    else:
+        drifted = unit(interest + step)
 
     # sessions: a Cox process, each user's rate times a bursty per-window multiplier
     start = np.maximum(world.user_arrival, t0)

@@ -7,8 +7,10 @@ Hidden structure, and which model can learn it:
 
 * item vectors cluster around ``num_categories`` centroids; ``category`` is the nearest
   centroid and ``tags`` follow the vector, so item attributes carry the latent geometry;
-* a user's interest starts near a favourite category (weakly tied to ``age_bucket``) and then
-  drifts (stream module): a static user id only learns its average, recent clicks reveal it;
+* a user's interest starts near a favourite category (weakly tied to ``age_bucket``), or with
+  ``cohorts`` near its taste cohort's centroid (tied to no feature), and then drifts (stream
+  module; with ``taste_memory_days`` pulled back toward where it started): a static user id
+  only learns its average, recent clicks reveal it;
 * per-surface interest offsets are static and correlated across surfaces;
 * user bias, item quality / Zipf popularity and surface bias are static: id-learnable.
 """
@@ -30,6 +32,7 @@ USER_CATEGORICAL = {"age_bucket": 6, "region": 8, "device": 3}
 USER_CONTINUOUS = ("activity",)
 BIAS_HINT = "bias_hint"  # the opt-in user feature correlated with user_bias
 BIAS_HINT_STREAM = 0xB1A5  # its noise's generator: seeded (cfg.seed, this)
+COHORT_STREAM = 0xC0  # the taste cohorts' generator (cfg.cohorts > 0): seeded (cfg.seed, this)
 ITEM_CONTINUOUS = ("log_price",)
 MAX_TAGS = 4  # tags per item: 1..MAX_TAGS
 ACTIVITY_SIGMA = 1.0  # log-normal spread of per-user session rates (heavy tail)
@@ -42,7 +45,7 @@ class World:
     """Static hidden parameters plus the user / item tables they produce."""
 
     cfg: SyntheticConfig
-    user_vec0: np.ndarray  # (U, d) unit interest at event time 0
+    user_vec0: np.ndarray  # (U, d) unit interest at event time 0 (the home taste)
     surface_offset: np.ndarray  # (U, S, d) static per-surface interest offsets
     user_bias: np.ndarray  # (U,) click-logit user term
     user_conv: np.ndarray  # (U,) conversion-logit user term
@@ -58,6 +61,7 @@ class World:
     users: pa.Table
     items: pa.Table
     spec: FeatureSpec
+    user_cohort: np.ndarray | None = None  # (U,) taste cohort (cfg.cohorts > 0), else None
     click_bias: float = 0.0  # global click-logit offset (fitted to cfg.click_rate on a pilot)
     conv_bias: float = 0.0  # global conversion-logit offset (fitted to cfg.conversion_rate)
 
@@ -142,6 +146,13 @@ def build_world(cfg: SyntheticConfig) -> World:
     age_pref = rng.dirichlet(np.full(k_cat, 0.7), size=n_age)  # (A, K)
     fav = (age_pref[age].cumsum(1) < rng.random((n_u, 1))).sum(1).clip(0, k_cat - 1)
     user_vec0 = unit(centroids[fav] + 0.8 * rng.standard_normal((n_u, d)) / np.sqrt(d))
+    cohort = None
+    if cfg.cohorts > 0:  # its own stream: every other draw stays as it is without cohorts
+        crng = np.random.default_rng([cfg.seed, COHORT_STREAM])
+        cohort_vec = unit(crng.standard_normal((cfg.cohorts, d)))
+        cohort = crng.integers(0, cfg.cohorts, size=n_u)  # independent of every feature
+        user_vec0 = unit(cohort_vec[cohort]
+                         + cfg.cohort_spread * crng.standard_normal((n_u, d)) / np.sqrt(d))
     surface_offset = cfg.surface_spread * rng.standard_normal((n_u, n_s, d)) / np.sqrt(d)
     region = rng.integers(0, n_region, size=n_u)
     device = rng.choice(n_device, size=n_u, p=[0.5, 0.35, 0.15])
@@ -202,5 +213,6 @@ def build_world(cfg: SyntheticConfig) -> World:
                  user_bias=user_bias, user_conv=user_conv, user_rate=user_rate,
                  user_arrival=user_arrival, surface_cdf=surface_cdf, item_vec=item_vec,
                  item_logpop=item_logpop, item_quality=item_quality, item_conv=item_conv,
-                 item_release=item_release, surface_bias=surface_bias, users=users,
+                 item_release=item_release, surface_bias=surface_bias, user_cohort=cohort,
+                 users=users,
                  items=items, spec=spec)

@@ -8,7 +8,7 @@ import pytest
 
 from solaris.config import (SyntheticConfig, config_from_dict, config_to_dict, load_config,
                             parse_overrides)
-from solaris.data.profiles import DEMO_SIZE, PROFILES, REQUEST_PROCESS
+from solaris.data.profiles import DEMO_SIZE, PROFILE_FIELDS, PROFILES
 from solaris.data.split import time_split
 from solaris.data.synthetic import build, generate
 from solaris.data.synthetic_stream import RetrievalState, retrieval_state
@@ -24,14 +24,15 @@ def feed_cfg(**kw):
     return config_from_dict({"data": {"synthetic": syn}})
 
 
-def test_a_profile_changes_only_the_request_process():
-    """Everything but the request process -- the click model, the catalogue, the FM, the VM
-    and their training -- keeps the default's values in every profile."""
+def test_a_profile_changes_only_the_request_process_and_the_tastes():
+    """Everything but the request process and the taste fields -- the click model, the
+    catalogue, the FM, the VM and their training -- keeps the default's values in every
+    profile."""
     default = config_to_dict(config_from_dict({}))
     for name in PROFILES:
-        assert set(PROFILES[name]) <= set(REQUEST_PROCESS), name
+        assert set(PROFILES[name]) <= set(PROFILE_FIELDS), name
         cfg = config_to_dict(config_from_dict({"data": {"synthetic": {"profile": name}}}))
-        for key in (*REQUEST_PROCESS, "profile"):
+        for key in (*PROFILE_FIELDS, "profile"):
             cfg["data"]["synthetic"].pop(key)
             default["data"]["synthetic"].pop(key, None)
         assert cfg == default, name
@@ -46,7 +47,7 @@ def test_the_keys_a_config_sets_win_over_its_profile_and_round_trip():
 
 
 def test_an_unknown_profile_is_named():
-    with pytest.raises(ConfigError, match=r"synthetic.profile='tiktok'.*known: classic, feed"):
+    with pytest.raises(ConfigError, match=r"synthetic.profile='tiktok'.*known: classic, feed, cohorts"):
         config_from_dict({"data": {"synthetic": {"profile": "tiktok"}}})
     with pytest.raises(ConfigError, match="synthetic.profile='x'"):
         SyntheticConfig(profile="x")
@@ -129,7 +130,7 @@ def test_the_retrieval_state_is_what_makes_candidates_recur():
 def test_each_profiles_serving_settings_are_config_keys():
     from solaris.data.profiles import SERVING
 
-    assert set(SERVING) == set(PROFILES) == set(DEMO_SIZE)
+    assert set(SERVING) == set(PROFILES) >= set(DEMO_SIZE)  # the demo's worlds have a size
     for name, serving in SERVING.items():
         cfg = load_config(None, dict(serving))
         for dotted, value in serving.items():
@@ -169,3 +170,61 @@ def test_the_demo_runs_in_the_feed_world_and_the_classic_one_on_request(monkeypa
     cfg = load_config(ns.config, parse_overrides(ns.set))
     assert cfg.data.synthetic == SyntheticConfig()
     assert ns.lag_s == 300.0 and cfg.verifier.fraction == 0.2 and ns.max_requests is None
+
+
+def _small(**kw):
+    return config_from_dict({"data": {"synthetic": {"num_users": 120, "num_items": 200,
+                                                    "days": 4.0, "target_interactions": 6000,
+                                                    **kw}}}).data.synthetic
+
+
+def test_cohorts_make_near_twins_tied_to_no_user_feature():
+    """With cohorts, users of one cohort start alike and users of two cohorts do not; the
+    cohorts come from a stream of their own, so every user and item table (and every other
+    hidden draw) is the same as without them."""
+    plain, coh = build(_small()), build(_small(cohorts=6, cohort_spread=0.3))
+    assert plain.user_cohort is None and coh.user_cohort is not None
+    c, v = coh.user_cohort, coh.user_vec0
+    same = c[:, None] == c[None, :]
+    cos = v @ v.T
+    off_diag = ~np.eye(len(c), dtype=bool)
+    assert cos[same & off_diag].mean() > 0.8 > 0.3 > cos[~same].mean()
+    assert plain.users.equals(coh.users) and plain.items.equals(coh.items)
+    np.testing.assert_array_equal(plain.user_bias, coh.user_bias)
+    np.testing.assert_array_equal(plain.surface_offset, coh.surface_offset)
+    with pytest.raises(ConfigError, match="synthetic.cohorts=-1"):
+        SyntheticConfig(cohorts=-1)
+    with pytest.raises(ConfigError, match="synthetic.rank_noise=-0.5"):
+        SyntheticConfig(rank_noise=-0.5)
+
+
+def test_a_taste_memory_keeps_interests_near_home():
+    """Over the horizon a random walk carries interests away from where they started; with
+    a taste memory of a day they stay near it."""
+    from solaris.data.synthetic_stream import iter_events
+
+    def home_cos(world) -> float:
+        last = {}
+        for ev in iter_events(world):
+            for u, x in zip(ev.user, ev.interest):
+                last[int(u)] = x
+        u = np.array(sorted(last))
+        x = np.stack([last[k] for k in u])
+        h = world.user_vec0[u] + world.surface_offset[u].mean(1)
+        h /= np.linalg.norm(h, axis=1, keepdims=True)
+        return float((x * h).sum(1).mean())
+
+    walk = home_cos(build(_small(drift=1.0)))
+    held = home_cos(build(_small(drift=1.0, taste_memory_days=1.0)))
+    assert held > walk + 0.1, (held, walk)
+
+
+def test_the_cohorts_profile_is_the_feed_s_request_process_with_lasting_cohorts():
+    from solaris.data.profiles import SERVING
+
+    feed, coh = PROFILES["feed"], PROFILES["cohorts"]
+    assert {k: coh[k] for k in feed} == feed  # the same request process
+    assert coh["cohorts"] > 0 and coh["taste_memory_days"] > 0 and coh["rank_noise"] < 3.0
+    assert SERVING["cohorts"]["split.vm_surface"] == 0
+    cfg = load_config(None, {"data.synthetic.profile": "cohorts"})
+    assert cfg.data.synthetic.cohorts == coh["cohorts"]
