@@ -232,15 +232,11 @@ def main() -> int:
               f"{tr['train_early']['gain']:+.5f}, late {tr['train_late']['gain']:+.5f}\n"
               f"  worth of a real pair on validation (95% CI over users): {w}", flush=True)
     if args.json:
-        import importlib.util
+        import runpy
 
-        spec = importlib.util.spec_from_file_location("machine", Path(__file__).with_name(
-            "machine.py"))
-        machine = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(machine)
-        args.json.write_text(json.dumps({"variants": out,
-                                         "machine": machine.machine(machine.IN_PROCESS)},
-                                        indent=2))
+        machine = runpy.run_path(str(Path(__file__).with_name("machine.py")))
+        args.json.write_text(json.dumps({"variants": out, "machine": machine["machine"](
+            machine["IN_PROCESS"])}, indent=2))
     return 0
 
 

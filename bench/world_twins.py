@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import runpy
 import sys
 from pathlib import Path
 
@@ -23,14 +24,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load(name: str):
-    """A bench module by its file path (``bench/`` never goes on ``sys.path``)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _bench(name: str) -> dict:
+    """A bench module's globals, run from its file path (``bench/`` never goes on sys.path)."""
+    return runpy.run_path(str(ROOT / "bench" / f"{name}.py"))
 
 
 def twins(overrides: dict[str, str], hours: float, k: int = 10) -> dict:
@@ -43,7 +39,7 @@ def twins(overrides: dict[str, str], hours: float, k: int = 10) -> dict:
     syn = cfg.data.synthetic
     ds = generate(syn)
     at = int(time_split(ds, cfg.split).cuts[2])
-    v, has = _load("neighbour_quality").interests_at(syn, at, hours)
+    v, has = _bench("neighbour_quality")["interests_at"](syn, at, hours)
     x = v[has]
     s = x @ x.T
     pairs = s[np.triu_indices(len(x), 1)]
@@ -75,9 +71,8 @@ def main() -> int:
         print(f"{what}: ideal 10-nearest cosine {r['ideal_knn_cosine']:.3f}, random pairs "
               f"{r['random_cosine']:.3f} ({r['users']} users)", flush=True)
     if args.json:
-        machine = _load("machine")
-        args.json.write_text(json.dumps({"runs": out, "machine": machine.machine(None)},
-                                        indent=2))
+        machine = _bench("machine")["machine"]
+        args.json.write_text(json.dumps({"runs": out, "machine": machine(None)}, indent=2))
     return 0
 
 
