@@ -26,9 +26,10 @@ learning them never moves how the own pair is read.
 
 ``agg_items`` (``(num_items, K)``): the aggregate's correction meets the candidate. A user's
 aggregate is one vector for every candidate of a request, so a correction that reads only it
-and the base logit can shift the user's whole logit and no more; with a table of item vectors
-(the FM's ``item_vectors()``, standardised, frozen; row ``num_items``, an item serving does
-not know, reads zeros) it also reads the cross ``q(a) * k(v_item)`` of the aggregate and the
+and the base logit can shift the user's whole logit and no more; with a table of what each
+candidate is (``solaris.train.residual.candidate_table``: its side features and/or the FM's
+``item_vectors()``, standardised, frozen; row ``num_items``, an item serving does not know,
+reads zeros) it also reads the cross ``q(a) * k(v_item)`` of the aggregate and the
 candidate, where a user's recent interest meets what the item is.
 """
 
@@ -193,8 +194,10 @@ class ResidualVM(nn.Module):
             on = (batch["agg_present"] > 0) & (s > 0)  # (B,)
             if not lazy or bool(on.any()):
                 e = torch.where(on[:, None], batch["agg_emb"], 0.0)  # (B, D)
-                agg_t = torch.where(on, s * self.agg(e, b, zero.long(), zero, batch["item"]),
-                                    zero)
+                # the item ids only where the correction reads them (a batch of the slots
+                # alone has none)
+                agg_t = torch.where(on, s * self.agg(e, b, zero.long(), zero,
+                                                     batch.get("item")), zero)
         return pair_t, agg_t
 
     def forward_both(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:

@@ -274,3 +274,21 @@ def test_item_vectors_are_standardised_and_checked():
         rvm.agg.set_item_vectors(torch.full((11, 5), float("nan")))
     with pytest.raises(ValueError, match="reads no candidate"):
         _residual().agg.set_item_vectors(v)
+
+
+def test_a_correction_that_reads_no_candidate_needs_no_item_ids():
+    """The slots alone (no ``item`` key, as the router's head builds them for a VM whose
+    aggregate correction reads no candidate) score an aggregate; a crossed one refuses them."""
+    from solaris.models.batch import SLOT_KEYS
+
+    batch = make_batch(TINY_SPEC, B=8, seed=6)
+    batch["pair_present"] = torch.zeros(8)
+    batch["agg_present"] = torch.ones(8)
+    slots_only = {k: batch[k] for k in SLOT_KEYS}
+    b = torch.zeros(8)
+    plain = _residual()
+    _perturb(plain)
+    with torch.no_grad():
+        assert torch.equal(plain(slots_only, base_logit=b), plain(batch, base_logit=b))
+        with pytest.raises(ValueError, match="pass its item ids"):
+            _crossed()(slots_only, base_logit=b)
