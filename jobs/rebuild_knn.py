@@ -21,11 +21,13 @@ local ``DATA`` into a local ``ARTIFACTS`` first. ``URI`` (a ``pyarrow.fs`` URI o
 1. Ray Data reads the interaction log and one placeholder row per user (so users without
    events get a row too), groups by user (a sort shuffle: ``SHUFFLE``), and keeps each user's
    last ``history_len`` events before ``--as-of`` (default: just after the last logged event)
-   (``solaris.knn.user_encoder.recent_history``);
+   (``solaris.knn.user_encoder.recent_history``; ``knn.user_events`` of them for the default
+   user vector, ``history_len`` for the request tower);
 2. ``map_batches`` with ``encode_users`` as tasks (at most ``--encoders`` at once, explicit
-   ``--batch-size``, one GPU each where the cluster has GPUs) embeds them with the FM's
-   request tower (``solaris.knn.user_encoder``); each worker process decodes the FM once per
-   rebuild and keeps it for the batches it runs after;
+   ``--batch-size``, one GPU each where the cluster has GPUs) embeds them with the user
+   vector ``knn.user_vector`` (``solaris.knn.user_encoder``: the mean FM item vector over the
+   user's clicked events by default, or the FM's request tower); each worker process decodes
+   the FM once per rebuild and keeps it for the batches it runs after;
 3. the driver builds the user index (exact or IVF by size), tunes it, checks recall@10
    against exact search and publishes the table, the faiss index and the pointer swap
    (``solaris.knn.tables``); then the same for the items' FM embeddings. A recall below
@@ -46,6 +48,7 @@ is for a laptop: if the driver dies, the rebuilds stop with it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import json
 import logging
@@ -247,14 +250,14 @@ def histories(g: dict[str, np.ndarray], tasks: tuple[str, ...], as_of: float, le
                           as_of, length)
 
 
-# this worker process's user encoder: (the rebuild's models ref, UserEncoder, side tables);
-# one rebuild's at a time
+# this worker process's user encoder: (the rebuild's models ref and user vector, its encoder,
+# side tables); one rebuild's at a time
 _ENCODER: tuple[str, Any, Any] | None = None
 
 
 def encode_users(batch: dict[str, np.ndarray], models: list, as_of: float,
-                 threads: int = 1) -> dict[str, np.ndarray]:
-    """map_batches task: embed a batch of user histories with the FM's request tower.
+                 threads: int = 1, user_vector: str = "clicked_items") -> dict[str, np.ndarray]:
+    """map_batches task: embed a batch of user histories as the ``user_vector``.
 
     ``models`` is a one-element list holding the object ref of ``(fm, side tables)`` (sent by
     the driver through the object store, so no node needs the artifact files). A worker
@@ -265,14 +268,14 @@ def encode_users(batch: dict[str, np.ndarray], models: list, as_of: float,
     global _ENCODER
     import torch
 
-    from solaris.knn.user_encoder import UserEncoder, request_inputs
+    from solaris.knn.user_encoder import request_inputs, user_encoder
 
-    key = models[0].hex()
+    key = (models[0].hex(), user_vector)
     if _ENCODER is None or _ENCODER[0] != key:
         fm, tables = ray.get(models[0])
         torch.set_num_threads(threads)
-        _ENCODER = (key, UserEncoder(fm, "cuda" if torch.cuda.is_available() else "cpu"),
-                    tables)
+        _ENCODER = (key, user_encoder(user_vector, fm,
+                                      "cuda" if torch.cuda.is_available() else "cpu"), tables)
     _, encoder, t = _ENCODER
     req = request_inputs(batch, as_of, t.item_cat, t.user_cat, t.user_cont)
     return {"user": batch["user"], EMB: encoder.encode(req)}
@@ -303,10 +306,12 @@ def _last_ts(md: pq.FileMetaData, events: Any) -> float:
 
 def user_embeddings(data: "DataDir | MappedLog", fm: Any, as_of: float | None, encoders: int,
                     batch_size: int, encoder_cpus: float, use_gpu: bool,
-                    task_cpus: float = 1.0, all_users: bool = True
+                    task_cpus: float = 1.0, all_users: bool = True,
+                    user_vector: str = "clicked_items", user_events: int = 1000
                     ) -> tuple[np.ndarray, np.ndarray, float]:
     """(user ids (U,), embeddings (U, S), as_of) through the Ray Data pipeline; the read and
-    group tasks ask for ``task_cpus`` each (less than 1 to run beside a serving app).
+    group tasks ask for ``task_cpus`` each (less than 1 to run beside a serving app);
+    ``user_vector`` and ``user_events``: ``knn.user_vector`` and ``knn.user_events``.
     ``all_users`` False: only the users with an event before ``as_of`` (as the closed loop's
     in-process arms build their tables), not every user of the user table."""
     from ray.data import DataContext
@@ -316,14 +321,17 @@ def user_embeddings(data: "DataDir | MappedLog", fm: Any, as_of: float | None, e
     ctx.shuffle_strategy = SHUFFLE  # read when the datasets below are built and run
     try:
         return _user_embeddings(data, fm, as_of, encoders, batch_size, encoder_cpus, use_gpu,
-                                task_cpus, all_users)
+                                task_cpus, all_users, user_vector, user_events)
     finally:
         ctx.shuffle_strategy = before
 
 
 def _user_embeddings(data: "DataDir | MappedLog", fm: Any, as_of: float | None, encoders: int,
                      batch_size: int, encoder_cpus: float, use_gpu: bool, task_cpus: float,
-                     all_users: bool) -> tuple[np.ndarray, np.ndarray, float]:
+                     all_users: bool, user_vector: str, user_events: int
+                     ) -> tuple[np.ndarray, np.ndarray, float]:
+    from solaris.knn.user_encoder import events_read
+
     tasks = tuple(data.meta()["tasks"])
     events = data.dataset(INTERACTIONS, ["seq", "user_id", "item_id", "ts", "surface", *tasks],
                           task_cpus)
@@ -339,10 +347,12 @@ def _user_embeddings(data: "DataDir | MappedLog", fm: Any, as_of: float | None, 
         rows = events.filter(expr=f"ts < {float(as_of)!r}", num_cpus=task_cpus)
     parts = max(2, min(64, data.num_rows() // 500_000 + 1))  # Ray's default 200 is for big clusters
     hist = rows.groupby("user_id", num_partitions=parts).map_groups(
-        histories, fn_kwargs={"tasks": tasks, "as_of": as_of, "length": fm.history_len},
+        histories, fn_kwargs={"tasks": tasks, "as_of": as_of,
+                              "length": events_read(user_vector, fm, user_events)},
         batch_format="numpy", num_cpus=task_cpus)
     models = ray.put((fm, tables))  # held here until the embeddings are read back
-    emb = hist.map_batches(encode_users, fn_kwargs={"models": [models], "as_of": as_of},
+    emb = hist.map_batches(encode_users, fn_kwargs={"models": [models], "as_of": as_of,
+                                                    "user_vector": user_vector},
                            batch_size=batch_size, batch_format="numpy",
                            compute=ray.data.TaskPoolStrategy(size=encoders),
                            num_cpus=encoder_cpus, num_gpus=1 if use_gpu else 0)
@@ -464,6 +474,8 @@ def _rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConf
     torch.set_num_threads(1)
     fm, _enc, fm_version = load_models(artifacts)
     built_from = of_artifacts(artifacts, fm_version)  # recorded with both tables
+    if built_from is not None:
+        built_from = dataclasses.replace(built_from, user_vector=cfg.user_vector)
     if use_gpu is None:
         use_gpu = ray.cluster_resources().get("GPU", 0) >= 1
     version = version or new_version()
@@ -472,7 +484,8 @@ def _rebuild(data: str | Path, artifacts: str | Path, out_uri: str, cfg: KnnConf
 
     t = time.perf_counter()
     users, uvec, as_of = user_embeddings(open_data(data, artifacts), fm, as_of, encoders, batch_size,
-                                         encoder_cpus, use_gpu, task_cpus, all_users)
+                                         encoder_cpus, use_gpu, task_cpus, all_users,
+                                         cfg.user_vector, cfg.user_events)
     out["as_of"] = as_of
     out["embed_s"] = round(time.perf_counter() - t, 2)
     log.info("embedded %d users (%d-d) in %.1fs", len(users), uvec.shape[1], out["embed_s"])

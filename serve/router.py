@@ -130,7 +130,7 @@ class LookupRouter:
         if self.knn is not None:
             self.knn.current()  # the published tables, if any, before the first request
         self._inline: InlineFM | None = None
-        # (FM version, UserEncoder, side tables, history_len), lazily
+        # ((FM version, user vector), its encoder, side tables, events read), lazily
         self._user_enc: tuple | None = None
         self._history_timeout_s = cfg.cache.deadline_ms / 1000.0  # request-path history reads
         self._cold_starts = 0
@@ -273,23 +273,28 @@ class LookupRouter:
 
     def _cold_neighbours(self, user: int, now: float, surface: int, knn: Any
                          ) -> NeighbourTable | None:
-        """Neighbours of a user the published table lacks: the user encoder of the FM the
-        index was built from (the active version's for a table that records none) over the
-        user's history as of ``now``, queried against the live index. None (next tier) on
-        failure."""
+        """Neighbours of a user the published table lacks: the user vector the index was
+        built with, of the FM it was built from (the request tower of the active version's
+        for a table that records neither), over the user's history as of ``now``, queried
+        against the live index. None (next tier) on failure."""
         try:
+            from solaris.knn.user_encoder import LEGACY_USER_VECTOR, events_read, user_encoder
+
             built = knn.built_from.get("user")
             version = (built.fm_version if built is not None and built.fm_version in self.arts
                        else self.policy.active[self.tasks[0]])
+            kind = (built.user_vector if built is not None and built.user_vector
+                    else LEGACY_USER_VECTOR)
             with self._inline_lock:
-                if self._user_enc is None or self._user_enc[0] != version:
+                if self._user_enc is None or self._user_enc[0] != (version, kind):
                     from solaris.artifacts import load_models
-                    from solaris.knn.user_encoder import UserEncoder
 
                     art = self.arts[version]
                     fm, _, _ = load_models(art.root)
-                    self._user_enc = (version, UserEncoder(fm), art.side_tables(),
-                                      fm.history_len)
+                    hlen = min(events_read(kind, fm, self.cfg.knn.user_events),
+                               self.cfg.history.max_events)
+                    self._user_enc = ((version, kind), user_encoder(kind, fm),
+                                      art.side_tables(), hlen)
             _, enc, side, hlen = self._user_enc
             req = cold_start_inputs(self.backend.history_provider(self._history_timeout_s),
                                     user, now, surface, hlen, side)

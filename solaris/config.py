@@ -685,6 +685,11 @@ class KnnConfig:
 
     k: int = 100  # neighbours kept per user (self excluded), cosine similarity
     item_k: int = 20  # neighbours kept per item
+    # the user vector the user table is built from (solaris.knn.user_encoder): clicked_items,
+    # the mean FM item vector over the user's clicked events (users who like alike), or
+    # request_tower, the FM's user vector of its last history_len events (its state now)
+    user_vector: str = "clicked_items"
+    user_events: int = 1000  # latest events per user clicked_items reads
     exact_max: int = 1_000_000  # below this many rows an exact index; at or above it an IVF index
     recall_queries: int = 1000  # random queries of the recall@10 check against exact search
     min_recall: float = 0.95  # a build with recall@10 below this is refused (not published)
@@ -701,6 +706,9 @@ class KnnConfig:
     def __post_init__(self) -> None:
         _check(self.k >= 1, "knn.k", self.k, "must be >= 1")
         _check(self.item_k >= 1, "knn.item_k", self.item_k, "must be >= 1")
+        _check(self.user_vector in ("clicked_items", "request_tower"), "knn.user_vector",
+               self.user_vector, "must be clicked_items or request_tower")
+        _check(self.user_events >= 1, "knn.user_events", self.user_events, "must be >= 1")
         _check(self.exact_max >= 1, "knn.exact_max", self.exact_max, "must be >= 1")
         _check(self.recall_queries >= 1, "knn.recall_queries", self.recall_queries, "must be >= 1")
         _check(0.0 <= self.min_recall <= 1.0, "knn.min_recall", self.min_recall,

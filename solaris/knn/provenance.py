@@ -29,15 +29,24 @@ class BuiltFrom:
 
     fm_version: str  # the artifacts' version (manifest ``version``, the FM checkpoint's)
     ids: str  # ``IdMap.digest()`` of the id map the table's ids are codes of
+    # the user table's user vector (``knn.user_vector``), which a cold-start query must use
+    # too; None: not recorded (a build before there was a choice: the request tower)
+    user_vector: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.fm_version, str) or not self.fm_version:
             raise DataError(f"built_from.fm_version={self.fm_version!r}: a non-empty string")
         if not isinstance(self.ids, str) or not self.ids:
             raise DataError(f"built_from.ids={self.ids!r}: a non-empty id map digest")
+        if self.user_vector is not None and (not isinstance(self.user_vector, str)
+                                             or not self.user_vector):
+            raise DataError(f"built_from.user_vector={self.user_vector!r}: a non-empty string")
 
     def to_dict(self) -> dict[str, str]:
-        return {"fm_version": self.fm_version, "ids": self.ids}
+        d = {"fm_version": self.fm_version, "ids": self.ids}
+        if self.user_vector is not None:
+            d["user_vector"] = self.user_vector
+        return d
 
     @classmethod
     def from_dict(cls, d: Any) -> "BuiltFrom | None":
@@ -46,7 +55,7 @@ class BuiltFrom:
             return None
         if not isinstance(d, dict):
             raise DataError(f"built_from={d!r}: expected a mapping with fm_version and ids")
-        return cls(d.get("fm_version"), d.get("ids"))
+        return cls(d.get("fm_version"), d.get("ids"), d.get("user_vector"))
 
 
 @dataclass(frozen=True)

@@ -1,20 +1,32 @@
 """User and item embeddings for the KNN tables, read off the trained FM (DESIGN.md step 7).
 
-**User encoder: the FM's own user vector** (``FMModel.user_vectors``, ``solaris.models.api``),
-from a user's features and event-time history, the user id not read: a cold-start user
-with only features and a few events gets an embedding from the same function as everyone
-in the table. The built-in FM's (``solaris.models.fm``) is what the user's side contributes
-to its first shared layer. Measured with it (default synthetic data, 1,500 users, FM trained
-by ``solaris train``): the mean cosine between the pair embeddings z(u, i) and z(v, i) of the
-same item for a user u and its 10 nearest users v is 0.942 against 0.878 for random v; with
-the id embedding added 0.944 (so leaving it out costs little); with the mean of the
-history's FM item embeddings (the other candidate) 0.879, no better than random for
-imputation, although its neighbours share more items (item Jaccard 0.052 vs 0.033).
+Two user vectors, chosen by ``knn.user_vector``; both read only what the FM interface
+exposes, so a team's FM works with either, and both are functions of a user's events (and
+features), never of its id, so a cold-start user gets its vector from the same function as
+everyone in the table.
 
-The router embeds a cold-start user with ``UserEncoder.encode(history.batch(...))`` (the
-history store builds the same request-side inputs) and asks ``solaris.knn.tables.LiveIndex``.
-The job builds them from logged events with ``recent_history`` + ``request_inputs``, which
-give exactly what ``HistoryStore.batch`` gives for the same events (tested).
+**``clicked_items`` (the default): the mean of the FM's item vectors** (``FMModel.item_vectors``)
+over the user's last ``knn.user_events`` events that are positive for the first task (its
+clicks), over every event for a user with none, zeros for a user with no event
+(``ClickedItemsEncoder``). It finds users who like alike: on the cohorts world (800 users,
+docs/results/2026-12-07-cohorts-world.md) the mean cosine of a user's hidden interest with its
+10 nearest users' is 0.437 with it over all history (0.372 over the last 128 events, 0.258
+over the last 32), against 0.127 with the request tower, 0.077 for random users and 0.840
+at best; on the feed world 0.225 against 0.055. With it the user-neighbour tier is the first
+fallback tier that training's guard serves.
+
+**``request_tower``: the FM's own user vector** (``FMModel.user_vectors``; ``UserEncoder``)
+from a user's features and its last ``history_len`` events, the id not read. It captures the
+user's state of the moment, which is what a neighbour cannot share. The built-in FM's is what
+the user's side contributes to its first shared layer. Measured with it on the classic world
+(1,500 users): the mean cosine between the pair embeddings z(u, i) and z(v, i) of the same
+item for a user u and its 10 nearest users v is 0.942 against 0.878 for random v.
+
+The router embeds a cold-start user with ``user_encoder(...).encode(history.batch(...))``
+(the history store builds the same request-side inputs; the encoder the table records it was
+built with) and asks ``solaris.knn.tables.LiveIndex``. The job builds them from logged events
+with ``recent_history`` + ``request_inputs``, which give exactly what ``HistoryStore.batch``
+gives for the same events (tested).
 
 **Item embeddings**: the FM's item vectors (``FMModel.item_vectors``), cosine.
 """
@@ -24,7 +36,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from solaris.errors import DataError, RequestError
+from solaris.errors import ConfigError, DataError, RequestError
 from solaris.models.api import REQUEST_KEYS, FMModel
 
 Tensor = torch.Tensor
@@ -55,6 +67,60 @@ class UserEncoder:
         with torch.inference_mode():
             z = self.fm.user_vectors(batch)  # (R, U)
         return z.float().cpu().numpy()
+
+
+# what ``ClickedItemsEncoder.encode`` reads
+CLICKED_INPUTS = ("hist_item", "hist_action")
+USER_VECTORS = ("clicked_items", "request_tower")  # knn.user_vector's values
+LEGACY_USER_VECTOR = "request_tower"  # what a table that records no user vector was built with
+
+
+class ClickedItemsEncoder:
+    """User embeddings (R, I): the mean FM item vector over each user's clicked events
+    (module docstring). ``encode`` takes the request-side inputs as ``UserEncoder.encode``
+    does and reads only ``hist_item`` (item + 1, 0 pad) and ``hist_action`` (1 + the label
+    bits, 0 pad); a click is bit 0, the first task."""
+
+    def __init__(self, fm: FMModel, device: str | torch.device = "cpu") -> None:
+        self.items = item_embeddings(fm)  # (num_items, I), read once
+
+    def encode(self, req: dict[str, np.ndarray | Tensor]) -> np.ndarray:
+        missing = [k for k in CLICKED_INPUTS if k not in req]
+        if missing:
+            raise RequestError(f"user encoder: request inputs lack {missing}")
+        item = np.asarray(req["hist_item"], np.int64) - 1  # (R, L), -1 pad
+        bits = np.asarray(req["hist_action"], np.int64) - 1
+        if item.shape != bits.shape or item.ndim != 2:
+            raise RequestError(f"user encoder: hist_item {item.shape} and hist_action "
+                               f"{bits.shape} must be one (R, L) shape")
+        seen = item >= 0
+        if seen.any() and item.max() >= len(self.items):
+            raise DataError(f"history item {int(item.max())} outside the FM's item table "
+                            f"({len(self.items)} items)")
+        clicked = seen & ((bits & 1) > 0)
+        use = np.where(clicked.any(axis=1, keepdims=True), clicked, seen)
+        rows, cols = np.nonzero(use)
+        out = np.zeros((len(item), self.items.shape[1]), np.float64)
+        np.add.at(out, rows, self.items[item[rows, cols]])
+        return (out / np.maximum(use.sum(axis=1, keepdims=True), 1)).astype(np.float32)
+
+
+def events_read(kind: str, fm: FMModel, user_events: int) -> int:
+    """How many of a user's latest events the ``kind`` user vector reads."""
+    check_user_vector(kind)
+    return int(fm.history_len) if kind == "request_tower" else int(user_events)
+
+
+def check_user_vector(kind: str) -> None:
+    if kind not in USER_VECTORS:
+        raise ConfigError(f"knn.user_vector={kind!r}: must be one of {', '.join(USER_VECTORS)}")
+
+
+def user_encoder(kind: str, fm: FMModel, device: str | torch.device = "cpu"
+                 ) -> "UserEncoder | ClickedItemsEncoder":
+    """The encoder of the ``kind`` user vector (``knn.user_vector``)."""
+    check_user_vector(kind)
+    return (UserEncoder if kind == "request_tower" else ClickedItemsEncoder)(fm, device)
 
 
 def item_embeddings(fm: FMModel) -> np.ndarray:

@@ -89,19 +89,20 @@ def user_table_of(fm: FMModel, users: np.ndarray, items: np.ndarray, ts: np.ndar
                   seq: np.ndarray, surfaces: np.ndarray, labels: np.ndarray, side,
                   as_of: float, cfg: SolarisConfig, version: str = "sim") -> NeighbourTable:
     """The user table as the KNN job builds it at ``as_of`` from logged events (any order;
-    ``seq`` breaks ties of time): every user with an event before ``as_of``, embedded by the
-    FM's request tower over its history then. ``side``: the side-feature tables
-    (``FeatureTables`` or ``SideTables``)."""
+    ``seq`` breaks ties of time): every user with an event before ``as_of``, embedded as the
+    user vector ``cfg.knn.user_vector`` of its history then. ``side``: the side-feature
+    tables (``FeatureTables`` or ``SideTables``)."""
     from solaris.knn.tables import build_table
-    from solaris.knn.user_encoder import UserEncoder, recent_history
+    from solaris.knn.user_encoder import events_read, recent_history, user_encoder
     from solaris.knn.user_encoder import request_inputs as user_request_inputs
 
+    kind = cfg.knn.user_vector
     b = np.asarray(ts) < as_of
     hist = recent_history(users[b], items[b], ts[b], seq[b], surfaces[b], labels[b], as_of,
-                          fm.history_len)
+                          events_read(kind, fm, cfg.knn.user_events))
     req = user_request_inputs(hist, as_of, side.item_cat, side.user_cat, side.user_cont)
-    user_t, _ = build_table("user", hist["user"], UserEncoder(fm).encode(req), cfg.knn.k,
-                            cfg.knn, version)
+    user_t, _ = build_table("user", hist["user"], user_encoder(kind, fm).encode(req),
+                            cfg.knn.k, cfg.knn, version)
     return user_t.neighbour_table()
 
 

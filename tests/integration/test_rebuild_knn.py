@@ -116,7 +116,7 @@ def test_a_scheduled_run_on_unchanged_inputs_publishes_nothing(local_ray, world,
     assert published_inputs(uri, "user") == ("s1", first["inputs"])
     assert published_inputs(uri, "item") == ("s1", first["inputs"])
     # both tables record the FM version and the id map (bare model files: the identity)
-    built = BuiltFrom(VERSION, IdMap.identity(users, items).digest())
+    built = BuiltFrom(VERSION, IdMap.identity(users, items).digest(), "clicked_items")
     assert first["ids"] == built.ids
     assert published_built_from(uri, "user") == built == published_built_from(uri, "item")
     again = rebuild(data, art, uri, cfg, version="s2", **kw)
@@ -125,6 +125,46 @@ def test_a_scheduled_run_on_unchanged_inputs_publishes_nothing(local_ray, world,
     other = rebuild(data, art, uri, cfg, version="s3", as_of=first["as_of"] - 86400, **kw)
     assert "skipped" not in other and other["inputs"] != first["inputs"]
     assert current_version(uri) == "s3"
+    # another user vector is another input, and the tables say which they were built with
+    tower = KnnConfig(k=10, item_k=5, recall_queries=200, user_vector="request_tower")
+    fourth = rebuild(data, art, uri, tower, version="s4", **kw)
+    assert "skipped" not in fourth and current_version(uri) == "s4"
+    assert published_built_from(uri, "user").user_vector == "request_tower"
+
+
+@pytest.mark.parametrize("kind", ["clicked_items", "request_tower"])
+def test_the_jobs_user_vectors_are_those_built_in_process(local_ray, world, kind):
+    """Ray Data's group-by and encoder tasks give each user the vector the in-process path
+    gives (``recent_history`` + ``request_inputs`` + ``user_encoder`` over the same events:
+    the schedule simulation's and the router's cold start's), for either user vector; a user
+    with no event gets the vector of an empty history."""
+    import pyarrow.parquet as pq
+
+    from jobs.rebuild_knn import open_data, side_tables, user_embeddings
+    from solaris.artifacts import load_models
+    from solaris.knn.user_encoder import (events_read, recent_history, request_inputs,
+                                          user_encoder)
+
+    data, art, users, _ = world
+    fm, _, _ = load_models(art)
+    d = open_data(data, art)
+    ids, vecs, as_of = user_embeddings(d, fm, None, 1, 64, 0.5, False, 0.5, True, kind, 1000)
+    assert np.array_equal(ids, np.arange(users))
+    ev = pq.read_table(data / "interactions.parquet").to_pydict()
+    tasks = d.meta()["tasks"]
+    everyone = np.arange(users)
+    n = len(ev["user_id"])
+    hist = recent_history(np.r_[ev["user_id"], everyone], np.r_[ev["item_id"], -np.ones(users)],
+                          np.r_[ev["ts"], np.zeros(users)], np.r_[ev["seq"], -np.ones(users)],
+                          np.r_[ev["surface"], np.zeros(users)],
+                          np.r_[np.stack([ev[t] for t in tasks], 1),
+                                np.zeros((users, len(tasks)))], as_of,
+                          events_read(kind, fm, 1000))
+    t = side_tables(d)
+    want = user_encoder(kind, fm).encode(request_inputs(hist, as_of, t.item_cat, t.user_cat,
+                                                        t.user_cont))
+    assert n and np.abs(want).sum() > 0
+    np.testing.assert_allclose(vecs, want, atol=1e-5)
 
 
 def test_a_scheduled_run_rebuilds_tables_that_record_no_fm_version(tmp_path):

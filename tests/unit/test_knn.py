@@ -15,7 +15,9 @@ from solaris.config import (FeatureConfig, FMConfig, HistoryConfig, KnnConfig,
 from solaris.errors import ConfigError, DataError, RequestError
 from solaris.knn.tables import (LiveIndex, build_table, current_version, load_current, load_live,
                          normalise, publish, recall_at_10, build_index)
-from solaris.knn.user_encoder import UserEncoder, item_embeddings, recent_history, request_inputs
+from solaris.knn.user_encoder import (ClickedItemsEncoder, UserEncoder, events_read,
+                                      item_embeddings, recent_history, request_inputs,
+                                      user_encoder)
 
 
 def mixture(n: int, d: int = 16, comps: int = 20, seed: int = 0) -> np.ndarray:
@@ -278,6 +280,61 @@ def test_user_encoder_is_the_request_tower_without_the_id(fm_world):
         enc.encode({k: v for k, v in req.items() if k != "hist_age"})
     items = item_embeddings(fm)
     assert items.shape == (ft.num_items, 8)
+
+
+def test_clicked_items_vector_is_the_mean_item_vector_of_the_clicks(fm_world):
+    """The default user vector: the mean FM item vector over the clicked events (bit 0 of the
+    action bits), every event's mean for a user who clicked nothing, zeros for one with no
+    event; computed by hand here from the FM's item table."""
+    _, fm = fm_world
+    ivec = item_embeddings(fm)
+    # three users, four history slots each: item + 1 (0 pad), 1 + label bits (0 pad)
+    hist_item = np.array([[5, 9, 13, 0], [4, 6, 0, 0], [0, 0, 0, 0]])
+    hist_action = np.array([[2, 1, 4, 0], [1, 2, 0, 0], [0, 0, 0, 0]])
+    # user 0: bits 1 (click), 0, 3 (click + conversion) -> items 4 and 12 clicked
+    # user 1: bits 0, 1 -> item 5 clicked
+    enc = user_encoder("clicked_items", fm)
+    assert isinstance(enc, ClickedItemsEncoder)
+    z = enc.encode({"hist_item": hist_item, "hist_action": hist_action})
+    assert z.shape == (3, ivec.shape[1]) and z.dtype == np.float32
+    np.testing.assert_allclose(z[0], (ivec[4] + ivec[12]) / 2, atol=1e-6)
+    np.testing.assert_allclose(z[1], ivec[5], atol=1e-6)
+    assert not z[2].any()
+    # nothing clicked: the mean over every event
+    none = enc.encode({"hist_item": hist_item[:1], "hist_action": np.where(hist_item[:1] > 0, 1, 0)})
+    np.testing.assert_allclose(none[0], ivec[[4, 8, 12]].mean(0), atol=1e-6)
+    # the id and the other request inputs are not read; the order of events does not matter
+    np.testing.assert_array_equal(
+        enc.encode({"hist_item": hist_item[:, ::-1], "hist_action": hist_action[:, ::-1],
+                    "user": np.array([7, 7, 7])}), z)
+    with pytest.raises(RequestError, match="hist_action"):
+        enc.encode({"hist_item": hist_item})
+    with pytest.raises(DataError, match="outside the FM's item table"):
+        enc.encode({"hist_item": np.array([[len(ivec) + 1]]), "hist_action": np.array([[2]])})
+    with pytest.raises(ConfigError, match="knn.user_vector='towers'"):
+        user_encoder("towers", fm)
+    assert isinstance(user_encoder("request_tower", fm), UserEncoder)
+    assert events_read("request_tower", fm, 1000) == fm.history_len
+    assert events_read("clicked_items", fm, 1000) == 1000
+    with pytest.raises(ConfigError, match="knn.user_vector"):
+        KnnConfig(user_vector="towers")
+
+
+def test_users_who_click_alike_are_neighbours_under_the_clicked_items_vector(fm_world):
+    """Built from the log (the job's path: recent_history + request_inputs), two users
+    who clicked the same items are each other's nearest neighbour, whatever else they saw."""
+    ft, fm = fm_world
+    users = np.array([0, 0, 0, 1, 1, 1, 1] + [2, 3, 4, 5, 6, 7])
+    items = np.array([3, 50, 7, 3, 7, 90, 120] + [10, 20, 30, 40, 60, 70])
+    clicks = np.array([1, 0, 1, 1, 1, 0, 0] + [1] * 6)[:, None].astype(np.float32)
+    n = len(users)
+    hist = recent_history(users, items, np.arange(n, dtype=float), np.arange(n),
+                          np.zeros(n, np.int64), clicks, float(n), 1000)
+    req = request_inputs(hist, float(n), ft.item_cat, ft.user_cat, ft.user_cont)
+    z = user_encoder("clicked_items", fm).encode(req)
+    table, _ = build_table("user", hist["user"], z, 3, small_cfg())
+    assert table.nbr[0, 0] == 1 and table.nbr[1, 0] == 0
+    assert table.sims[0, 0] == pytest.approx(1.0, abs=1e-5)
 
 
 def test_cold_start_memo_answers_exactly_what_a_fresh_query_gives(fm_world):
