@@ -1,7 +1,7 @@
 """Benchmark: the fallback inputs' corrections, variant by variant, on one training's inputs.
 
     python bench/served_tiers.py ARTIFACTS --seed S [--cache FILE] [--train-on vm|val-first-half]
-        VARIANT [VARIANT ...]
+        [--enrich KEY=VALUE ...] VARIANT [VARIANT ...]
 
 ``solaris train`` fits the imputed tiers and the aggregate on simulated serving
 (``fit_served_tiers``) after the FM, the VM alone, the cross-fitted base logits, the own-pair
@@ -18,6 +18,11 @@ best scale), its z (clustered by user) and the scale the guard serves; the aggre
 validation curve; the aggregate correction's gain at scale 1 on the training period's early
 rows and on its late rows (those that stop its training early); and each input's worth of
 a real pair on the validation rows where it is what simulated serving gives (``worth``).
+
+``--enrich KEY=VALUE`` (repeatable): simulated serving imputes with these ``enrich`` settings
+instead of the artifacts' (``user_knn_mode=weighted``, ``user_knn_probe=50``: the paper's two
+imputation strategies and the probe count), prepared into a cache of their own
+(``ARTIFACTS/served_tiers-user_knn_mode-weighted.pkl``).
 
 ``--train-on val-first-half``: the tiers train on the validation period's first half by
 request time (base logits from the VM alone, out of sample and older than the rows, as it
@@ -38,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 
-def prepare(art_dir: Path, seed: int) -> dict:
+def prepare(art_dir: Path, seed: int, enrich: dict[str, str] | None = None) -> dict:
     import torch
 
     from solaris.artifacts import Artifacts
@@ -52,6 +57,10 @@ def prepare(art_dir: Path, seed: int) -> dict:
 
     art = Artifacts.open(art_dir)
     cfg = art.config
+    if enrich:
+        from solaris.config import parse_overrides, with_overrides
+
+        cfg = with_overrides(cfg, parse_overrides([f"enrich.{k}={v}" for k, v in enrich.items()]))
     fm, enc, version = art.models()
     teacher = Teacher(fm, enc, FitResult(float("nan"), 0, 0), version)
     ds = load_dataset(cfg.data)
@@ -203,15 +212,19 @@ def main() -> int:
     ap.add_argument("--cache", type=Path)
     ap.add_argument("--train-on", choices=("vm", "val-first-half"), default="vm")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--enrich", action="append", default=[], metavar="KEY=VALUE",
+                    help="an enrich setting simulated serving imputes with")
     args = ap.parse_args()
-    cache = args.cache or args.artifacts / "served_tiers.pkl"
+    enrich = dict(x.split("=", 1) for x in args.enrich)
+    tag = "".join(f"-{k}-{v}" for k, v in sorted(enrich.items()))
+    cache = args.cache or args.artifacts / f"served_tiers{tag}.pkl"
     if cache.exists():
         d = pickle.loads(cache.read_bytes())
         if d["seed"] != args.seed:
             raise SystemExit(f"{cache}: prepared for seed {d['seed']}, not {args.seed}")
     else:
         t = time.perf_counter()
-        d = prepare(args.artifacts, args.seed)
+        d = prepare(args.artifacts, args.seed, enrich)
         cache.write_bytes(pickle.dumps(d))
         print(f"inputs prepared in {time.perf_counter() - t:.0f} s -> {cache}", flush=True)
     out = []
@@ -227,7 +240,7 @@ def main() -> int:
                       f"at {x['best_scale']:g} ({x['rows']} rows, a real pair "
                       f"{x['real_gain']:+.4f})" for k, x in r["worth"].items()
                       if x["worth"] is not None)
-        print(f"{v} [{args.train_on}; bar z {r['guard_z']:.2f}]: {g}\n"
+        print(f"{v}{' ' + tag if tag else ''} [{args.train_on}; bar z {r['guard_z']:.2f}]: {g}\n"
               f"  aggregate curve {curve}; its gain at scale 1 on training rows early "
               f"{tr['train_early']['gain']:+.5f}, late {tr['train_late']['gain']:+.5f}\n"
               f"  worth of a real pair on validation (95% CI over users): {w}", flush=True)

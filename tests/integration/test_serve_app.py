@@ -349,12 +349,13 @@ def test_shard_then_vm_replica_killed_under_load(app):
     assert replica["whole"][0] >= 2 and replica["whole"][1] == 1
 
 
-def _publish_knn(app, seed: int, built_from=None) -> str:
+def _publish_knn(app, seed: int, built_from=None, user_dim: int = 64) -> str:
     from solaris.knn import tables as knn
 
     rng = np.random.default_rng(seed)
     users = np.arange(250)  # users 250.. are not in the table: cold starts
-    emb = rng.normal(size=(len(users), 64)).astype(np.float32)  # the TINY FM's shared width
+    # 64: the TINY FM's shared width (an unrecorded table: the request tower's vectors)
+    emb = rng.normal(size=(len(users), user_dim)).astype(np.float32)
     table, live = knn.build_table("user", users, emb, 10, app["knn_cfg"], built_from=built_from)
     knn.publish(app["knn_uri"], table, app["knn_cfg"], live)
     items = rng.normal(size=(200, 16)).astype(np.float32)
@@ -436,6 +437,20 @@ def test_knn_tables_of_another_fm_version_are_disabled_by_name(app):
     ours = _publish_knn(app, 4, BuiltFrom(served, art.ids().digest()))
     check = knn_check(ours)
     assert check["ok"] and check["disabled"] == {} and "disabled" not in check["detail"]
+    # a table built from the clicked items' mean (the job's default records it): a cold
+    # user is embedded the same way, in the item vectors' width, and queried
+    from solaris.artifacts import load_models
+
+    fm, _, _ = load_models(app["artifacts"])
+    width = int(fm.item_vectors().shape[1])
+    clicked = _publish_knn(app, 5, BuiltFrom(served, art.ids().digest(), "clicked_items"),
+                           user_dim=width)
+    assert knn_check(clicked)["ok"]
+    before = requests.get(app["base"] + "/stats", timeout=TIMEOUT_S).json()["knn"]
+    assert _rank(app, user_id=292, now=T0 + 300).status_code == 200  # a cold user
+    after = requests.get(app["base"] + "/stats", timeout=TIMEOUT_S).json()["knn"]
+    assert after["cold_starts"] == before["cold_starts"] + 1
+    assert after["errors"] == before["errors"] == 0
 
 
 def test_replay_profile_refuses_a_time_beyond_the_skew(app):

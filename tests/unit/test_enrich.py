@@ -190,7 +190,7 @@ def test_tier_order_nearest_and_weighted_by_hand():
     ik = NeighbourTable(np.full((25, 2), -1), np.zeros((25, 2)), "k")
     ik.ids[12] = [20, 21]  # 20 not held, 21 held: the nearest holding one
     cands = np.array([10, 11, 12, 13])
-    nearest = enrich_local(store, 0, cands, now, V, uk, ik, EnrichConfig())
+    nearest = enrich_local(store, 0, cands, now, V, uk, ik, EnrichConfig(user_knn_mode="nearest"))
     assert nearest.pair_tier.tolist() == [Tier.PAIR, Tier.USER_NEIGHBOUR, Tier.ITEM_NEIGHBOUR,
                                           Tier.NONE]
     assert nearest.pair_emb[:, 0].tolist() == [1.0, 2.0, 7.0, 0.0]
