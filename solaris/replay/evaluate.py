@@ -210,9 +210,11 @@ def tier_worth(scorer: VMScorer, rows: ServedRows, real_pair: np.ndarray,
     * aggregate: the rows with an aggregate served and no pair tier; off = no aggregate;
       the real pair fills the pair slot beside the aggregate as served.
 
-    ``raw`` on the rows' probabilities; ``calibrated`` with each of the three predictors'
-    Platt fit on the window's ``first`` half (every row; default ``halves``) applied to the
-    input's rows in the second. Each with a percentile interval over ``resamples`` bootstrap
+    Each arm differs from the served scores on the input's rows alone (off: the input
+    removed there; real: the real pair there), so that an input served at scale 0 is worth
+    exactly 0 in both figures. ``raw`` on the rows' probabilities; ``calibrated`` with each
+    arm's Platt fit on the window's ``first`` half (every row; default ``halves``) applied to
+    the input's rows in the second. Each with a percentile interval over ``resamples`` bootstrap
     draws of whole requests (the Platt fits kept), of the worth and of its denominator;
     ``rows``, the input's row count and ``share`` of all rows. Fewer than ``min_rows`` rows:
     worth None."""
@@ -223,21 +225,22 @@ def tier_worth(scorer: VMScorer, rows: ServedRows, real_pair: np.ndarray,
     no_pair = score(scorer, rows, tiers=set())
     no_agg = score(scorer, rows, agg=False)
     second = ~first
-    cal = {}
-    for name, p in (("served", served), ("real", real), ("no_pair", no_pair),
-                    ("no_agg", no_agg)):
-        cal[name] = M.apply_platt(p, M.fit_platt(rows.y[first], p[first]))
-    inputs = ((Tier.USER_NEIGHBOUR.label, rows.tier == Tier.USER_NEIGHBOUR, "no_pair"),
-              (Tier.ITEM_NEIGHBOUR.label, rows.tier == Tier.ITEM_NEIGHBOUR, "no_pair"),
-              ("aggregate", rows.agg_present & (rows.tier == Tier.NONE), "no_agg"))
+
+    def platt(p: np.ndarray) -> np.ndarray:
+        return M.apply_platt(p, M.fit_platt(rows.y[first], p[first]))
+
+    served_cal = platt(served)
+    inputs = ((Tier.USER_NEIGHBOUR.label, rows.tier == Tier.USER_NEIGHBOUR, no_pair),
+              (Tier.ITEM_NEIGHBOUR.label, rows.tier == Tier.ITEM_NEIGHBOUR, no_pair),
+              ("aggregate", rows.agg_present & (rows.tier == Tier.NONE), no_agg))
     out = {}
-    for name, m, off in inputs:
+    for name, m, without in inputs:
         rec: dict = {"rows": int(m.sum()), "share": float(m.mean()) if len(m) else 0.0}
         out[name] = rec
-        for kind, probs, mask in (("raw", {"off": {"no_pair": no_pair, "no_agg": no_agg}[off],
-                                           "served": served, "real": real}, m),
-                                  ("calibrated", {"off": cal[off], "served": cal["served"],
-                                                  "real": cal["real"]}, m & second)):
+        off, with_real = np.where(m, without, served), np.where(m, real, served)
+        for kind, probs, mask in (("raw", {"off": off, "served": served, "real": with_real}, m),
+                                  ("calibrated", {"off": platt(off), "served": served_cal,
+                                                  "real": platt(with_real)}, m & second)):
             rec[kind] = _worth(rows.y, probs, mask, rows.req, resamples, seed, min_rows)
         rec["worth"] = rec["raw"]["worth"]  # the raw figure, where older readers look
     return out

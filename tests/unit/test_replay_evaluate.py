@@ -216,3 +216,33 @@ def test_tier_worth_is_each_input_s_share_of_the_real_pair_s_gain() -> None:
     few = tier_worth(_StrengthScorer(rows.y), rows, np.ones((n, D), np.float32),
                      resamples=10, min_rows=n_req + 1)
     assert few["aggregate"]["worth"] is None and few["aggregate"]["rows"] == n_req
+
+
+def test_an_input_that_changes_nothing_is_worth_exactly_nothing_calibrated_too() -> None:
+    """A user neighbour served at scale 0 scores as if absent: its worth is 0 raw and
+    calibrated (each arm differs from the served scores on the input's rows alone, so the
+    calibrators cannot differ through the other rows)."""
+    from solaris.replay.evaluate import tier_worth
+
+    class Inert(_StrengthScorer):
+        S = {Tier.PAIR: 0.6, Tier.USER_NEIGHBOUR: 0.1, Tier.ITEM_NEIGHBOUR: 0.15}  # 0.1: as absent
+
+    n_req, per = 240, 4
+    n = n_req * per
+    rng = np.random.default_rng(5)
+    tier = np.tile([Tier.PAIR, Tier.USER_NEIGHBOUR, Tier.ITEM_NEIGHBOUR, Tier.NONE], n_req)
+    rows = ServedRows(req=np.repeat(np.arange(n_req), per),
+                      ts=np.repeat(np.arange(n_req, dtype=np.float64), per),
+                      user=np.zeros(n, np.int64), item=np.arange(n),
+                      surface=np.zeros(n, np.int64), y=(rng.random(n) < 0.3).astype(float),
+                      score=np.full(n, 0.5), tier=tier.astype(np.int64),
+                      age_s=np.zeros(n), pair_emb=np.ones((n, D), np.float32),
+                      agg_emb=np.ones((n, D), np.float32), agg_present=np.ones(n, bool))
+    # the scorer believes labels with a quarter flipped: informative, not separable (a Platt
+    # fit on separable scores goes to certainty and every calibrated loss to 0)
+    belief = np.where(rng.random(n) < 0.25, 1.0 - rows.y, rows.y)
+    w = tier_worth(Inert(belief), rows, np.ones((n, D), np.float32), resamples=20)
+    un = w["user_neighbour"]
+    assert un["raw"]["worth"] == 0.0 and un["raw"]["real_gain"] > 0
+    assert un["calibrated"]["worth"] == 0.0 and un["calibrated"]["real_gain"] > 0
+    assert w["item_neighbour"]["calibrated"]["worth"] > 0  # an input that gains still shows it
