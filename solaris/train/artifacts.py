@@ -97,6 +97,9 @@ def _train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed:
     say = progress or (lambda _m: None)
     t0 = time.perf_counter()
     out = Path(out_dir)
+    if out.is_symlink() and not out.exists():
+        raise ConfigError(f"{out}: a link to {out.readlink()}, which does not exist: create "
+                          "that directory or remove the link")
     out.mkdir(parents=True, exist_ok=True)
     ids = IdMap.from_dataset(ds)
     if base_dir is not None:

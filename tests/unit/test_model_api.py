@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from solaris.artifacts import SCHEMA, Artifacts
-from solaris.config import FMConfig, VMConfig, load_config
+from solaris.config import FMConfig, SolarisConfig, VMConfig, load_config
 from solaris.data.load import load_dataset
 from solaris.errors import CheckpointError, ConfigError
 from solaris.models import api
@@ -149,3 +149,15 @@ def test_nothing_outside_a_models_own_file_reads_its_layers():
                     offenders.append(f"{path.relative_to(root)}:{node.lineno} "
                                      f"{ast.unparse(node)}")
     assert not offenders, offenders
+
+
+def test_training_into_a_dangling_link_is_a_clear_error(tmp_path):
+    """An output directory that is a link to nothing (a replay's OUT/artifacts pointed at
+    artifacts not trained yet) is named, with its target, before any training."""
+    from solaris.train.artifacts import train_artifacts
+
+    out = tmp_path / "artifacts"
+    out.symlink_to(tmp_path / "not-there")
+    with pytest.raises(ConfigError, match="not-there, which does not exist"):
+        train_artifacts(SolarisConfig(), None, out, seed=0)
+    assert not (tmp_path / "not-there").exists()
