@@ -93,7 +93,8 @@ def test_replay_is_independent_of_worker_count_and_matches_its_schedule(tmp_path
         # the oracle bounds: ordered, and above the pair ceiling (same user, within the TTL)
         b = rep["coverage_bounds"]
         eo = b["effective_oracle"]
-        assert rep["coverage_ceiling"] <= b["own_history_share"] <= eo["10"] <= eo["100"] \
+        probed = eo[str(b["user_knn_probe"])]  # the probed neighbours (enrich.user_knn_probe)
+        assert rep["coverage_ceiling"] <= b["own_history_share"] <= probed <= eo["100"] \
             <= eo["any_user"] <= 1.0
         assert 0.0 <= rep["speculation_signal"]["top_fraction_share"] <= 1.0
         # the re-scored VM reproduces what the VM replicas served
