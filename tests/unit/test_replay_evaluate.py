@@ -183,12 +183,12 @@ class _StrengthScorer:
         return out
 
 
-def test_tier_worth_is_each_input_s_share_of_the_real_pair_s_gain() -> None:
-    from solaris.replay.evaluate import tier_worth
-
-    n_req, per = 240, 4
+def _four_tier_rows(n_req: int, seed: int) -> tuple[int, ServedRows, np.random.Generator]:
+    """``n_req`` requests of four rows each: a pair, a user neighbour, an item neighbour and
+    nothing in the pair slot, the aggregate everywhere; labels Bernoulli(0.3)."""
+    per = 4
     n = n_req * per
-    rng = np.random.default_rng(3)
+    rng = np.random.default_rng(seed)
     tier = np.tile([Tier.PAIR, Tier.USER_NEIGHBOUR, Tier.ITEM_NEIGHBOUR, Tier.NONE], n_req)
     rows = ServedRows(req=np.repeat(np.arange(n_req), per),
                       ts=np.repeat(np.arange(n_req, dtype=np.float64), per),
@@ -197,6 +197,14 @@ def test_tier_worth_is_each_input_s_share_of_the_real_pair_s_gain() -> None:
                       score=np.full(n, 0.5), tier=tier.astype(np.int64),
                       age_s=np.zeros(n), pair_emb=np.ones((n, D), np.float32),
                       agg_emb=np.ones((n, D), np.float32), agg_present=np.ones(n, bool))
+    return n, rows, rng
+
+
+def test_tier_worth_is_each_input_s_share_of_the_real_pair_s_gain() -> None:
+    from solaris.replay.evaluate import tier_worth
+
+    n_req = 240
+    n, rows, _ = _four_tier_rows(n_req, 3)
     w = tier_worth(_StrengthScorer(rows.y), rows, np.ones((n, D), np.float32), resamples=50)
 
     def loss(s: float) -> float:
@@ -227,17 +235,8 @@ def test_an_input_that_changes_nothing_is_worth_exactly_nothing_calibrated_too()
     class Inert(_StrengthScorer):
         S = {Tier.PAIR: 0.6, Tier.USER_NEIGHBOUR: 0.1, Tier.ITEM_NEIGHBOUR: 0.15}  # 0.1: as absent
 
-    n_req, per = 240, 4
-    n = n_req * per
-    rng = np.random.default_rng(5)
-    tier = np.tile([Tier.PAIR, Tier.USER_NEIGHBOUR, Tier.ITEM_NEIGHBOUR, Tier.NONE], n_req)
-    rows = ServedRows(req=np.repeat(np.arange(n_req), per),
-                      ts=np.repeat(np.arange(n_req, dtype=np.float64), per),
-                      user=np.zeros(n, np.int64), item=np.arange(n),
-                      surface=np.zeros(n, np.int64), y=(rng.random(n) < 0.3).astype(float),
-                      score=np.full(n, 0.5), tier=tier.astype(np.int64),
-                      age_s=np.zeros(n), pair_emb=np.ones((n, D), np.float32),
-                      agg_emb=np.ones((n, D), np.float32), agg_present=np.ones(n, bool))
+    n_req = 240
+    n, rows, rng = _four_tier_rows(n_req, 5)
     # the scorer believes labels with a quarter flipped: informative, not separable (a Platt
     # fit on separable scores goes to certainty and every calibrated loss to 0)
     belief = np.where(rng.random(n) < 0.25, 1.0 - rows.y, rows.y)
