@@ -6,7 +6,7 @@
     serve deploy configs/serve.yaml              # the same onto a running cluster
 
 The deployments live in ``serve/``: ``serve.router.LookupRouter`` (``POST /rank``: cache
-lookup, the task's VM, the answer, then speculation), ``serve.vm.VMReplicas`` (one task's
+lookup, the task's VM, the answer, then speculation; its routes in ``serve.routes``), ``serve.vm.VMReplicas`` (one task's
 VMs behind ``@serve.batch``, deployed as ``VM_<task>``) and ``serve.precompute.Precompute``
 (the FM worker pools and the gauges); ``serve.http`` holds the HTTP schemas, the problem
 answers and the body limit. Errors become HTTP codes there only: malformed input is a 4xx
@@ -19,9 +19,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from serve.http import FeedbackRequest, RankRequest, RankResponse, ScaleRequest, api
+from serve.http import FeedbackRequest, RankRequest, RankResponse, ScaleRequest
 from serve.precompute import Precompute
-from serve.router import LookupRouter
+from serve.router import LookupRouter, router_for
 from serve.vm import VMReplicas
 from solaris.config import load_config
 from solaris.artifacts import Artifacts
@@ -30,7 +30,7 @@ from solaris.online.serving import (default_artifacts_dir, deployment_options, e
 from solaris.state import durable_overrides
 
 __all__ = ["FeedbackRequest", "LookupRouter", "Precompute", "RankRequest", "RankResponse",
-           "ScaleRequest", "VMReplicas", "api", "build_app"]
+           "ScaleRequest", "VMReplicas", "build_app"]
 
 
 def build_app(args: dict[str, Any] | None = None) -> Any:
@@ -63,7 +63,9 @@ def build_app(args: dict[str, Any] | None = None) -> Any:
     vms = {t: VMReplicas.options(name=f"VM_{t}", **vm_opts).bind(settings, t) for t in tasks}
     pre = Precompute.bind(settings) if settings["precompute"] else None
     opts = {"num_replicas": router_replicas} if router_replicas else {}
-    return LookupRouter.options(name="LookupRouter", **opts).bind(settings, vms, pre)
+    # the replay profile's router adds the replay's barriers (serve/router.py)
+    router = router_for(cfg.serve.profile)
+    return router.options(name="LookupRouter", **opts).bind(settings, vms, pre)
 
 
 def __getattr__(name: str) -> Any:

@@ -88,16 +88,11 @@ class ScaleRequest(BaseModel):
     scale: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
 
 
-api = FastAPI(title="SOLARIS", version="0.1.0",
-              description="Vertical models served with precomputed FM pair embeddings.")
-
-
 def problem(status: int, field: str, message: str, headers: dict | None = None) -> JSONResponse:
     return JSONResponse({"detail": [{"loc": ["body", field], "msg": message}]}, status_code=status,
                         headers=headers)
 
 
-@api.exception_handler(RequestValidationError)
 async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
     """422 naming each bad field; the offending input is not echoed back (it may be huge,
     or NaN, which JSON cannot carry)."""
@@ -154,4 +149,12 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
 
-api.add_middleware(BodyLimit)
+
+def new_api() -> FastAPI:
+    """A FastAPI app with the project's problem answers and body limit, no route yet
+    (``serve.routes`` adds the routes); each router replica builds its own."""
+    app = FastAPI(title="SOLARIS", version="0.1.0",
+                  description="Vertical models served with precomputed FM pair embeddings.")
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_middleware(BodyLimit)
+    return app

@@ -280,9 +280,10 @@ _ACCESS = {"operator_call": "the operator's bearer token",
 
 def openapi() -> tuple[dict[str, Any], dict[tuple[str, str], str]]:
     """The app's OpenAPI schema, and who may call each (method, path)."""
-    import serve.router  # noqa: F401  (registers the routes; imports Ray)
     from serve import auth
-    from serve.http import api
+    from serve.routes import build_api  # the routes a router replica serves (imports Ray)
+
+    api = build_api()
 
     guards = {getattr(auth, k): v for k, v in _ACCESS.items()}
     access = {}

@@ -188,3 +188,36 @@ def scale_table(manifests: dict[str, dict], state: ControlState) -> tuple[Any, l
         except ScaleError as e:
             skipped.append(f"{s.version}/{s.task} {s.slot} {s.tier}: {e}")
     return table, skipped
+
+
+class LiveScales:
+    """The scales a router serves: its VMs' own plus every runtime setting of the app's
+    control state, rebuilt and swapped whole on each newer state (``apply``, the control
+    follower's callback), which also moves each task forward to the version it was switched
+    to. ``table`` is the ``ScaleTable`` in use."""
+
+    def __init__(self, manifests: dict[str, dict], policy: Any):
+        from solaris.online.scales import ScaleTable
+
+        self.manifests = manifests
+        self.policy = policy  # solaris.online.rollout.RolloutPolicy
+        self.table = ScaleTable(manifests)
+        self.skipped: list[str] = []
+
+    def apply(self, state: dict[str, Any]) -> None:
+        table, skipped = scale_table(self.manifests, ControlState.from_dict(state))
+        self.table = table
+        if skipped != self.skipped:
+            for line in skipped:
+                log.warning("control state: a setting for a VM not served here: %s", line)
+            self.skipped = skipped
+        for task, version in state["active"].items():
+            self.policy.advance_to(task, version)
+
+    def check(self, version: str, task: str, slot: str, tier: str | None,
+              scale: float) -> None:
+        """Raise ``ScaleError`` (naming the field) if the setting cannot be served; checked
+        on a copy, before the app's state is changed."""
+        from solaris.online.scales import ScaleTable
+
+        ScaleTable(self.manifests).set(version, task, slot, tier, scale)

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from solaris.errors import ConfigError
+from solaris.tiers import Tier
 
 log = logging.getLogger(__name__)
 
@@ -113,3 +116,66 @@ class RolloutPolicy:
         with self._lock:
             return {"active": dict(self.active),
                     "coverage": {v: round(c.share, 4) for v, c in self._cov.items()}}
+
+
+class Rollouts:
+    """A router's side of the rollout: it feeds the policy each lookup's pair hits, looks up
+    the pending version on a share of requests (a shadow, never sent to a VM) and records
+    a switch it decides in the app's control state (``promote(task, version)``).
+
+    With ``at_barrier`` (``serve.rollout_at_barrier``; the replay sets it) observations wait
+    for the barrier and are applied in event-time order (then request id), shadows are
+    chosen by request id, and switches are decided at the barrier, so a replay's switch does
+    not depend on how its concurrent requests interleaved."""
+
+    def __init__(self, policy: RolloutPolicy, tasks: list[str], lookup: Any, promote: Any,
+                 shadow_every: int = 4, at_barrier: bool = False):
+        self.policy = policy
+        self.tasks = tasks
+        self.lookup = lookup  # async (user, items, now, version, surface) -> Slots
+        self.promote = promote
+        self.shadow_every = shadow_every
+        self.at_barrier = at_barrier
+        self.observed: list[tuple[float, str, str, int, int]] = []
+
+    def observe(self, now: float, request_id: str | None, version: str, hits: int,
+                lookups: int) -> None:
+        """A lookup's pair hits: to the policy at once, or kept for the barrier."""
+        if self.at_barrier:
+            self.observed.append((now, request_id or "", version, hits, lookups))
+        else:
+            self.policy.observe(version, hits, lookups)
+
+    def shadow_due(self, request_id: str | None, served: int) -> bool:
+        """Whether this request (the ``served``-th) also looks up the pending version: every
+        ``shadow_every``-th, or at the barrier every request whose id hashes to 0 modulo it."""
+        if self.at_barrier and request_id:
+            return zlib.crc32(request_id.encode()) % self.shadow_every == 0
+        return served % self.shadow_every == 0
+
+    async def shadow(self, body: Any, items: Any, now: float, pending: str) -> None:
+        """Look up the pending version to measure its coverage; never raises."""
+        try:
+            shadow = await self.lookup(body.user_id, items, now, pending, body.surface)
+            self.observe(now, body.request_id, pending,
+                         int((shadow.pair_tier == Tier.PAIR).sum()), len(items))
+            if not self.at_barrier:
+                self._decide(body.task)
+        except Exception:
+            log.exception("shadow lookup of %s failed", pending)
+
+    def decide_at_barrier(self) -> None:
+        """The tick's observations in event-time order (then request id), then each task's
+        switch decision."""
+        seen, self.observed = self.observed, []
+        for _, _, version, hits, lookups in sorted(seen):
+            self.policy.observe(version, hits, lookups)
+        for task in self.tasks:
+            self._decide(task)
+
+    def _decide(self, task: str) -> None:
+        before = self.policy.active[task]
+        self.policy.maybe_switch(task)
+        after = self.policy.active[task]
+        if after != before:
+            self.promote(task, after)
