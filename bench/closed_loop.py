@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import runpy
 import sys
 import time
 from pathlib import Path
@@ -33,6 +34,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+# the other benches, by file path: bench/ never goes on sys.path (bench/sibling.py)
+sibling = runpy.run_path(str(Path(__file__).with_name("sibling.py")))["sibling"]
 sys.path.insert(0, str(ROOT))
 
 from solaris.eval.render import to_json  # noqa: E402
@@ -164,10 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     arms = [k for k in clicks[0] if all(k in c for c in clicks)]
     pooled = paired_lift({k: [c[k] for c in clicks] for k in arms}, resamples=a.resamples)
     rows = [per_run(r, rep) for r, rep in zip(a.runs, reps)]
-    from machine import IN_PROCESS, machine
-
+    mach = sibling("machine")  # solaris simulate runs every arm in process
     res = {"runs": rows, "pooled": pooled, "seconds": round(time.perf_counter() - t0, 1),
-           "machine": machine(IN_PROCESS)}  # solaris simulate runs every arm in process
+           "machine": mach.machine(mach.IN_PROCESS)}
     if a.against:
         res["against"] = against(a.runs, reps, clicks, rids, a.against, a.resamples)
     a.json.parent.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import runpy
 import sys
 import time
 from pathlib import Path
@@ -36,9 +37,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+# the other benches, by file path: bench/ never goes on sys.path (bench/sibling.py)
+sibling = runpy.run_path(str(Path(__file__).with_name("sibling.py")))["sibling"]
+shadow_inputs = sibling("closed_loop").shadow_inputs
 
-from closed_loop import shadow_inputs  # noqa: E402
 from solaris.config import VerifierConfig  # noqa: E402
 from solaris.eval.render import to_json  # noqa: E402
 from solaris.precompute.speculation import HindsightPolicy, make_policy  # noqa: E402
@@ -130,13 +132,13 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("closed_loop.json", "arms.npz"):
             if not (run / name).is_file():
                 raise SystemExit(f"{run}: no {name} (not a finished closed loop)")
-    from machine import IN_PROCESS, machine
     from tqdm import tqdm
 
+    mach = sibling("machine")
     t0 = time.perf_counter()
     rows = [per_run(run, a.fraction) for run in tqdm(a.runs, desc="runs", unit="run")]
     res = {"runs": rows, "fraction": a.fraction, "seconds": round(time.perf_counter() - t0, 1),
-           "machine": machine(IN_PROCESS)}
+           "machine": mach.machine(mach.IN_PROCESS)}
     a.json.parent.mkdir(parents=True, exist_ok=True)
     a.json.write_text(to_json(res))
     print(f"{'run':<28} {'slots':<8} {'policy':<10} {'cov@cost':>9} {'gap':>7} {'cost':>6}")

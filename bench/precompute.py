@@ -49,6 +49,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import runpy
 import sys
 import tempfile
 import time
@@ -57,6 +58,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+# the other benches, by file path: bench/ never goes on sys.path (bench/sibling.py)
+sibling = runpy.run_path(str(Path(__file__).with_name("sibling.py")))["sibling"]
 if str(ROOT) not in sys.path:  # ``actors`` is a folder of the repo, not an installed package
     sys.path.insert(0, str(ROOT))
 
@@ -372,8 +375,7 @@ def main(argv: list[str] | None = None) -> int:
              history=args.history, target_speedup_50=TARGET_SPEEDUP_50,
              num_cpus=args.num_cpus)
     r["wall_s"] = time.perf_counter() - t0
-    from machine import machine
-
+    machine = sibling("machine").machine
     r["machine"] = machine({v["worker"]["device"] for v in r.values()
                             if isinstance(v, dict) and "worker" in v})
     print(table(r))

@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import runpy
 import sys
 import tempfile
 import time
@@ -51,7 +52,10 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from precompute import CANDIDATES, build, leases_of  # noqa: E402  (this folder's bench)
+# the other benches, by file path: bench/ never goes on sys.path (bench/sibling.py)
+sibling = runpy.run_path(str(Path(__file__).with_name("sibling.py")))["sibling"]
+_precompute = sibling("precompute")  # this folder's bench
+CANDIDATES, build, leases_of = _precompute.CANDIDATES, _precompute.build, _precompute.leases_of
 
 
 def parse_threads(values: list[str]) -> list[int]:
@@ -291,8 +295,7 @@ def main(argv: list[str] | None = None) -> int:
              settings=[{"name": n, "device": d, "threads": t, "block_requests": b[0],
                         "block_pairs": b[1]} for n, d, t, b in sets],
              wall_s=time.perf_counter() - t0)
-    from machine import machine
-
+    machine = sibling("machine").machine
     r["machine"] = machine({d for s in r.values() if isinstance(s, dict) and "devices" in s
                             for d in s["devices"].values()})
     print(table(r))

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import runpy
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,8 @@ import numpy as np
 from tqdm import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
+# the other benches, by file path: bench/ never goes on sys.path (bench/sibling.py)
+sibling = runpy.run_path(str(Path(__file__).with_name("sibling.py")))["sibling"]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -258,8 +261,9 @@ def replica_floor(num_shards: int, artifacts: str | None, requests: int = 300,
 
 
 # this file's workload, over the ``solaris`` package of ``root`` (first on the path once the
-# bench module, which puts its own tree on the path, is imported)
-_STAGES_CALL = ("import json, sys; sys.path[:0] = [{bench!r}]; import request_cpu; "
+# bench module, which puts its own tree on the path, is loaded by its file path)
+_STAGES_CALL = ("import json, runpy, sys; "
+                "request_cpu = runpy.run_path({sibling!r})['sibling']('request_cpu'); "
                 "sys.path.insert(0, {root!r}); "
                 "print(json.dumps(request_cpu.stages({shards}, {requests}, holders={holders})))")
 
@@ -267,8 +271,8 @@ _STAGES_CALL = ("import json, sys; sys.path[:0] = [{bench!r}]; import request_cp
 def _stages_in(root: Path, shards: int, requests: int, holders: int | None = None) -> dict:
     """``stages`` over the code of the tree at ``root``, in a fresh process that imports
     that tree's ``solaris``."""
-    code = _STAGES_CALL.format(root=str(root), bench=str(ROOT / "bench"), shards=shards,
-                               requests=requests, holders=holders)
+    code = _STAGES_CALL.format(root=str(root), sibling=str(Path(__file__).with_name("sibling.py")),
+                               shards=shards, requests=requests, holders=holders)
     out = subprocess.run([sys.executable, "-c", code], cwd=root, check=True,
                          capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -278,10 +282,8 @@ def baseline_ab(rev: str, shards: int, rounds: int, requests: int = 300,
                 holders: int | None = None) -> dict:
     """The stages over commit ``rev``'s code against this tree's, alternated ABBA over
     ``rounds``."""
-    from vm_ab import extract
-
     with tempfile.TemporaryDirectory(prefix="solaris-request-cpu-") as tmp:
-        sha = extract(rev, Path(tmp))
+        sha = sibling("vm_ab").extract(rev, Path(tmp))
         runs: dict[str, list[dict]] = {"baseline": [], "current": []}
         for r in tqdm(range(rounds), desc="rounds", unit="round"):
             order = ("baseline", "current") if r % 2 == 0 else ("current", "baseline")
@@ -399,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.rounds < 1:
         p.error(f"--rounds={a.rounds}: must be >= 1")
-    from machine import machine
+    machine = sibling("machine").machine
 
     if a.holders is not None and not 1 <= a.holders <= 2000:
         p.error(f"--holders={a.holders}: must be in [1, 2000]")

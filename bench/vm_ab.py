@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import runpy
 import subprocess
 import sys
 import tarfile
@@ -30,6 +31,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+# the other benches, by file path: bench/ never goes on sys.path (bench/sibling.py)
+sibling = runpy.run_path(str(Path(__file__).with_name("sibling.py")))["sibling"]
 SIZE = 500
 
 
@@ -102,9 +105,7 @@ def main() -> int:
     res = {"baseline": sha, "current": "working tree", "runs": runs, **summary(runs),
            "config": vars(args) | {"json": str(args.json)},
            "seconds": round(time.perf_counter() - t0, 1)}
-    sys.path.insert(0, str(ROOT / "bench"))
-    from machine import machine
-
+    machine = sibling("machine").machine
     res["machine"] = machine(next((r["fm_devices"] for r in runs
                                    if r["arm"] == "current" and r["fm_devices"]), None))
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -8,7 +8,6 @@ process to it. Nothing here attaches to another Ray instance on the machine or s
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +16,6 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # ``actors`` is a top-level folder of the repo, not installed
-    sys.path.insert(0, str(ROOT))
 
 ray = pytest.importorskip("ray")
 

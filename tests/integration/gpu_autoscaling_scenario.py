@@ -29,8 +29,6 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # ``actors`` is a top-level folder of the repo, not installed
-    sys.path.insert(0, str(ROOT))
 
 ray = pytest.importorskip("ray")
 

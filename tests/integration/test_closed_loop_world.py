@@ -8,8 +8,6 @@ report, arrays and plot."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,9 +17,8 @@ from solaris.cli import main
 from solaris.config import load_config
 from solaris.data.load import load_dataset
 from solaris.replay.closed_loop import LoopOptions, arm_metrics, prepare, run_arm
+from tests.benches import load_bench
 from tests.tiny import TINY, train_tiny
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -220,9 +217,7 @@ def test_simulate_writes_report_arrays_and_plot(world, tmp_path) -> None:
                  "--set", "verifier.horizon_s=1800"]) == 0
     rep3 = json.loads((former / "closed_loop.json").read_text())
     assert rep3["arms"]["vm"]["clicks_per_request"] == rep["arms"]["vm"]["clicks_per_request"]
-    sys.path.insert(0, str(ROOT / "bench"))
-    import closed_loop as bench
-
+    bench = load_bench("closed_loop")
     out = tmp_path / "against.json"
     assert bench.main([str(again), "--against", str(former), "--json", str(out),
                        "--resamples", "200"]) == 0

@@ -9,7 +9,6 @@ from the log (``CacheGroup.replay_history``)."""
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,8 +18,6 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # ``actors`` is a top-level folder of the repo, not installed
-    sys.path.insert(0, str(ROOT))
 
 ray = pytest.importorskip("ray")
 

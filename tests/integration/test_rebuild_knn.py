@@ -3,15 +3,12 @@ twice and a reader sees the new version; a missing artifact directory is a clear
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # ``jobs`` is a top-level folder of the repo, not installed
-    sys.path.insert(0, str(ROOT))
 
 ray = pytest.importorskip("ray")
 

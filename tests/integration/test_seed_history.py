@@ -18,8 +18,6 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 ray = pytest.importorskip("ray")
 

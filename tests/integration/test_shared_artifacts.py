@@ -4,15 +4,12 @@ copy and fills the cache group with pairs of the artifacts' version."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # ``actors`` is a top-level folder of the repo, not installed
-    sys.path.insert(0, str(ROOT))
 
 ray = pytest.importorskip("ray")
 

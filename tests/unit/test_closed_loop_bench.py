@@ -4,16 +4,14 @@ two sets of runs of the same seeds, checked on small run directories written her
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+from tests.benches import load_bench
 
-import closed_loop as bench  # noqa: E402
+bench = load_bench("closed_loop")
 
 
 def _run(path: Path, seed: int, clicks: dict[str, np.ndarray], fm_evals: int,

@@ -4,16 +4,14 @@ coverage split into ranked and exploration slots, checked on a small run directo
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+from tests.benches import load_bench
 
-import policy_bounds as bench  # noqa: E402
+bench = load_bench("policy_bounds")
 
 
 def _run(path: Path, seed: int = 0) -> Path:

@@ -3,16 +3,12 @@ told, bad values refused by name, and the distance between two devices' vectors.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+from tests.benches import load_bench
 
-import precompute_gpu as bench  # noqa: E402
+bench = load_bench("precompute_gpu")
 
 
 def test_settings_name_the_cpu_threads_and_the_gpu_blocks() -> None:

@@ -4,15 +4,11 @@ pool's threads finish first."""
 from __future__ import annotations
 
 import random
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from jobs.replay import post_feedback  # noqa: E402
+from jobs.replay import post_feedback
 
 
 class _SlowClient:

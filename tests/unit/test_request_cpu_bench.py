@@ -3,18 +3,15 @@ the ratios of their medians."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+from tests.benches import load_bench
+from tests.tiny import train_tiny
 
-import request_cpu  # noqa: E402
-
-from tests.tiny import train_tiny  # noqa: E402
+request_cpu = load_bench("request_cpu")
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +58,7 @@ def test_stages_in_a_fresh_process_imports_that_trees_code(tmp_path) -> None:
     assert set(out["ms_per_request_median"]) == set(request_cpu.STAGES)
     assert out["solaris_dir"] == str((request_cpu.ROOT / "solaris").resolve())
     # another tree's package, under this file's workload (what --baseline measures)
-    from vm_ab import extract
-
-    extract("HEAD", tmp_path)
+    load_bench("vm_ab").extract("HEAD", tmp_path)
     other = request_cpu._stages_in(tmp_path, 2, 3, holders=40)
     assert other["solaris_dir"] == str((tmp_path / "solaris").resolve())
     assert other["holders"] == 40

@@ -4,16 +4,12 @@ a bad rate, fan-out or round count by name."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+from tests.benches import load_bench
 
-import actor_call  # noqa: E402
-import serve_floor  # noqa: E402
+actor_call = load_bench("actor_call")
+serve_floor = load_bench("serve_floor")
 
 
 def _serve(extra_ms: float) -> dict:

@@ -3,17 +3,12 @@ process starts."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+from solaris.errors import ConfigError
+from tests.benches import load_bench
 
-import transfer  # noqa: E402
-
-from solaris.errors import ConfigError  # noqa: E402
+transfer = load_bench("transfer")
 
 
 @pytest.mark.parametrize("bad, named", [("residual.present_affine=test", "residual.present_affine"),

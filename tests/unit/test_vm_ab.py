@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
+from tests.benches import load_bench
+from tests.tiny import ROOT
 
-import vm_ab  # noqa: E402
+vm_ab = load_bench("vm_ab")
 
 
 def _run(arm: str, i: int, total: float, p50: float) -> dict:
