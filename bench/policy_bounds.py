@@ -43,7 +43,7 @@ shadow_inputs = sibling("closed_loop").shadow_inputs
 
 from solaris.config import VerifierConfig  # noqa: E402
 from solaris.eval.render import to_json  # noqa: E402
-from solaris.precompute.speculation import HindsightPolicy, make_policy  # noqa: E402
+from solaris.replay.policies import HindsightPolicy, make_policy  # noqa: E402
 from solaris.replay.closed_loop import POLICY_FRACTIONS  # noqa: E402
 from solaris.replay.coverage import (cost_at_coverage, coverage_at_cost,  # noqa: E402
                                      policy_curves)

@@ -208,7 +208,7 @@ def returning_share(request_log: RequestLog, read_ttl_s: float, lag_s: float) ->
     """The share of requests whose user comes back: a later request at least ``lag_s`` and at
     most ``read_ttl_s`` after (``ReturnsOraclePolicy.returns``); only there can an entry
     written for the request be read."""
-    from solaris.precompute.speculation import ReturnsOraclePolicy
+    from solaris.replay.policies import ReturnsOraclePolicy
 
     bound = ReturnsOraclePolicy.from_log(request_log, read_ttl_s, lag_s)
     n = request_log.num_requests
@@ -244,7 +244,7 @@ def _returns_bound(curve: list[dict], ver: dict, oracle_pair: float) -> dict:
 def compare_policies(request_log: RequestLog, scores: np.ndarray, *, fraction: float,
                      fractions: tuple[float, ...], seed: int, read_ttl_s: float, lag_s: float,
                      **kw) -> dict:
-    """Every policy of ``solaris.precompute.speculation`` on the schedule simulation at equal FM cost:
+    """Every policy of ``solaris.replay.policies`` on the schedule simulation at equal FM cost:
     cost curves over ``fractions`` (and ``fraction``, the verifier's own), each policy's
     coverage interpolated at the verifier's cost, the FM evaluations each needs to match
     the verifier (as a share of the verifier's), ``verifier_over_random`` and the share of
@@ -252,7 +252,7 @@ def compare_policies(request_log: RequestLog, scores: np.ndarray, *, fraction: f
     reported apart (``returns_bound``: the verifier's bet at returning users only); plus the
     log's candidate recurrence. ``kw``: the
     other schedule arguments of ``simulate_pair_coverage``."""
-    from solaris.precompute.speculation import BOUNDS, POLICIES, make_policy
+    from solaris.replay.policies import BOUNDS, POLICIES, make_policy
 
     fr = tuple(sorted(set(fractions) | {fraction}))
     makers = {name: (lambda name=name: make_policy(name, seed=seed, read_ttl_s=read_ttl_s,

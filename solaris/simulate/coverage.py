@@ -37,7 +37,7 @@ def simulate_pair_coverage(request_log: RequestLog, scores: np.ndarray, *, fract
       ``ts - w <= read_ttl_s`` (its age ``ts - w``);
     * the verifier (``solaris.online.verifier.choose``): the top ``ceil(fraction * C)`` candidates by
       ``scores[r]`` (ties: smaller item id; ``random_picks``: a seeded uniform sample of as
-      many; ``policy``: any ``solaris.precompute.speculation`` policy's bets, the verifier's by
+      many; ``policy``: any ``solaris.precompute.speculation.Policy``'s bets, the verifier's by
       default), those not found or with age > ``read_ttl_s - horizon_s``. They are queued with
       the policy's priority (the verifier's: the score; random picks': uniform random) and
       the request's ts. A pair already pending is merged as the live queue does (the router

@@ -11,9 +11,10 @@ from solaris.config import VerifierConfig
 from solaris.errors import ConfigError
 from solaris.replay.coverage import coverage_ceiling
 from solaris.simulate.coverage import simulate_pair_coverage
-from solaris.precompute.speculation import (FEATURES, Candidates, LearnedPolicy, OraclePolicy, RandomPolicy,
-                                 RecurrencePolicy, ReturnsOraclePolicy, VerifierPolicy, admit,
-                                 make_policy, top_count)
+from solaris.precompute.speculation import (Candidates, RandomPolicy, VerifierPolicy, admit,
+                                            top_count)
+from solaris.replay.policies import (FEATURES, LearnedPolicy, OraclePolicy, RecurrencePolicy,
+                                     ReturnsOraclePolicy, make_policy)
 from solaris.online.verifier import choose
 from tests.tiny import request_log
 from tests.unit.test_replay_coverage import logs
@@ -250,7 +251,7 @@ def test_the_allocated_policy_spends_on_the_users_who_come_back():
     # 20 busy users (a request every 20 minutes) and 40 who come about once a day; every
     # user's top candidates by the VM are labelled, but only a busy user's come back labelled
     # within the TTL
-    from solaris.precompute.speculation import AllocatedPolicy
+    from solaris.replay.policies import AllocatedPolicy
 
     rng = np.random.default_rng(1)
     rows = []
@@ -338,7 +339,7 @@ def test_the_learned_policy_keeps_bounded_state_with_the_same_features() -> None
 
 
 def test_fit_logistic_recovers_a_planted_model_and_leaves_a_constant_feature_at_zero():
-    from solaris.precompute.speculation import fit_logistic, predict_logistic
+    from solaris.replay.policies import fit_logistic, predict_logistic
 
     rng = np.random.default_rng(3)
     X = np.column_stack([rng.normal(2.0, 3.0, 20000), rng.normal(size=20000),
@@ -355,7 +356,7 @@ def test_fit_logistic_recovers_a_planted_model_and_leaves_a_constant_feature_at_
 
 
 def test_the_hindsight_bound_ranks_with_the_learned_features_fitted_in_sample():
-    from solaris.precompute.speculation import HindsightPolicy
+    from solaris.replay.policies import HindsightPolicy
 
     lg, scores = _hot_items_log()
     ttl, lag = 3600.0, 300.0
@@ -388,7 +389,7 @@ def test_the_hindsight_bound_ranks_with_the_learned_features_fitted_in_sample():
 
 def test_the_hindsight_bound_refuses_a_request_of_another_log():
     from solaris.errors import RequestError
-    from solaris.precompute.speculation import HindsightPolicy
+    from solaris.replay.policies import HindsightPolicy
 
     lg, scores = _hot_items_log()
     hind = HindsightPolicy.from_log(lg, scores, 3600.0, 300.0)
