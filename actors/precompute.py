@@ -4,7 +4,7 @@
 artifact files (``fm.pt`` and ``encoder.pt``, read with ``weights_only``; from the worker's
 own node's copy where the location is a URI, ``solaris.artifact_store``), the side-feature
 tables and a history provider: by default (``history=None``) the live history held by the
-cache shards (``WindowHistory`` over ``CacheGroup.history_window``); a static provider
+cache shards (``WindowHistory`` over ``CacheGroup.history.window``); a static provider
 (e.g. a ``HistoryStore`` filled from a log) where a test or benchmark passes one. One
 ``step()``:
 
@@ -171,7 +171,7 @@ class FMWorker:
         self._lease_pairs = lease_pairs if lease_pairs is not None else dev_lease
         fm, enc, version = load_models(artifacts_dir)
         if history is None:
-            history = WindowHistory(cache.history_window, cache.history_window_start)
+            history = WindowHistory(cache.history.window, cache.history.window_start)
         self._live_history = isinstance(history, WindowHistory)
         self._worker = PrecomputeWorker(fm, enc, history, tables, version, device,
                                         block_requests=b_req, block_pairs=b_pairs)

@@ -107,14 +107,14 @@ class ReplicaClient:
         """The after-answer flush: per shard, the impressions of the requests buffered and
         the replica's reads since the last flush, in one ``after_answers`` call (not waited
         on; tracked as the group's history writes, so ``flush_records`` waits for them)."""
-        by_shard = self.group.impressions_by_shard(impressions)
+        by_shard = self.group.history.impressions_by_shard(impressions)
         for s in range(len(self.group.shards)):
             reads = self.replica.take_reads(s)
             recs = by_shard.get(s)
             if reads is None and not recs:
                 continue
             imp = frames.encode_impressions(recs) if recs else None
-            self.group._send_to(s, "after_answers", imp, reads)
+            self.group.writes.send(s, "after_answers", imp, reads)
 
     def metrics(self) -> dict[str, Any]:
         """The replica's per-shard figures, its lookups and its pull rounds' CPU here."""

@@ -205,7 +205,7 @@ def latency(entries: int, n_requests: int, warmup: int, num_cpus: int = 2) -> di
                 elif step == 1:
                     remote = group.lookup(user, cands, NOW, VERSION, uk, ik, ecfg)
                 elif step == 2:
-                    group.ping(0)
+                    group.health.ping(0)
                 else:
                     group.ping_all()
                 timings[step] = (time.perf_counter() - t) * 1e3

@@ -17,7 +17,7 @@ The history store holds every logged event; the benchmark's requests come after 
 Histories are padded to ``history_len``, so the FM's cost does not depend on how full they
 are. ``--history static`` (the default, comparable with earlier runs): every worker holds a
 copy of that store. ``--history live``: the production wiring -- the store is seeded into the
-cache shards (``CacheGroup.replay_history``) and each lease's histories are read from them in
+cache shards (``CacheGroup.history.replay_log``) and each lease's histories are read from them in
 one parallel round, inside the timed loop.
 
 Per trial, lease size and candidates-per-request C in 10, 50, 200: ``--pairs`` pairs in
@@ -186,7 +186,7 @@ def measure(w: dict, work: Path, trials: int, pairs: int, lease_sizes: list[int]
                                               capacity=1_000_000), history=w["history_cfg"])
         cache.wait_ready()
         if history == "live":
-            cache.replay_history(*w["log"])
+            cache.history.replay_log(*w["log"])
         queue = create_queue(QueueConfig(capacity=max(100_000, 2 * pairs),
                                          snapshot_uri=str(work / "queue")))
         ledger = LedgerActor.remote()

@@ -406,7 +406,7 @@ class LiveReplay:
         pre = serve.get_deployment_handle("Precompute", app_name="replay")
         router = serve.get_deployment_handle("LookupRouter", app_name="replay")
         pre.pause.remote().result()
-        seeded = group.replay_history(*seed_history(self.ds, self.start, cfg.history.max_events))
+        seeded = group.history.replay_log(*seed_history(self.ds, self.start, cfg.history.max_events))
         self._wait_knn(knn_runs[0]["version"])
         self.say(f"serving {lg.num_requests} requests (history seeded with {seeded} events)")
 

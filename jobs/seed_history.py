@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
         try:
-            out = seed(lambda a: group.replay_history(*a, timeout_s=args.timeout_s), events,
+            out = seed(lambda a: group.history.replay_log(*a, timeout_s=args.timeout_s), events,
                        args.chunk_rows, args.state or default_state(args.app_id), key,
                        restart=args.restart)
         except SolarisError as e:

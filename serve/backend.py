@@ -61,11 +61,11 @@ class Backend:
         path; a shard that misses ``timeout_s`` raises ``HistoryUnavailable``."""
         from solaris.precompute.worker import WindowHistory
 
-        return WindowHistory(functools.partial(self.group.history_window, timeout_s=timeout_s))
+        return WindowHistory(functools.partial(self.group.history.window, timeout_s=timeout_s))
 
     def record_impressions_many(self, records: list) -> None:
         if records:
-            self.group.record_impressions_many(records)
+            self.group.history.record_impressions_many(records)
 
     def record_labels(self, user: int, items: np.ndarray, labels: np.ndarray, now: float) -> None:
-        self.group.record_labels(user, items, labels, now)
+        self.group.history.record_labels(user, items, labels, now)

@@ -71,7 +71,7 @@ MAX_AHEAD = 4  # prefetched windows kept; an unused one (its lease failed) is dr
 
 class WindowHistory:
     """A ``HistoryProvider`` over raw history windows fetched elsewhere -- the live wiring:
-    ``fetch`` is ``actors.cache.CacheGroup.history_window`` (one parallel round to the
+    ``fetch`` is ``actors.cache.CacheGroup.history.window`` (one parallel round to the
     cache shards that own the users' histories) or, in process, ``HistoryStore.window``.
 
     The shards return raw windows (item ids, times, surfaces, label bits) and the request
@@ -82,7 +82,7 @@ class WindowHistory:
 
     def __init__(self, fetch: WindowFetch, start: WindowStart | None = None) -> None:
         self.fetch = fetch
-        self.start = start  # e.g. ``CacheGroup.history_window_start``; None: no prefetch
+        self.start = start  # e.g. ``CacheGroup.history.window_start``; None: no prefetch
         self._ahead: dict[tuple, Callable[[], dict]] = {}  # reads in flight, by request rows
 
     @staticmethod

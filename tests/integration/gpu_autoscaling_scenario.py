@@ -148,7 +148,7 @@ def test_gpu_workers_scale_with_the_queue_and_the_node_follows(fake_cluster, wor
     pool = WorkerPool(POOL, world["artifacts"], world["tables"], None, queue, cache,
                       profile="cluster", name="fake-gpu")
     try:
-        assert cache.replay_history(*world["log"]) == len(world["log"][0])
+        assert cache.history.replay_log(*world["log"]) == len(world["log"][0])
         assert pool.options["num_gpus"] == 1 and pool.options["resources"] == {"fm_gpu": 1}
         assert not pool.workers and pool.cfg.min_workers == 0
         pool.start()  # no worker yet: the pool starts those it adds

@@ -329,11 +329,11 @@ def test_request_path_pickles_nothing(local_ray, tmp_path: Path, monkeypatch):
         slots = group.lookup(3, np.arange(40), NOW, V, w["user_knn"], w["item_knn"], ecfg)
         asyncio.run(group.lookup_async(4, np.arange(40), NOW, V, w["user_knn"], w["item_knn"],
                                        ecfg))
-        group.record_impressions_many([(3, np.arange(5), 1, NOW), (7, np.arange(3), 0, NOW)])
-        group.record_impressions(4, np.arange(2), np.array([1, 2]), NOW)
-        group.record_labels(3, np.arange(2), np.array([[1, 0], [0, 1]]), NOW + 1)
+        group.history.record_impressions_many([(3, np.arange(5), 1, NOW), (7, np.arange(3), 0, NOW)])
+        group.history.record_impressions(4, np.arange(2), np.array([1, 2]), NOW)
+        group.history.record_labels(3, np.arange(2), np.array([[1, 0], [0, 1]]), NOW + 1)
         assert group.flush_records(timeout_s=30.0) == 0  # every write landed
-        window = group.history_window(np.array([3, 7]), np.array([NOW + 2, NOW + 2]), 8)
+        window = group.history.window(np.array([3, 7]), np.array([NOW + 2, NOW + 2]), 8)
         assert window["valid"].sum(1).tolist() == [5, 3]
         users = np.repeat(np.array([3, 7]), 2)
         new = ray.get(queue.put_frame.remote(wire.encode("picks", (

@@ -92,10 +92,10 @@ def record(group: CacheGroup, local: HistoryStore, events: list[tuple]) -> None:
     """
     for kind, user, items, x, now in events:
         if kind == "imp":
-            group.record_impressions(user, items, x, now)
+            group.history.record_impressions(user, items, x, now)
             local.record_impressions(user, items, x, now)
         else:
-            group.record_labels(user, items, x, now)
+            group.history.record_labels(user, items, x, now)
             local.record_labels(user, items, x, now)
         assert group.flush_records(timeout_s=30) == 0
 
@@ -239,18 +239,18 @@ def test_restarted_shard_restores_its_history(group, world: World):
     at_snapshot.restore(local.snapshot())
     # an impression after the snapshot: lost with the process
     late_user = int(world.users[0])
-    group.record_impressions(late_user, np.array([1, 2]), 0, world.t_end)
+    group.history.record_impressions(late_user, np.array([1, 2]), 0, world.t_end)
     assert group.flush_records() == 0
 
     users = world.users
     now = np.full(len(users), world.t_end + 100.0)
-    before = group.history_window(users, now, 16)
+    before = group.history.window(users, now, 16)
     with pytest.raises(RayActorError):
         ray.get(group.shards[victim].crash.remote())
     group.wait_ready()
     m = group.metrics()["shards"][victim]
     assert m["restarted"] and m["restored_events"] == snaps[victim]["history_rows"]
-    after = group.history_window(users, now, 16)
+    after = group.history.window(users, now, 16)
     want = at_snapshot.window(users, now, 16)
     for k in want:
         np.testing.assert_array_equal(after[k], want[k], err_msg=k)
@@ -275,16 +275,16 @@ def test_dead_shard_never_raises_on_writes_and_fails_reads(group, world: World):
         assert time.monotonic() < deadline, "the killed shard still answers after 30 s"
         time.sleep(0.05)
     user = int(world.users[0])
-    group.record_impressions(user, np.array([3, 4]), np.array([0, 1]), world.t_end)
-    group.record_labels(user, np.array([3]), np.array([[1, 0]]), world.t_end + 1)
+    group.history.record_impressions(user, np.array([3, 4]), np.array([0, 1]), world.t_end)
+    group.history.record_labels(user, np.array([3]), np.array([[1, 0]]), world.t_end + 1)
     assert group.flush_records(timeout_s=30) == 0
     hw = group.metrics(timeout_s=2.0)["client"]["history_writes"]
     assert hw["failed"] == 2 and hw["failed_by_shard"][victim] == 2
     with pytest.raises(HistoryUnavailable):
-        group.history_window(world.users, np.full(len(world.users), world.t_end), 8,
+        group.history.window(world.users, np.full(len(world.users), world.t_end), 8,
                              timeout_s=5.0)
     alive = world.users[shard != victim]  # the other shard still answers
-    group.record_impressions(int(alive[0]), np.array([5]), 0, world.t_end)
+    group.history.record_impressions(int(alive[0]), np.array([5]), 0, world.t_end)
     assert group.flush_records() == 0
-    win = group.history_window(alive, np.full(len(alive), world.t_end + 1), 8)
+    win = group.history.window(alive, np.full(len(alive), world.t_end + 1), 8)
     assert win["item"][0, 0] == 5 and win["valid"].sum() == 1

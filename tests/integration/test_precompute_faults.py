@@ -4,7 +4,7 @@ accepted pair has exactly one live cache entry, none is missing, and the shards 
 duplicate FM evaluations. A flood far above the queue's bound keeps it within the bound.
 
 The workers run the production wiring: the live history held by the cache shards, seeded
-from the log (``CacheGroup.replay_history``)."""
+from the log (``CacheGroup.history.replay_log``)."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ class Env:
 def env(local_ray, world, tmp_path):
     cache = CacheGroup.create(CacheConfig(dim=world.dim, num_shards=2, capacity=10_000,
                                           deadline_ms=5000.0), history=HISTORY)
-    assert cache.replay_history(*world.log) == len(world.log[0])
+    assert cache.history.replay_log(*world.log) == len(world.log[0])
     queue = create_queue(QueueConfig(capacity=10_000, lease_timeout_s=LEASE_TIMEOUT_S,
                                      lease_pairs=LEASE_PAIRS, snapshot_uri=str(tmp_path / "q"),
                                      snapshot_every_s=NO_TIMER_S))

@@ -66,7 +66,7 @@ def read_all(group: CacheGroup, items: dict[int, np.ndarray]) -> dict[int, Slots
 
 def windows(group: CacheGroup) -> dict[str, np.ndarray]:
     users = np.arange(USERS)
-    return group.history_window(users, np.full(USERS, NOW + 1.0), 16)
+    return group.history.window(users, np.full(USERS, NOW + 1.0), 16)
 
 
 def same(a: dict, b: dict) -> None:
@@ -87,7 +87,7 @@ def test_a_new_shard_count_restores_the_old_snapshots_and_a_rollback_keeps_the_n
         two.put(users, flat, rng.normal(size=(len(users), DIM)).astype(np.float32), V,
                 NOW - 60.0, rng.random(len(users)).astype(np.float32))
         for u in range(USERS):
-            two.record_impressions(u, items[u][:4], 0, NOW - 30.0)
+            two.history.record_impressions(u, items[u][:4], 0, NOW - 30.0)
         assert two.flush_records(timeout_s=30) == 0
         before, hist = read_all(two, items), windows(two)
         assert all((s.pair_tier == Tier.PAIR).all() for s in before.values())

@@ -95,7 +95,7 @@ def run(gcs: str, *args: str) -> tuple[int, dict | None, str]:
 
 
 def windows(group: CacheGroup, codes: np.ndarray) -> dict[str, np.ndarray]:
-    return group.history_window(codes, np.full(len(codes), 1e9), MAX_EVENTS)
+    return group.history.window(codes, np.full(len(codes), 1e9), MAX_EVENTS)
 
 
 def test_seeding_a_running_app_is_idempotent_and_resumes(app_shards, tmp_path) -> None:

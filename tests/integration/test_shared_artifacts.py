@@ -37,7 +37,7 @@ def test_fm_workers_open_artifacts_from_a_file_uri(tmp_path_factory):
     try:
         cache = CacheGroup.create(CacheConfig(dim=cfg.encoder.width, num_shards=1,
                                               capacity=1000, deadline_ms=5000.0))
-        cache.replay_history(ft.user, ft.item, ft.surface, ft.labels, ft.ts)
+        cache.history.replay_log(ft.user, ft.item, ft.surface, ft.labels, ft.ts)
         queue = create_queue(QueueConfig(capacity=1000, lease_pairs=32))
         pool = WorkerPool(PrecomputeConfig(workers=1, max_workers=1, device="cpu"),
                           art.as_uri(), SideTables.from_features(ft), None, queue, cache)
