@@ -25,8 +25,9 @@ from serve.router import LookupRouter, router_for
 from serve.vm import VMReplicas
 from solaris.config import load_config
 from solaris.artifacts import Artifacts
-from solaris.online.serving import (default_artifacts_dir, deployment_options, ensure_artifacts,
-                                    positive_int, settings_from_args)
+from solaris.online.serving import (default_artifacts_dir, deployment_options, positive_int,
+                                    settings_from_args)
+from solaris.train.artifacts import ensure_artifacts
 from solaris.state import durable_overrides
 
 __all__ = ["FeedbackRequest", "LookupRouter", "Precompute", "RankRequest", "RankResponse",

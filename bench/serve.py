@@ -513,7 +513,8 @@ def main() -> int:
 
     import serve_app
     from solaris.config import load_config
-    from solaris.online.serving import default_artifacts_dir, ensure_artifacts
+    from solaris.online.serving import default_artifacts_dir
+    from solaris.train.artifacts import ensure_artifacts
 
     if args.artifacts and args.knn_data == "synthetic":
         p.error("--artifacts: pass --knn-data DIR (the data they were trained on) or none")

@@ -267,7 +267,8 @@ def main() -> int:
     args = p.parse_args()
     if args.artifacts is None:
         from solaris.config import load_config
-        from solaris.online.serving import default_artifacts_dir, ensure_artifacts
+        from solaris.online.serving import default_artifacts_dir
+        from solaris.train.artifacts import ensure_artifacts
 
         args.artifacts = str(ensure_artifacts(load_config(), default_artifacts_dir(load_config())))
     if args.one is not None:

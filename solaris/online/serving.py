@@ -1,16 +1,16 @@
-"""What the Serve app needs that is not Ray: settings, default artifacts, KNN tables.
+"""What the Serve app needs that is not Ray: settings, where the default artifacts live, KNN
+tables.
 
-``ensure_artifacts`` builds the embedded default (synthetic data, ``solaris train``) once per
-config under a file lock, so the first ``serve run serve_app:app`` on a fresh checkout works
-and no replica ever trains anything. ``KnnTables`` holds the published user / item neighbour
-tables and swaps to a newer published version when the pointer moves (checked every
-``knn.poll_s`` on the wall clock), without a restart; given the FM versions the app serves,
-it disables any table built from another (``solaris.knn.provenance``).
+The app builder (``serve_app.py``) has the embedded default trained where it is missing
+(``solaris.train.artifacts.ensure_artifacts``), so no replica ever trains anything.
+``KnnTables`` holds the published user / item neighbour tables and swaps to a newer
+published version when the pointer moves (checked every ``knn.poll_s`` on the wall clock),
+without a restart; given the FM versions the app serves, it disables any table built from
+another (``solaris.knn.provenance``).
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import logging
@@ -115,30 +115,6 @@ def default_artifacts_dir(cfg: SolarisConfig) -> Path:
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     return base / "solaris" / "artifacts" / f"{cfg.data.dataset}-{digest}"
-
-
-def ensure_artifacts(cfg: SolarisConfig, out: Path,
-                     progress: Callable[[str], None] | None = None) -> Path:
-    """``out`` holding trained artifacts: built now (once, under a lock) if missing."""
-    out = Path(out)
-    if (out / "manifest.json").exists():
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f".{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second builder waits, then finds them built
-        if (out / "manifest.json").exists():
-            return out
-        from solaris.data.load import load_dataset
-        from solaris.train.artifacts import train_artifacts
-
-        log.warning("no artifacts in %s: building the embedded default once (%s data, about "
-                    "a minute on 2 CPUs)", out, cfg.data.dataset)
-        t0 = time.perf_counter()
-        ds = load_dataset(cfg.data)
-        manifest = train_artifacts(cfg, ds, out, progress=progress)
-        log.warning("built artifacts of version %s in %.0f s", manifest["version"],
-                    time.perf_counter() - t0)
-    return out
 
 
 def knn_version(uri: str) -> str | None:

@@ -10,10 +10,15 @@ cross-fitted base logits; the imputed tiers' correction and the aggregate's are 
 simulated serving of the VM period (``solaris.simulate.served``), and every scale is chosen on the
 validation period served the same way (0: not looked up). ``coverage`` is the
 pair coverage its test figure in the manifest is measured at.
+
+``ensure_artifacts`` builds the embedded default (synthetic data, ``solaris train``) once per
+config under a file lock, so the first ``serve run serve_app:app`` on a fresh checkout works;
+the app builder calls it, never a replica.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import time
 from pathlib import Path
@@ -89,6 +94,29 @@ def train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: 
                                 base_dir)
     finally:
         torch.set_num_threads(threads)
+
+
+def ensure_artifacts(cfg: SolarisConfig, out: Path,
+                     progress: Callable[[str], None] | None = None) -> Path:
+    """``out`` holding trained artifacts: built now (once, under a lock) if missing."""
+    out = Path(out)
+    if (out / "manifest.json").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second builder waits, then finds them built
+        if (out / "manifest.json").exists():
+            return out
+        from solaris.data.load import load_dataset
+
+        log.warning("no artifacts in %s: building the embedded default once (%s data, about "
+                    "a minute on 2 CPUs)", out, cfg.data.dataset)
+        t0 = time.perf_counter()
+        ds = load_dataset(cfg.data)
+        manifest = train_artifacts(cfg, ds, out, progress=progress)
+        log.warning("built artifacts of version %s in %.0f s", manifest["version"],
+                    time.perf_counter() - t0)
+    return out
 
 
 def _train_artifacts(cfg: SolarisConfig, ds: Dataset, out_dir: str | Path, seed: int,
