@@ -6,7 +6,8 @@
     python bench/unchanged.py runs/base-1 runs/base-2 runs/new [--json runs/unchanged.json]
 
 For each later directory against the first: every file of the trained artifacts
-(``artifacts/``, ``artifacts-v2/``) byte for byte (SHA-256), and the replay's headline figures
+(``artifacts/``, ``artifacts-v2/``) byte for byte (SHA-256; the manifests less training's
+wall time), and the replay's headline figures
 (``replay.json``: coverage by tier, TR online calibrated and raw with their intervals, FM
 evaluations, requests, errors) for equality. A figure that differs between two runs of the
 same code (the first two directories, when both are of the base) varies with the run, not
@@ -28,13 +29,25 @@ HEADLINE = ("coverage", "tr_online", "tr_online_ci", "tr_online_raw", "tr_online
             "fm_evals", "fm_evals_per_1k_requests", "requests", "errors")
 
 
+# what a manifest records of the run rather than of the artifacts: training's wall time
+WALL_CLOCK = ("seconds",)
+
+
 def digests(run: Path) -> dict[str, str]:
-    """SHA-256 of every artifact file of a demo's output, by path under the output."""
+    """SHA-256 of every artifact file of a demo's output, by path under the output; a
+    manifest's is taken without its wall-clock fields (``WALL_CLOCK``)."""
     out = {}
     for name in ARTIFACTS:
         for f in sorted((run / name).rglob("*")):
-            if f.is_file():
-                out[str(f.relative_to(run))] = hashlib.sha256(f.read_bytes()).hexdigest()
+            if not f.is_file():
+                continue
+            data = f.read_bytes()
+            if f.name == "manifest.json":
+                manifest = json.loads(data)
+                for key in WALL_CLOCK:
+                    manifest.pop(key, None)
+                data = json.dumps(manifest, sort_keys=True).encode()
+            out[str(f.relative_to(run))] = hashlib.sha256(data).hexdigest()
     if not out:
         raise SystemExit(f"{run}: no trained artifacts under {', '.join(ARTIFACTS)}")
     return out

@@ -68,7 +68,7 @@ class Readiness:
             return None, (time.perf_counter() - t0) * 1e3, type(e).__name__
 
     async def _vm_check(self, task: str) -> health.Check:
-        got, ms, err = await self._called(lambda: self.r.vms[task].health.remote())
+        got, ms, err = await self._called(lambda: self.r.calls.vms[task].health.remote())
         name = f"vm_{task}"
         if err is not None:
             return health.Check(name, False, True, f"no VM replica answered in "
@@ -78,9 +78,9 @@ class Readiness:
         return health.Check(name, True, True, f"versions {got['versions']}", ms)
 
     async def _fm_check(self) -> health.Check:
-        if self.r.precompute is None:
+        if self.r.calls.precompute is None:
             return health.Check("fm_workers", True, False, "no FM workers in this app")
-        got, ms, err = await self._called(lambda: self.r.precompute.health.remote())
+        got, ms, err = await self._called(lambda: self.r.calls.precompute.health.remote())
         return health.fm_check(got, ms) if err is None else health.fm_check(None, ms, err)
 
     async def _checks(self) -> dict[str, Any]:

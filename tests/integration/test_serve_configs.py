@@ -97,6 +97,9 @@ def test_rays_builder_builds_every_config(name, typed, in_repo, artifacts):
         f"(its deployments: {sorted(deployments)}; the artifacts' tasks: {tasks}): give "
         f"VM options in args.vm, not per task")
     assert set(deployments) == {"LookupRouter", "Precompute", *(f"VM_{t}" for t in tasks)}
+    # the replay's barriers are on the replay profile's router only
+    router = deployments["LookupRouter"].func_or_class
+    assert not hasattr(router, "flush_now") and not hasattr(router, "refresh_now")
     # the config's per-task VM options reach every VM deployment
     for t in tasks:
         cfg = deployments[f"VM_{t}"]
@@ -113,8 +116,11 @@ def test_the_builder_takes_the_one_parameter_ray_passes(in_repo, artifacts):
     with pytest.raises(TypeError, match="exactly one parameter"):
         call_user_app_builder_with_args_if_necessary(two_parameter_builder, {})
     deployments = built_deployments("serve_app:build_app",
-                                    {"artifacts": str(artifacts), "router_replicas": "2"})
+                                    {"artifacts": str(artifacts), "router_replicas": "2",
+                                     "profile": "replay"})
     assert deployments["LookupRouter"].num_replicas == 2
+    router = deployments["LookupRouter"].func_or_class
+    assert hasattr(router, "flush_now") and hasattr(router, "refresh_now")
 
 
 @pytest.mark.parametrize("args, field", [
