@@ -1,14 +1,17 @@
 """The reference pages of the documentation, generated from the code they describe: the config
-tree (``solaris/config.py``), the command line (``solaris/cli.py``), the HTTP API (the OpenAPI
-schema of the app), the metrics (``solaris/metrics.py``) and the FM's inputs
-(``solaris/models/contract.py``).
+tree (``solaris/config.py``), the command line (``solaris/cli.py`` and the commands registered
+with it), the metrics (``solaris/metrics.py``), the FM's inputs (``solaris/models/contract.py``)
+and the HTTP API (the OpenAPI schema of the app).
 
     python -m solaris.reference            # write every page to docs/reference/
     python -m solaris.reference --check    # exit 1 naming each page that differs from the code
 
-The HTTP pages need the router's routes, which ``serve.router`` registers on the FastAPI app
-when it is imported, and that module imports Ray (nothing is started): they are rendered only
-when asked for, so the other pages render where Ray cannot be imported.
+The core renders its own pages (``PAGES``). A page that describes a package above the core is
+generated beside it and registered by name in ``pyproject.toml`` (entry-point group
+``solaris.reference_pages``): the HTTP API's two pages need the app's routes, which import Ray
+(nothing is started), so the app renders its schema and this module turns it into Markdown
+(``openapi_page``); the core imports nothing of the app, and its own pages render where Ray
+cannot be imported.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any, Callable
 
 from solaris import atomic
 from solaris.errors import ConfigError, SolarisError
+from solaris.registry import entries
 
 COMMAND = "python -m solaris.reference"
 ROOT = Path(__file__).resolve().parents[1]
@@ -261,59 +265,22 @@ def cli_page() -> str:
     from solaris import cli
 
     parser = cli.build_parser()
-    out = _banner("solaris/cli.py") + [
+    # where the registered commands are defined, as file paths (``module.py``)
+    where = sorted({module.replace(".", "/") + ".py" for module, _ in cli.registered().values()})
+    registered = (", with the commands registered with it (" + ", ".join(f"`{w}`" for w in where)
+                  + ")") if where else ""
+    out = _banner("solaris/cli.py" + (" and " + ", ".join(where) if where else "")) + [
         "# Command line", "", _escape(" ".join((parser.description or "").split())), "",
         f"Every command of `{parser.prog}` and its options, with their defaults; each command "
         "also takes `-h` / `--help`. `--config` and `--set KEY=VALUE` take the keys of the "
         "[configuration](configuration.md) page. The options of the table below go before "
         "the command.", "",
-        f"This page is generated from the argument parser in `solaris/cli.py` by `{COMMAND}`.",
-        ""]
+        f"This page is generated from the argument parser in `solaris/cli.py`{registered}, "
+        f"by `{COMMAND}`.", ""]
     return "\n".join(out + _command(parser, parser.prog, "", 1))
 
 
 # -- HTTP ---------------------------------------------------------------------------------------
-_ACCESS = {"operator_call": "the operator's bearer token",
-           "service_call": "the service token, where one is configured",
-           "read_call": "either token where a service token is configured, else open"}
-
-
-def openapi() -> tuple[dict[str, Any], dict[tuple[str, str], str]]:
-    """The app's OpenAPI schema, and who may call each (method, path)."""
-    from serve import auth
-    from serve.routes import build_api  # the routes a router replica serves (imports Ray)
-
-    api = build_api()
-
-    guards = {getattr(auth, k): v for k, v in _ACCESS.items()}
-    access = {}
-    for route in _api_routes(api.routes):
-        calls = [d.dependency for d in route.dependencies]
-        for method in route.methods:
-            access[(method.lower(), route.path)] = next(
-                (guards[c] for c in calls if c in guards), "open")
-    return api.openapi(), access
-
-
-def _api_routes(routes: list[Any]) -> list[Any]:
-    """The API routes of ``routes``, those of included routers too (Serve's ingress includes
-    the class's routes as a router)."""
-    from fastapi.routing import APIRoute
-
-    out = []
-    for r in routes:
-        if isinstance(r, APIRoute):
-            out.append(r)
-        inner = getattr(r, "original_router", None) or getattr(r, "router", None)
-        if inner is not None and hasattr(inner, "routes"):
-            out += _api_routes(inner.routes)
-    return out
-
-
-def openapi_text() -> str:
-    return json.dumps(openapi()[0], indent=2, sort_keys=False) + "\n"
-
-
 def _number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 
@@ -383,10 +350,12 @@ def _model(schemas: dict[str, Any], ref: str, lead: str) -> list[str]:
                          "description"], rows) + [""]
 
 
-def http_page() -> str:
-    schema, access = openapi()
+def openapi_page(schema: dict[str, Any], access: dict[tuple[str, str], str],
+                 source: str) -> str:
+    """The HTTP API's page from an OpenAPI ``schema`` and who may call each (method, path)
+    (``access``); ``source`` names where the schema comes from (the page's banner)."""
     info, schemas = schema["info"], schema.get("components", {}).get("schemas", {})
-    out = _banner("the app's OpenAPI schema (serve/http.py, serve/router.py)") + [
+    out = _banner(source) + [
         "# HTTP API", "", f"{_escape(info.get('description', ''))} Version {info['version']}.",
         "", f"This page is generated from the app's OpenAPI schema by `{COMMAND}`, which also "
         "writes the schema itself: [openapi.json](openapi.json).", ""]
@@ -523,17 +492,36 @@ def fm_inputs_page() -> str:
 
 
 # -- the pages ------------------------------------------------------------------------------------
+# the core's own pages; ``pages()`` adds those registered under ``PAGE_GROUP``
 PAGES: dict[str, Callable[[], str]] = {
     "configuration.md": config_page, "cli.md": cli_page, "metrics.md": metrics_page,
-    "fm-inputs.md": fm_inputs_page, "http.md": http_page, "openapi.json": openapi_text}
-NEEDS_RAY = ("http.md", "openapi.json")
+    "fm-inputs.md": fm_inputs_page}
+PAGE_GROUP = "solaris.reference_pages"  # pyproject.toml: page name = "module:function"
+
+
+def registered_pages() -> dict[str, Callable[[], str]]:
+    """The pages the installed packages register under ``PAGE_GROUP``, by name (each a
+    function that renders it). Loading one imports its module only: nothing is rendered."""
+    out = {}
+    for ep in entries(PAGE_GROUP).values():
+        if ep.name in PAGES:
+            raise SolarisError(f"reference page {ep.name!r} ({ep.value}): the core's own page "
+                               "has that name")
+        out[ep.name] = ep.load()
+    return out
+
+
+def pages() -> dict[str, Callable[[], str]]:
+    """Every reference page: the core's, then the registered ones."""
+    return {**PAGES, **registered_pages()}
 
 
 def render(name: str) -> str:
-    """Page ``name`` (a key of ``PAGES``) as the code describes it now."""
-    if name not in PAGES:
-        raise SolarisError(f"page={name!r}: not a reference page ({', '.join(PAGES)})")
-    text = PAGES[name]()
+    """Page ``name`` (a key of ``pages()``) as the code describes it now."""
+    every = PAGES if name in PAGES else pages()
+    if name not in every:
+        raise SolarisError(f"page={name!r}: not a reference page ({', '.join(every)})")
+    text = every[name]()
     return text if text.endswith("\n") else text + "\n"
 
 
@@ -556,14 +544,16 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=COMMAND, description="Write (or check) the reference "
                                 "pages generated from the code.")
     p.add_argument("pages", nargs="*", metavar="PAGE",
-                   help=f"pages to write or check (default: all: {', '.join(PAGES)})")
+                   help="pages to write or check (default: all: the core's, "
+                   f"{', '.join(PAGES)}, and those registered under {PAGE_GROUP})")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 naming each page that differs from the code")
     p.add_argument("--dir", type=Path, default=REFERENCE_DIR, help="where the pages are")
     args = p.parse_args(argv)
-    names = args.pages or list(PAGES)
-    if unknown := [n for n in names if n not in PAGES]:
-        p.error(f"not a reference page: {', '.join(unknown)} (pages: {', '.join(PAGES)})")
+    every = pages()
+    names = args.pages or list(every)
+    if unknown := [n for n in names if n not in every]:
+        p.error(f"not a reference page: {', '.join(unknown)} (pages: {', '.join(every)})")
     if args.check:
         messages = [m for m in (difference(n, args.dir) for n in names) if m is not None]
         for m in messages:

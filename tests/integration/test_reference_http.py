@@ -1,6 +1,7 @@
 """The HTTP reference pages (docs/reference/http.md and openapi.json) are what the code
-generates: the OpenAPI schema of the app with the router's routes, which ``serve.router``
-registers when it is imported (that imports Ray; no cluster is started)."""
+generates: the OpenAPI schema of the app with the routes a router replica serves, rendered
+beside the app (``serve/reference.py``, which imports Ray; no cluster is started) and
+registered with ``python -m solaris.reference``."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import json
 
 import pytest
 
+from serve import reference as http_reference
 from solaris import reference
 
 
-@pytest.mark.parametrize("name", reference.NEEDS_RAY)
+@pytest.mark.parametrize("name", sorted(reference.registered_pages()))
 def test_the_http_page_is_what_the_code_generates(name):
     message = reference.difference(name)
     if message is not None:
@@ -19,7 +21,7 @@ def test_the_http_page_is_what_the_code_generates(name):
 
 
 def test_every_route_is_on_the_page_with_who_may_call_it():
-    schema, access = reference.openapi()
+    schema, access = http_reference.openapi()
     page = reference.render("http.md")
     ops = [(m, p) for p, methods in schema["paths"].items() for m in methods]
     assert {("post", "/rank"), ("post", "/feedback"), ("post", "/scales"), ("get", "/healthz"),

@@ -142,21 +142,16 @@ def test_the_demo_runs_in_the_feed_world_and_the_classic_one_on_request(monkeypa
     """``solaris demo`` hands the replay the feed world at the demo's size with its serving
     settings (the replay's own schedule options too); ``--profile classic`` the defaults; a
     user's --set wins. The replay itself is not run (its parser is the real one)."""
+    from jobs import replay
     from solaris import cli
 
-    replay = cli._replay_module()
     seen = {}
 
-    class Replay:
-        build_parser = staticmethod(replay.build_parser)
-        add_arguments = staticmethod(replay.add_arguments)
+    def run_from_args(ns):
+        seen["ns"] = ns
+        return 0
 
-        @staticmethod
-        def run_from_args(ns):
-            seen["ns"] = ns
-            return 0
-
-    monkeypatch.setattr(cli, "_replay_module", lambda: Replay)
+    monkeypatch.setattr(replay, "run_from_args", run_from_args)
     assert cli.main(["demo", "--out", "x", "--set", "data.synthetic.num_users=410"]) == 0
     ns = seen["ns"]
     cfg = load_config(ns.config, parse_overrides(ns.set))

@@ -1,6 +1,8 @@
 """The reference pages (docs/reference/) are what the code generates (``solaris/reference.py``):
-the configuration, command-line and metrics pages here, the HTTP pages, which import Ray, in
-tests/integration/test_reference_http.py. The generator reads every config field's comment,
+the core's pages (configuration, command line, metrics, FM inputs) here, the HTTP pages, which
+the app registers (``serve/reference.py``) and which import Ray, in
+tests/integration/test_reference_http.py; here, that ``python -m solaris.reference`` covers
+every page of the directory, those too. The generator reads every config field's comment,
 every option of every command, and the one registry of metrics (``solaris/metrics.py``) that
 the code builds its Ray metrics from and the dashboard and alert rules read."""
 
@@ -9,18 +11,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import re
+import tomllib
 import typing
 from pathlib import Path
 
 import pytest
 import yaml
 
-from solaris import cli, config, metrics, reference
+from solaris import cli, config, metrics, reference, registry
 from solaris.errors import ConfigError
 from tests.dashboard import named_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
-UNIT_PAGES = [n for n in reference.PAGES if n not in reference.NEEDS_RAY]
+UNIT_PAGES = list(reference.PAGES)  # the core's own pages; none imports Ray
 
 
 @pytest.mark.parametrize("name", UNIT_PAGES)
@@ -43,6 +46,29 @@ def test_the_check_command_names_each_stale_page(tmp_path, capsys):
     assert "metrics.md is stale" in err and "(the file is missing)" in err
     assert "configuration.md" not in err
     assert "-| `-v`, `--loud`" in err and "+| `-v`, `--verbose`" in err  # the diff
+
+
+def test_the_command_covers_every_page_of_the_directory_the_apps_registered_too():
+    """``python -m solaris.reference`` writes and checks every page under docs/reference/:
+    the core's and those the app registers (rendered beside it, by serve/reference.py). The
+    registrations are looked up, not rendered: nothing here imports Ray."""
+    on_disk = {p.name for p in reference.REFERENCE_DIR.iterdir() if p.is_file()}
+    registered = reference.registered_pages()
+    assert set(registered) == {"http.md", "openapi.json"}
+    assert {f.__module__ for f in registered.values()} == {"serve.reference"}
+    assert set(reference.pages()) == set(UNIT_PAGES) | set(registered) == on_disk
+
+
+def test_what_pyproject_registers_is_what_is_installed():
+    """The entry points of pyproject.toml (the research commands, the app's reference pages)
+    are read from the installed metadata: a registration added since the last install is
+    missing until ``pip install -e .`` runs again, and this says so."""
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
+    assert set(declared) == {cli.COMMANDS, reference.PAGE_GROUP}
+    for group, table in declared.items():
+        installed = {name: ep.value for name, ep in registry.entries(group).items()}
+        assert installed == table, (f"{group}: installed {installed}, pyproject.toml {table}: "
+                                    "run `pip install -e .` again")
 
 
 def test_every_page_starts_with_the_command_that_generates_it():
