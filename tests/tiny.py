@@ -98,28 +98,39 @@ def free_port() -> int:
 
 
 @contextmanager
+def local_ray(num_cpus: int = 2, env: dict[str, str] | None = None,
+              metrics_port: int | None = None) -> Iterator[str]:
+    """A local Ray of this process's own (``num_cpus`` logical CPUs, a small object store, no
+    dashboard; the repository and ``env`` in its workers' environment, Prometheus text at
+    ``metrics_port`` if given); yields its GCS address (``host:port``, what a job's
+    ``--address`` takes) and always shuts it down."""
+    import ray
+
+    extra = {} if metrics_port is None else {"_metrics_export_port": metrics_port}
+    ctx = ray.init(address="local", num_cpus=num_cpus, object_store_memory=200 * 1024**2,
+                   include_dashboard=False, logging_level="warning",
+                   runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), **(env or {})}}, **extra)
+    try:
+        yield ctx.address_info["gcs_address"]
+    finally:
+        ray.shutdown()
+
+
+@contextmanager
 def local_serve(port: int, num_cpus: int = 2, env: dict[str, str] | None = None,
                 metrics_port: int | None = None) -> Iterator[str]:
-    """A local Ray (2 logical CPUs, a small object store; ``env`` added to its workers'
-    environment, Prometheus text at ``metrics_port`` if given) with Serve's proxy on
-    ``port``; yields the base URL and always shuts Ray down.
+    """``local_ray`` with Serve's proxy on ``port``; yields the base URL and always shuts
+    Ray down.
 
     ``ray.shutdown`` ends a local Ray whole, Serve's controller, replicas and the apps'
     detached actors with it: ``serve.shutdown`` first would only add its graceful replica
     stops (5 of 7 s), and the next ``serve.start`` in this process finds the new cluster's
     controller, not the old one's (Ray drops a client cached from an earlier session)."""
-    import ray
     from ray import serve
 
-    extra = {} if metrics_port is None else {"_metrics_export_port": metrics_port}
-    ray.init(address="local", num_cpus=num_cpus, object_store_memory=200 * 1024**2,
-             include_dashboard=False, logging_level="warning",
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), **(env or {})}}, **extra)
-    try:
+    with local_ray(num_cpus, env, metrics_port):
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         yield f"http://127.0.0.1:{port}"
-    finally:
-        ray.shutdown()
 
 
 def wait_healthy(base: str, timeout_s: float = 120.0) -> None:

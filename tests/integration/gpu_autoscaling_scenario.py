@@ -109,6 +109,8 @@ def world(tmp_path_factory):
                 log=(ft.user, ft.item, ft.surface, ft.labels, ft.ts), pairs=pairs)
 
 
+# not conftest.py's ray_local: Ray's autoscaling test cluster (a head and a node type the
+# autoscaler launches), with token authentication off (the module docstring says why)
 @pytest.fixture(scope="module")
 def fake_cluster(world):
     if ray.is_initialized():  # never beside another module's Ray

@@ -31,14 +31,6 @@ MARGIN_S = 0.25  # scheduling slack on a busy 2-core machine, on top of the dead
 log = logging.getLogger(__name__)
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, object_store_memory=100 * 1024**2,
-             include_dashboard=False, logging_level="warning")
-    yield
-    ray.shutdown()
-
-
 def cache_cfg(tmp_path: Path, **kw) -> CacheConfig:
     base = dict(dim=DIM, num_shards=3, capacity=20_000, read_ttl_s=4 * 3600,
                 retention_s=24 * 3600, bucket_s=900, deadline_ms=2000.0,
@@ -85,7 +77,7 @@ def assert_same_slots(a: Slots, b: Slots) -> None:
 
 
 @pytest.mark.parametrize("mode", ["nearest", "weighted"])
-def test_group_lookup_equals_in_process_enrichment(local_ray, tmp_path: Path, mode: str):
+def test_group_lookup_equals_in_process_enrichment(ray_local, tmp_path: Path, mode: str):
     cfg = cache_cfg(tmp_path)
     w = world()
     group = CacheGroup.create(cfg)
@@ -131,7 +123,7 @@ def own_pairs(w: dict, user: int) -> np.ndarray:
     return w["items"][m]
 
 
-def test_dead_shard_reads_as_misses_then_serves_its_snapshot(local_ray, tmp_path: Path):
+def test_dead_shard_reads_as_misses_then_serves_its_snapshot(ray_local, tmp_path: Path):
     cfg = cache_cfg(tmp_path, deadline_ms=100.0)
     w = world(seed=2)
     group = CacheGroup.create(cfg)
@@ -190,7 +182,7 @@ def test_dead_shard_reads_as_misses_then_serves_its_snapshot(local_ray, tmp_path
         group.shutdown()
 
 
-def test_a_restarted_shard_refuses_a_time_beyond_the_skew_as_before(local_ray, tmp_path: Path):
+def test_a_restarted_shard_refuses_a_time_beyond_the_skew_as_before(ray_local, tmp_path: Path):
     """The replay profile: a shard's reference is the latest event time it has seen, and a
     shard restored from its snapshot keeps it, so a far-future write is refused after a crash
     as before it (``solaris/clock.py``)."""
@@ -225,7 +217,7 @@ def test_a_restarted_shard_refuses_a_time_beyond_the_skew_as_before(local_ray, t
         group.shutdown()
 
 
-def test_slow_shard_reads_as_misses_within_deadline(local_ray, tmp_path: Path):
+def test_slow_shard_reads_as_misses_within_deadline(ray_local, tmp_path: Path):
     cfg = cache_cfg(tmp_path, deadline_ms=50.0, snapshot_uri=None)
     w = world(seed=3)
     group = CacheGroup.create(cfg)
@@ -263,7 +255,7 @@ def test_slow_shard_reads_as_misses_within_deadline(local_ray, tmp_path: Path):
         group.shutdown()
 
 
-def test_idle_shard_expires_by_event_clock_and_snapshots_periodically(local_ray, tmp_path: Path):
+def test_idle_shard_expires_by_event_clock_and_snapshots_periodically(ray_local, tmp_path: Path):
     import functools
 
     import pyarrow.parquet as pq
@@ -289,7 +281,7 @@ def test_idle_shard_expires_by_event_clock_and_snapshots_periodically(local_ray,
         group.shutdown()
 
 
-def test_request_path_pickles_nothing(local_ray, tmp_path: Path, monkeypatch):
+def test_request_path_pickles_nothing(ray_local, tmp_path: Path, monkeypatch):
     """Every call the router and the FM workers make to shards, queue and ledger carries a
     SOLARIS frame or plain scalars, and every answer comes back the same way: with Ray's
     pickle path patched to record what it is handed in this process (both directions),
@@ -358,7 +350,7 @@ def test_request_path_pickles_nothing(local_ray, tmp_path: Path, monkeypatch):
         group.shutdown()
 
 
-def test_an_awaited_round_sorts_each_ref_into_values_late_or_failed(local_ray):
+def test_an_awaited_round_sorts_each_ref_into_values_late_or_failed(ray_local):
     """``collect_async`` (one future per round): values in time, a raising call and a dead
     actor as failed, a call past the deadline as late; a late answer arriving after the
     round is over is dropped."""

@@ -12,8 +12,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 ray = pytest.importorskip("ray")
 
 from ray.exceptions import RayActorError  # noqa: E402
@@ -39,15 +37,6 @@ TINY = {**tiny.TINY, **tiny.WORLD_400}
 HCFG = HistoryConfig(max_events=24, max_users=1000)  # fewer than some users' events: rings wrap
 USERS = 10  # users whose logged requests are recorded live
 REQUESTS, PER_REQUEST = 10, 6  # precompute requests after the recorded events
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, object_store_memory=150 * 1024**2,
-             include_dashboard=False, logging_level="warning",
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
-    yield
-    ray.shutdown()
 
 
 @dataclass
@@ -110,7 +99,7 @@ def requests(w: World, seed: int = 1) -> list[Group]:
 
 
 @pytest.fixture
-def group(local_ray, world, tmp_path):
+def group(ray_local, world, tmp_path):
     g = CacheGroup.create(CacheConfig(dim=world.dim, num_shards=2, capacity=10_000,
                                       deadline_ms=5000.0, snapshot_uri=str(tmp_path / "snap"),
                                       snapshot_every_s=3600.0), history=HCFG)

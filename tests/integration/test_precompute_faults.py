@@ -17,8 +17,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 ray = pytest.importorskip("ray")
 
 from ray.exceptions import RayActorError  # noqa: E402
@@ -46,15 +44,6 @@ LEASE_PAIRS = 16  # two requests per lease
 LEASE_TIMEOUT_S = 3.0  # short, yet ~100x a step on a loaded 2-core machine
 NO_TIMER_S = 3600.0  # queue snapshots only when flushed: the test decides what is durable
 HISTORY = HistoryConfig(max_events=64, max_users=1000)  # each cache shard's history bounds
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, object_store_memory=150 * 1024**2,
-             include_dashboard=False, logging_level="warning",
-             runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
-    yield
-    ray.shutdown()
 
 
 @dataclass
@@ -100,7 +89,7 @@ class Env:
 
 
 @pytest.fixture
-def env(local_ray, world, tmp_path):
+def env(ray_local, world, tmp_path):
     cache = CacheGroup.create(CacheConfig(dim=world.dim, num_shards=2, capacity=10_000,
                                           deadline_ms=5000.0), history=HISTORY)
     assert cache.history.replay_log(*world.log) == len(world.log[0])
@@ -280,7 +269,7 @@ def test_a_worker_crashed_in_its_loop_is_counted_and_restarted(env: Env, world: 
     assert_each_pair_once(env, world)
 
 
-def test_queue_snapshot_timer_makes_puts_durable(local_ray, world: World, tmp_path):
+def test_queue_snapshot_timer_makes_puts_durable(ray_local, world: World, tmp_path):
     queue = create_queue(QueueConfig(snapshot_uri=str(tmp_path / "q"), snapshot_every_s=0.2))
     try:
         ray.get(queue.put.remote(world.users, world.items, world.priorities, world.now,
@@ -298,7 +287,7 @@ def test_queue_snapshot_timer_makes_puts_durable(local_ray, world: World, tmp_pa
         ray.kill(queue, no_restart=True)
 
 
-def test_flood_keeps_the_bound_and_drops_lowest_priority(local_ray):
+def test_flood_keeps_the_bound_and_drops_lowest_priority(ray_local):
     cap, batches, per = 200, 20, 500
     queue = create_queue(QueueConfig(capacity=cap, lease_pairs=cap))
     try:

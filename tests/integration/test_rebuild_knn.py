@@ -8,8 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 ray = pytest.importorskip("ray")
 
 from jobs.rebuild_knn import main, rebuild  # noqa: E402
@@ -20,14 +18,6 @@ from solaris.knn.tables import current_version, load_current, load_live  # noqa:
 
 L = 8
 VERSION = "fm-knn-test"
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, object_store_memory=200 * 1024**2, include_dashboard=False,
-             logging_level="warning", runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +52,7 @@ def world(tmp_path_factory) -> tuple[Path, Path, int, int]:
 
 
 @pytest.mark.slow  # two Ray Data shuffles: ~15 s each on a busy 2-core machine
-def test_rebuild_twice_reader_sees_the_new_version(local_ray, world, tmp_path):
+def test_rebuild_twice_reader_sees_the_new_version(ray_local, world, tmp_path):
     data, art, users, items = world
     uri = f"file://{tmp_path}/knn"
     cfg = KnnConfig(k=10, item_k=5, recall_queries=200)
@@ -99,7 +89,7 @@ def test_rebuild_twice_reader_sees_the_new_version(local_ray, world, tmp_path):
     assert got.shape == (1, 3) and sims[0, 0] == pytest.approx(1.0, abs=1e-5)
 
 
-def test_a_scheduled_run_on_unchanged_inputs_publishes_nothing(local_ray, world, tmp_path):
+def test_a_scheduled_run_on_unchanged_inputs_publishes_nothing(ray_local, world, tmp_path):
     """``--if-changed``: the published pointer keeps the inputs' fingerprint; a second
     trigger on the same data, artifacts and settings builds and publishes nothing, another
     ``--as-of`` (other inputs) does."""
@@ -133,7 +123,7 @@ def test_a_scheduled_run_on_unchanged_inputs_publishes_nothing(local_ray, world,
 
 
 @pytest.mark.parametrize("kind", ["clicked_items", "request_tower"])
-def test_the_jobs_user_vectors_are_those_built_in_process(local_ray, world, kind):
+def test_the_jobs_user_vectors_are_those_built_in_process(ray_local, world, kind):
     """Ray Data's group-by and encoder tasks give each user the vector the in-process path
     gives (``recent_history`` + ``request_inputs`` + ``user_encoder`` over the same events:
     the schedule simulation's and the router's cold start's), for either user vector; a user
@@ -186,7 +176,7 @@ def test_a_scheduled_run_rebuilds_tables_that_record_no_fm_version(tmp_path):
     assert up_to_date(uri, "other") is None
 
 
-def test_missing_artifacts_is_a_clear_error(local_ray, world, tmp_path, capsys):
+def test_missing_artifacts_is_a_clear_error(ray_local, world, tmp_path, capsys):
     data, _, _, _ = world
     with pytest.raises(CheckpointError, match="no trained artifacts.*solaris train"):
         rebuild(data, tmp_path / "none", str(tmp_path / "knn"), KnnConfig())
@@ -234,7 +224,7 @@ def rekeyed_export(data: Path, art: Path, out: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.slow  # two Ray Data rebuilds
-def test_the_job_reads_a_teams_log_through_its_mapping(local_ray, world, tmp_path):
+def test_the_job_reads_a_teams_log_through_its_mapping(ray_local, world, tmp_path):
     """``--data mapping.yaml``: the log read by the driver with the artifacts' id map gives
     the very tables the same events give from a ``solaris data`` directory."""
     data, art, users, items = world

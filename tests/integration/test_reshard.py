@@ -25,14 +25,6 @@ HCFG = HistoryConfig(max_events=16, max_users=1000)
 GROUP = "reshard"
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(address="local", num_cpus=2, object_store_memory=100 * 1024**2,
-             include_dashboard=False, logging_level="warning")
-    yield
-    ray.shutdown()
-
-
 def cfg(tmp_path: Path, num_shards: int) -> CacheConfig:
     return CacheConfig(dim=DIM, num_shards=num_shards, capacity=20_000, deadline_ms=5000.0,
                        snapshot_uri=str(tmp_path / "snap"), snapshot_every_s=3600.0)
@@ -77,7 +69,7 @@ def same(a: dict, b: dict) -> None:
 
 
 def test_a_new_shard_count_restores_the_old_snapshots_and_a_rollback_keeps_the_new(
-        local_ray, tmp_path: Path):
+        ray_local, tmp_path: Path):
     rng = np.random.default_rng(0)
     items = {u: rng.choice(ITEMS, PER_USER, replace=False) for u in range(USERS)}
     users = np.repeat(np.arange(USERS), PER_USER)

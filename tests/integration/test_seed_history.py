@@ -52,17 +52,14 @@ def test_without_a_running_cluster_the_job_says_how_to_start_one(tmp_path) -> No
 
 
 @pytest.fixture(scope="module")
-def app_shards():
-    """The cache shards an app named ``seedtest`` runs, in Serve's namespace."""
-    ctx = ray.init(address="local", num_cpus=2, object_store_memory=150 * 1024**2,
-                   include_dashboard=False, logging_level="warning",
-                   runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}})
+def app_shards(ray_local):
+    """The cache shards an app named ``seedtest`` runs, in Serve's namespace, on the module's
+    local Ray (conftest.py), and that Ray's GCS address."""
     group = CacheGroup.create(CacheConfig(dim=16, num_shards=2), group_id=APP,
                               namespace="serve",
                               history=HistoryConfig(max_events=MAX_EVENTS, max_users=1000))
     group.wait_ready()
-    yield group, ctx.address_info["gcs_address"]
-    ray.shutdown()
+    return group, ray_local
 
 
 def write_log(root: Path) -> tuple[Path, Path, IdMap]:
