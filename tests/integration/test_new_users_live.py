@@ -16,8 +16,6 @@ import pytest
 ray = pytest.importorskip("ray")
 requests = pytest.importorskip("requests")
 
-from ray import serve  # noqa: E402
-
 from tests.tiny import train_tiny  # noqa: E402
 
 T0 = 1.9e9
@@ -31,9 +29,9 @@ CANDS = list(range(100, 160))
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory, serve_ray):
+def cluster(tmp_path_factory):
     """Artifacts of the causal FM, a copy whose FM checkpoint names the class that does not
-    read new users, a config, and the module's local Ray with Serve (conftest.py)."""
+    read new users, and a config."""
     import torch
 
     causal = train_tiny(tmp_path_factory.mktemp("causal"), **CAUSAL)
@@ -46,16 +44,13 @@ def cluster(tmp_path_factory, serve_ray):
     conf = tmp_path_factory.mktemp("conf") / "serve.yaml"
     conf.write_text(json.dumps({"cache": {"dim": 16, "num_shards": 1},
                                 "serve": {"profile": "replay"}}))
-    return {"base": serve_ray.base, "causal": causal, "known_only": known_only, "conf": conf}
+    return {"causal": causal, "known_only": known_only, "conf": conf}
 
 
-def deploy(cluster, artifacts: Path, app_id: str) -> str:
-    import serve_app
-
-    serve.run(serve_app.build_app({"artifacts": str(artifacts), "config": str(cluster["conf"]),
-                                   "app_id": app_id}), name=app_id, route_prefix="/",
-              blocking=False)
-    return cluster["base"]
+def deploy(deploy_app, cluster, artifacts: Path, app_id: str) -> str:
+    """The app of ``artifacts`` on the module's local Ray with Serve (conftest.py)."""
+    return deploy_app({"artifacts": str(artifacts), "config": str(cluster["conf"]),
+                       "app_id": app_id})
 
 
 def rank(base: str, user: int, now: float) -> dict:
@@ -83,8 +78,9 @@ def rank_flushed(base: str, user: int, now: float) -> tuple[dict, dict]:
     raise AssertionError(f"the request's after-answer work was not flushed: {got}")
 
 
-def test_a_new_users_pairs_are_computed_and_served_for_an_fm_that_reads_new_users(cluster):
-    base = deploy(cluster, cluster["causal"], "newusers")
+def test_a_new_users_pairs_are_computed_and_served_for_an_fm_that_reads_new_users(
+        cluster, deploy_app):
+    base = deploy(deploy_app, cluster, cluster["causal"], "newusers")
     first, stats = rank_flushed(base, NEW, T0)
     assert set(first["tiers"]) == {"none"}  # nothing computed yet: the VM alone
     assert stats["queue_calls"] == 1  # its candidates were queued
@@ -96,15 +92,14 @@ def test_a_new_users_pairs_are_computed_and_served_for_an_fm_that_reads_new_user
         time.sleep(0.5)
     # the verifier's top 20% of the new user's candidates, computed by the FM workers
     assert tiers.count("pair") >= int(0.2 * len(CANDS))
-    serve.delete("newusers")
 
 
-def test_a_new_user_gets_no_pair_queued_for_an_fm_that_does_not_read_new_users(cluster):
-    base = deploy(cluster, cluster["known_only"], "knownonly")
+def test_a_new_user_gets_no_pair_queued_for_an_fm_that_does_not_read_new_users(
+        cluster, deploy_app):
+    base = deploy(deploy_app, cluster, cluster["known_only"], "knownonly")
     for k in range(3):
         out, stats = rank_flushed(base, NEW, T0 + k)
         assert set(out["tiers"]) == {"none"}
         assert stats["queue_calls"] == 0  # answered, nothing queued
     _, stats = rank_flushed(base, 7, T0)  # a user the FM was trained on: queued as ever
     assert stats["queue_calls"] == 1
-    serve.delete("knownonly")
