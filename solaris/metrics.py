@@ -1,6 +1,6 @@
 """The app's metrics, defined once: name, kind, description, tag keys, histogram boundaries.
 
-The router (``serve/router.py``), the precompute deployment (``serve/precompute.py``) and the
+The router (``serve/meters.py``), the precompute deployment (``serve/precompute.py``) and the
 FM worker pools (``actors/precompute.py``) build their Ray metrics from these definitions
 (``build``); the reference page ``docs/reference/metrics.md`` is generated from them, and a
 unit test checks that every metric the Grafana dashboard and the Prometheus alert rules in
@@ -59,7 +59,7 @@ class Metric:
 
 # who records each metric: Metric.exporter -> (a title, who records it and how)
 EXPORTERS = {
-    "router": ("The router", "each LookupRouter replica (serve/router.py)"),
+    "router": ("The router", "each LookupRouter replica (serve/meters.py)"),
     "precompute": ("The precompute deployment", "the Precompute deployment, every 2 s from "
                    "the queue and the cache shards (serve/precompute.py)"),
     "pool": ("The FM worker pools", "each FM worker pool, tagged with the pool's name (in the "

@@ -113,14 +113,10 @@ def test_the_returns_bound_bets_as_the_verifier_only_where_the_user_comes_back()
 @settings(max_examples=200, deadline=None)
 @given(data=logs(), ttl=st.integers(1, 120), lag=st.integers(0, 60), tick=st.integers(1, 30),
        fraction=st.sampled_from([0.3, 1.0]))
-def test_the_returns_bound_loses_no_coverage_of_the_verifier_at_no_more_cost(
-        data, ttl, lag, tick, fraction):
-    """With an unbounded budget, an entry written where its user does not come back within
-    (lag, TTL] is never read: skipping those requests costs the verifier's bet nothing --
-    when every bet is admitted (horizon = TTL). With a shorter horizon it can cost: a pair
-    the bound wrote at a later request is still fresh at the next bet and not admitted
-    again, then expires before the read the verifier's re-bet covers (ts 1 then 36 then 52,
-    TTL 35, lag 16: found by hypothesis)."""
+def test_the_returns_bound_costs_no_more_than_the_verifier(data, ttl, lag, tick, fraction):
+    """With an unbounded budget the returns bound bets at a subset of the verifier's
+    requests, so it never costs more FM evaluations. (Its coverage is not always the
+    verifier's: ``test_the_returns_bound_can_lose_a_read_to_a_merged_pick``.)"""
     lg, scores = data
     kw = dict(fraction=fraction, horizon_s=float(ttl), read_ttl_s=ttl, lag_s=lag,
               tick_s=tick, budget_per_hour=0, seed=1)
@@ -128,8 +124,26 @@ def test_the_returns_bound_loses_no_coverage_of_the_verifier_at_no_more_cost(
     r = simulate_pair_coverage(lg, scores, policy=make_policy(
         "returns", read_ttl_s=ttl, lag_s=lag, request_log=lg), **kw)
     assert r["fm_evals"] <= v["fm_evals"]
-    if np.isfinite(v["pair"]):
-        assert r["pair"] >= v["pair"] - 1e-12
+
+
+def test_the_returns_bound_can_lose_a_read_to_a_merged_pick():
+    """The returns bound is not an upper bound on the verifier's coverage when a pick
+    waits for its tick: one user at 0 (x20), 13, 49, 64 and 85, TTL 36, lag 22, ticks of 17,
+    the last request labelled. The verifier bets at 0 (released at 34), so its bet at 49
+    is a pair of its own, released at 85 and read there (age 36). The bound skips 0 (no
+    request in [22, 36]) and bets at 13 (49 is in [35, 49]) -- released only at 51, so 49
+    does not find it, and its bet at 49 merges into the pending pick of 13, whose entry is
+    too old at 85. Found by hypothesis; kept as the case that says what the bound means."""
+    ts = [0] * 20 + [13, 49, 64, 85]
+    lg = request_log([(0, t, [0, 1, 2], [t == 85] * 3) for t in ts])
+    scores = np.zeros((len(ts), 3))
+    kw = dict(fraction=1.0, horizon_s=36.0, read_ttl_s=36, lag_s=22, tick_s=17,
+              budget_per_hour=0, seed=1)
+    v = simulate_pair_coverage(lg, scores, policy=make_policy("verifier"), **kw)
+    r = simulate_pair_coverage(lg, scores, policy=make_policy(
+        "returns", read_ttl_s=36, lag_s=22, request_log=lg), **kw)
+    assert (v["pair"], r["pair"]) == (1.0, 0.0)
+    assert r["fm_evals"] < v["fm_evals"]
 
 
 @settings(max_examples=40, deadline=None)
