@@ -1,9 +1,11 @@
 """What every deployment of the app holds: its handles on the app's actors (cache group,
 precompute queue, ledger; created on first use, found by name afterwards), the published KNN
-tables, and the deployments' shared logging setting."""
+tables, the router's handles on the other deployments, and the deployments' shared logging
+setting."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from typing import Any, Mapping
 
@@ -11,7 +13,7 @@ import numpy as np
 
 from solaris.clock import event_clock
 from solaris.config import SolarisConfig
-from solaris.errors import SolarisError
+from solaris.online.rank import Unavailable
 from solaris.online.serving import KnnTables
 
 # per-request access logs cost the hot path CPU; turn them on per deployment in a Serve config
@@ -34,8 +36,31 @@ def knn_tables(cfg: SolarisConfig, app_id: str, served: Mapping[str, str] | None
                          served)
 
 
-class Unavailable(SolarisError):
-    """No VM replica answered (a 503)."""
+class Calls:
+    """The router's handles on the app's other deployments: each task's VM (``score``) and
+    the precompute deployment (None: no FM workers)."""
+
+    def __init__(self, vms: dict[str, Any], precompute: Any = None):
+        self.vms = vms  # task -> DeploymentHandle
+        self.precompute = precompute
+
+    async def score(self, task: str, version: str, req: Any, method: str = "score") -> Any:
+        """The VM replica's answer to ``req`` (``solaris.online.scoring.ScoreRequest``):
+        ``score`` ((2, C) probabilities and the VM alone's logits) or ``base`` (the VM
+        alone's (C,) logits); one retry, then ``Unavailable``."""
+        from solaris.online.scoring import decode_scores, encode_score_request
+
+        handle = getattr(self.vms[task], method)
+        payload = encode_score_request(version, req)
+        for attempt in (0, 1):
+            try:
+                return decode_scores(await handle.remote(payload))
+            except Exception as e:  # replica died mid-call, or none is running: retry once
+                if attempt:
+                    raise Unavailable(f"no VM replica for task {task!r} answered: "
+                                      f"{type(e).__name__}") from e
+                await asyncio.sleep(0.05)
+        raise AssertionError("unreachable")
 
 
 class Backend:
