@@ -22,7 +22,6 @@ from solaris.cache.query import Slots
 from solaris.online import verifier
 from solaris.online.newusers import computable_picks
 from solaris.online.serving import AfterAnswer
-from solaris.tiers import LABELS as TIER_LABELS
 from solaris.tiers import NUM_TIERS, Tier
 
 log = logging.getLogger("solaris.serve")
