@@ -251,4 +251,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # ``python -m solaris.cli``: run the imported module's ``main``, not this ``__main__``
+    # copy, whose ``Command`` is not the class the registered commands are instances of
+    from solaris.cli import main as cli_main
+
+    sys.exit(cli_main())

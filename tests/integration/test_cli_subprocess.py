@@ -58,3 +58,16 @@ def test_corrupt_parquet_is_a_clear_error_not_a_traceback(tmp_path: Path):
 def test_bad_config_names_the_field(tmp_path: Path, bad: str, field: str):
     r = run("report", "transfer", "--dataset", "synthetic", "--out", str(tmp_path), "--set", bad)
     assert r.returncode == 2 and field in r.stderr
+
+
+@pytest.mark.parametrize("how", ["console script", "python -m solaris.cli"])
+def test_both_ways_in_list_the_registered_commands(how: str):
+    """``solaris`` and ``python -m solaris.cli`` (which the replay's tests and the guides'
+    workers run) find the commands registered by entry points, the research ones included."""
+    if how == "console script" and not SOLARIS:
+        pytest.skip("no solaris console script on PATH (install the package: pip install -e .)")
+    cmd = [SOLARIS] if how == "console script" else [sys.executable, "-m", "solaris.cli"]
+    out = subprocess.run([*cmd, "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for command in ("train", "demo", "replay", "simulate", "estimate"):
+        assert command in out.stdout
