@@ -20,9 +20,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import runpy
 import sys
 from pathlib import Path
 from typing import Any
+
+sibling = runpy.run_path(str(Path(__file__).with_name("sibling.py")))["sibling"]
+leaves = sibling("compare_artifacts").leaves  # a nested dict's leaves by dotted key
 
 ARTIFACTS = ("artifacts", "artifacts-v2")
 HEADLINE = ("coverage", "tr_online", "tr_online_ci", "tr_online_raw", "tr_online_raw_ci",
@@ -61,21 +65,11 @@ def headline(run: Path) -> dict[str, Any]:
     return {k: report.get(k) for k in HEADLINE}
 
 
-def flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def compare(runs: list[Path]) -> dict[str, Any]:
-    first_files, first_figs = digests(runs[0]), flat(headline(runs[0]))
+    first_files, first_figs = digests(runs[0]), leaves(headline(runs[0]))
     rows = []
     for run in runs[1:]:
-        files, figs = digests(run), flat(headline(run))
+        files, figs = digests(run), leaves(headline(run))
         differ = sorted(k for k in first_files.keys() | files.keys()
                         if first_files.get(k) != files.get(k))
         rows.append({"run": str(run), "artifact_files": len(files),

@@ -26,14 +26,7 @@ from solaris.online.scoring import ResidualHead, ScoreRequest, VMScorer
 from solaris.online.verifier import BudgetController
 from solaris.tiers import LABELS, Tier
 from solaris.train.artifacts import train_artifacts
-from tests import tiny
-
-TINY = {**tiny.TINY,  # the scorers' world (tests/unit/test_scoring.py)
-        "data.synthetic.num_users": 200, "data.synthetic.num_items": 150,
-        "data.synthetic.days": 8.0, "data.synthetic.target_interactions": 5000,
-        "fm.shared_dim": 32, "fm.head_hidden": 16, "features.history_len": 8,
-        "encoder.width": 8}
-
+from tests.unit.test_scoring import TINY  # the scorers' tiny world
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> str:
