@@ -98,7 +98,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     from solaris.replay.closed_loop import (SHOWN, LoopOptions, prepare, report_table,
                                             run_world, write_outputs)
-    from solaris.train.artifacts import served_unlike_trained, train_artifacts
+    from solaris.artifacts import served_unlike_trained
+    from solaris.train.artifacts import train_artifacts
 
     cfg = config_from_args(args)
     if cfg.data.dataset == "generic":

@@ -161,7 +161,8 @@ class LiveReplay:
     def prepare(self) -> dict[str, Any]:
         from solaris.simulate.log import build_request_log
         from solaris.replay.prepare import check_trained_before, window, write_data_dir
-        from solaris.train.artifacts import served_unlike_trained, train_artifacts
+        from solaris.artifacts import served_unlike_trained
+        from solaris.train.artifacts import train_artifacts
 
         cfg, ds, o = self.cfg, self.ds, self.opts
         self.periods, self.start = window(ds, cfg)

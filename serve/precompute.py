@@ -21,7 +21,7 @@ from solaris.config import load_config
 from solaris.errors import SolarisError
 from solaris.precompute.ledger import speculation_report
 from solaris.artifacts import Artifacts, check_fm_class
-from solaris.train.artifacts import served_unlike_trained
+from solaris.artifacts import served_unlike_trained
 
 log = logging.getLogger("solaris.serve")
 

@@ -287,3 +287,16 @@ def load_models(root: str | Path) -> tuple[Any, PairEncoder, str]:
     root = local_artifacts(root)
     manifest = read_manifest(root) if (root / "manifest.json").exists() else {}
     return _models(root, manifest)
+
+
+def served_unlike_trained(manifest: dict, cfg: SolarisConfig) -> str | None:
+    """Why ``cfg`` would serve these artifacts' VMs inputs unlike those they were trained
+    on, or None: the corrections were trained on simulated serving under the manifest's
+    ``schedule.history_at``, and the FM workers' history time sets how fresh a cached z is."""
+    trained = manifest.get("config", {}).get("schedule", {}).get("history_at", "request")
+    if trained == cfg.schedule.history_at:
+        return None
+    return (f"artifacts {manifest.get('version', '?')} were trained with schedule.history_at="
+            f"{trained!r} and are served with {cfg.schedule.history_at!r}: the cached "
+            "embeddings are not as fresh as those the corrections trained on (retrain with "
+            f"--set schedule.history_at={cfg.schedule.history_at})")

@@ -244,19 +244,6 @@ def check_keeps(base: Artifacts, ds: Dataset, ids: IdMap, out: Path) -> None:
                           "--keep-vm-alone)")
 
 
-def served_unlike_trained(manifest: dict, cfg: SolarisConfig) -> str | None:
-    """Why ``cfg`` would serve these artifacts' VMs inputs unlike those they were trained
-    on, or None: the corrections were trained on simulated serving under the manifest's
-    ``schedule.history_at``, and the FM workers' history time sets how fresh a cached z is."""
-    trained = manifest.get("config", {}).get("schedule", {}).get("history_at", "request")
-    if trained == cfg.schedule.history_at:
-        return None
-    return (f"artifacts {manifest.get('version', '?')} were trained with schedule.history_at="
-            f"{trained!r} and are served with {cfg.schedule.history_at!r}: the cached "
-            "embeddings are not as fresh as those the corrections trained on (retrain with "
-            f"--set schedule.history_at={cfg.schedule.history_at})")
-
-
 def save_side_tables(path: str | Path, side: SideTables) -> Path:
     """Write the five side-feature arrays (numpy ``.npz``, no pickled objects); atomic."""
     path = Path(path)

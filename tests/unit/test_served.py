@@ -446,7 +446,7 @@ def test_serving_another_history_time_than_trained_is_named():
     note names both settings and the retraining override; the same setting (or a manifest
     from before the setting, trained as ``request``) gives None."""
     from solaris.config import config_to_dict, load_config
-    from solaris.train.artifacts import served_unlike_trained
+    from solaris.artifacts import served_unlike_trained
 
     cfg = load_config(None, {})
     manifest = {"version": "fm-7", "config": config_to_dict(cfg)}
