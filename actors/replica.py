@@ -5,7 +5,8 @@ shard per after-answer flush, carrying the flush's impressions too).
 
 A request reads the replica only: ``lookup`` plans, routes, answers each shard's query from its
 mirror and assembles, with no actor call. ``refresh`` is also the replay's barrier: it pulls
-every shard once and returns when all are applied (``LookupRouter.refresh_now``).
+every shard once and returns when all are applied (``ReplayRouter.refresh_now``, the
+replay profile's router).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ Ray. The protocol (``docs/guides/replay.md``):
    concurrently with their event time, then, once all are answered, their logged labels to
    ``POST /feedback`` (each user's in event order, ``post_feedback``); the
    router's after-answer work (verifier picks to the queue, history writes) is awaited
-   (``LookupRouter.flush_now``).
+   (``ReplayRouter.flush_now``, the replay profile's router).
 3. At the end of tick T the queue releases work whose request time is <= T + tick - lag
    (``--lag-s``, 300), best verifier score first, within an allowance of
    floor(B (k+1) tick / 3600) - floor(B k tick / 3600) pair-evaluations for tick number k
@@ -23,7 +23,8 @@ Ray. The protocol (``docs/guides/replay.md``):
    leasable (``Precompute.step_until``). Written pairs carry their request's event time;
    the workers read each request's history as of that time, or as of T + tick, the write's
    release (``schedule.history_at``: request / visible). The router's read replica then
-   pulls what they wrote (``LookupRouter.refresh_now``), so the next tick reads it.
+   pulls what they wrote (``ReplayRouter.refresh_now``, the replay profile's router), so
+   the next tick reads it.
    What is computed depends on the queue's order only, so coverage does not depend on
    machine speed or on how many workers share the queue.
 4. The KNN job rebuilds the user and item tables every ``--knn-every-h`` event hours as of

@@ -787,7 +787,7 @@ class ServeConfig:
     replica_refresh_s: float = 1.0  # wall seconds between a replica's pulls of its shards
     # a shard not pulled successfully for this long reads as misses (as a late shard does)
     replica_stale_s: float = 10.0
-    # rollouts decided only at the barrier (LookupRouter.flush_now) from the tick's lookups
+    # rollouts decided only at the barrier (ReplayRouter.flush_now) from the tick's lookups
     # in event-time order, shadow lookups chosen by request id: a replay's switch does not
     # depend on how its concurrent requests interleaved (the replay sets it; live serving
     # decides after every shadow lookup)
